@@ -1,0 +1,33 @@
+# openwop-seat developer entry points. `make test` is what CI runs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+NODE   := tests/node
+
+.PHONY: setup node test demo bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "openwop-seat needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# node-postgres for the driver tests, installed into a test-local folder.
+node: $(NODE)/node_modules/.installed
+
+$(NODE)/node_modules/.installed: $(NODE)/package.json $(NODE)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: sudo apt-get install -y nodejs npm"; exit 1; }
+	npm ci --prefix $(NODE) --no-audit --no-fund --loglevel=error
+	@touch $@
+
+test: setup node
+	$(PY) -m pytest
+
+demo: setup
+	$(PY) -m proxy.demo
+
+clean:
+	rm -rf $(VENV) $(NODE)/node_modules .pytest_cache

@@ -1,0 +1,216 @@
+"""The seat's configuration: a TOML file, validated strictly (unknown keys are errors)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+CONFIG_ENV = "OPENWOP_SEAT_CONFIG"
+
+MAJORS = (1, 2, "raw")
+SSLMODES = ("disable", "prefer", "require", "verify-full")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_hostport(text: Any, key: str) -> HostPort:
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{key}: expected \"HOST:PORT\", got {text!r}")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected \"HOST:PORT\", got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return HostPort(host, int(port))
+
+
+@dataclass(frozen=True)
+class ClientRule:
+    """A `[[proxy.clients]]` entry: startup parameters to match and the major they get."""
+
+    major: int | str
+    user: str | None = None
+    database: str | None = None
+    application_name: str | None = None
+
+    def matches(self, params: dict[str, str]) -> bool:
+        for name in ("user", "database", "application_name"):
+            want = getattr(self, name)
+            if want is None:
+                continue
+            # PostgreSQL defaults the database to the user name.
+            have = params.get(name, params.get("user") if name == "database" else None)
+            if have != want:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert_file: str | None = None
+    key_file: str | None = None
+    upstream_sslmode: str = "disable"
+    upstream_ca_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: HostPort = HostPort("127.0.0.1", 6543)
+    upstream: HostPort = HostPort("127.0.0.1", 5432)
+    default_major: int | str = 2
+    clients: tuple[ClientRule, ...] = ()
+    shutdown_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    buffer_limit: int = 1 << 20
+    metrics_listen: HostPort | None = None
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    log_format: str = "text"
+    log_level: str = "info"
+    source: str | None = None  # the file it was read from
+
+    def major_for(self, params: dict[str, str]) -> int | str:
+        """The major of a session: the first matching client rule, else the default."""
+        for rule in self.clients:
+            if rule.matches(params):
+                return rule.major
+        return self.default_major
+
+    def with_overrides(self, listen: str | None = None, upstream: str | None = None,
+                       metrics_listen: str | None = None) -> "Config":
+        changes: dict[str, Any] = {}
+        if listen:
+            changes["listen"] = parse_hostport(listen, "--listen")
+        if upstream:
+            changes["upstream"] = parse_hostport(upstream, "--upstream")
+        if metrics_listen:
+            changes["metrics_listen"] = parse_hostport(metrics_listen, "--metrics-listen")
+        return replace(self, **changes)
+
+
+def _take(table: dict[str, Any], section: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{section}] must be a table")
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"unknown key {section}.{key}" if section else f"unknown key {key}")
+    return table
+
+
+def _major(value: Any, key: str) -> int | str:
+    if isinstance(value, bool) or value not in MAJORS:
+        raise ConfigError(f"{key}: expected 1, 2 or \"raw\", got {value!r}")
+    return value
+
+
+def _number(value: Any, key: str, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ConfigError(f"{key}: expected a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _existing_file(path: str, key: str, base: str | None) -> str:
+    if base and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(base), path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key}: no such file {path!r}")
+    return path
+
+
+def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
+    _take(data, "", {"proxy", "metrics", "tls", "log"})
+    proxy = _take(data.get("proxy", {}), "proxy",
+                  {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
+                   "buffer_limit"})
+    kwargs: dict[str, Any] = {"source": source}
+    if "listen" in proxy:
+        kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
+    if "upstream" in proxy:
+        kwargs["upstream"] = parse_hostport(proxy["upstream"], "proxy.upstream")
+    if "default_major" in proxy:
+        kwargs["default_major"] = _major(proxy["default_major"], "proxy.default_major")
+    if "shutdown_timeout" in proxy:
+        kwargs["shutdown_timeout"] = _number(proxy["shutdown_timeout"], "proxy.shutdown_timeout", 0)
+    if "connect_timeout" in proxy:
+        kwargs["connect_timeout"] = _number(proxy["connect_timeout"], "proxy.connect_timeout", 0.001)
+    if "buffer_limit" in proxy:
+        kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
+    rules = proxy.get("clients", [])
+    if not isinstance(rules, list):
+        raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")
+    parsed_rules = []
+    for i, rule in enumerate(rules):
+        where = f"proxy.clients[{i}]"
+        _take(rule, where, {"user", "database", "application_name", "major"})
+        if "major" not in rule:
+            raise ConfigError(f"{where}.major: required")
+        match = {k: _string(rule[k], f"{where}.{k}") for k in ("user", "database", "application_name") if k in rule}
+        if not match:
+            raise ConfigError(f"{where}: name at least one of user, database, application_name")
+        parsed_rules.append(ClientRule(major=_major(rule["major"], f"{where}.major"), **match))
+    kwargs["clients"] = tuple(parsed_rules)
+
+    metrics = _take(data.get("metrics", {}), "metrics", {"listen"})
+    if "listen" in metrics:
+        kwargs["metrics_listen"] = parse_hostport(metrics["listen"], "metrics.listen")
+
+    tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
+    tls_kwargs: dict[str, Any] = {}
+    for key in ("cert_file", "key_file", "upstream_ca_file"):
+        if key in tls:
+            tls_kwargs[key] = _existing_file(_string(tls[key], f"tls.{key}"), f"tls.{key}", source)
+    if "upstream_sslmode" in tls:
+        tls_kwargs["upstream_sslmode"] = _choice(tls["upstream_sslmode"], "tls.upstream_sslmode", SSLMODES)
+    if ("cert_file" in tls_kwargs) != ("key_file" in tls_kwargs):
+        raise ConfigError("tls.cert_file and tls.key_file: set both or neither")
+    if tls_kwargs.get("upstream_sslmode") == "verify-full" and "upstream_ca_file" not in tls_kwargs:
+        raise ConfigError("tls.upstream_ca_file: required when tls.upstream_sslmode is verify-full")
+    kwargs["tls"] = TLSConfig(**tls_kwargs)
+
+    log = _take(data.get("log", {}), "log", {"format", "level"})
+    if "format" in log:
+        kwargs["log_format"] = _choice(log["format"], "log.format", LOG_FORMATS)
+    if "level" in log:
+        kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
+    return Config(**kwargs)
+
+
+def load_config(path: str | None) -> Config:
+    """Read the config file named by ``path`` or $OPENWOP_SEAT_CONFIG; defaults when neither is set."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    return parse_config(data, source=path)

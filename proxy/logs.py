@@ -1,0 +1,43 @@
+"""Log set-up: one line per event, as text or JSON (`[log] format`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import orjson
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} {record.levelname.lower()} {record.getMessage()}"
+        fields = getattr(record, "fields", None)
+        if fields:
+            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _text_value(value: object) -> str:
+    text = "" if value is None else str(value)
+    return text if text and " " not in text and '"' not in text and "=" not in text else orjson.dumps(text).decode()
+
+
+class _JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
+                 "logger": record.name, "msg": record.getMessage()}
+        entry.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+def setup_logging(fmt: str = "text", level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
+    root = logging.getLogger("openwop_seat")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

@@ -1,0 +1,146 @@
+"""The listener: accepts clients, owns the sessions, the TLS contexts, metrics and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+
+from .config import Config
+from .metrics import MetricsHTTP, Stats
+from .session import Peer, Session
+
+log = logging.getLogger("openwop_seat.server")
+
+
+def client_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The context for clients' SSLRequest, or None to answer 'N'."""
+    if not config.tls.cert_file:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    return ctx
+
+
+def upstream_ssl_context(config: Config) -> ssl.SSLContext | None:
+    mode = config.tls.upstream_sslmode
+    if mode == "disable":
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if mode == "verify-full":
+        ctx.load_verify_locations(config.tls.upstream_ca_file)
+        ctx.check_hostname = True
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    else:  # prefer / require: encrypted, not authenticated (libpq's meaning of the words)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class _ClientPeer(Peer):
+    """A freshly accepted client socket: starts its session once connected."""
+
+    def __init__(self, server: "SeatServer"):
+        super().__init__()
+        self.server = server
+
+    def connection_made(self, transport):  # type: ignore[override]
+        super().connection_made(transport)
+        self.server._accept(self)
+
+
+class SeatServer:
+    def __init__(self, config: Config):
+        self.config = config
+        self.stats = Stats()
+        self.sessions: set[Session] = set()
+        self.client_ssl_context = client_ssl_context(config)
+        self.upstream_ssl_context = upstream_ssl_context(config)
+        self.metrics = MetricsHTTP(self)
+        self._listener: asyncio.AbstractServer | None = None
+        self._stopped = asyncio.Event()
+        self._draining = False
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None
+        return self._listener.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        listen = self.config.listen
+        self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
+                                                  reuse_address=True, backlog=1024)
+        if self.config.metrics_listen is not None:
+            m = self.config.metrics_listen
+            await self.metrics.start(m.host, m.port)
+        log.info("listening", extra={"fields": {
+            "listen": str(listen), "upstream": str(self.config.upstream),
+            "metrics": str(self.config.metrics_listen) if self.config.metrics_listen else "off",
+            "client_tls": self.client_ssl_context is not None,
+            "upstream_sslmode": self.config.tls.upstream_sslmode}})
+
+    def _accept(self, peer: _ClientPeer) -> None:
+        self.stats.client_connections += 1
+        session = Session(self, peer)
+        self.sessions.add(session)
+        session.done.add_done_callback(lambda _: self.sessions.discard(session))
+        task = asyncio.get_running_loop().create_task(session.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def readiness(self) -> tuple[bool, str]:
+        if self._listener is None or self._draining:
+            return False, "not accepting connections"
+        up = self.config.upstream
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(up.host, up.port),
+                                               self.config.connect_timeout)
+            writer.close()
+        except (OSError, asyncio.TimeoutError) as e:
+            return False, f"upstream {up} unreachable: {e}"
+        return True, "ready"
+
+    # ------------------------------------------------------------------ stopping
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
+        loop.add_signal_handler(signal.SIGINT, self.stop_now)
+
+    async def drain(self) -> None:
+        """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close."""
+        if self._draining:
+            return
+        self._draining = True
+        timeout = self.config.shutdown_timeout
+        log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout}})
+        if self._listener is not None:
+            self._listener.close()
+        waiting = [s.done for s in self.sessions]
+        if waiting:
+            _, pending = await asyncio.wait(waiting, timeout=timeout)
+            if pending:
+                log.warning("shutdown timeout reached", extra={"fields": {"closing_sessions": len(pending)}})
+        self.stop_now()
+
+    def stop_now(self) -> None:
+        """SIGINT (and the end of a drain): close every session at once."""
+        if self._listener is not None:
+            self._listener.close()
+        for session in list(self.sessions):
+            session.shut_down()
+        self._stopped.set()
+
+    async def serve_forever(self) -> None:
+        await self._stopped.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1)
+        await self.metrics.close()
+        log.info("stopped")

@@ -1,0 +1,397 @@
+"""One relayed session: a client connection and its own upstream connection.
+
+The handshake (encryption requests, startup, cancel) is a coroutine; after it
+both directions are plain protocol callbacks that walk each received chunk and
+forward it as one write, so the hot path has no task switches and no copies.
+Backpressure is the transports' own: when one side's write buffer passes the
+configured limit, the seat stops reading from the other side until it drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import ssl
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .wire import messages
+from .wire.codec import (
+    FRONTEND_TYPES,
+    CancelRequest,
+    GSSENCRequest,
+    MessageWalker,
+    ProtocolViolation,
+    SSLRequest,
+    StartupMessage,
+    parse_initial_packet,
+)
+from .wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+
+if TYPE_CHECKING:
+    from .server import SeatServer
+
+log = logging.getLogger("openwop_seat.session")
+
+_session_ids = itertools.count(1)
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream could not be reached or refused the encryption the config demands."""
+
+
+class Peer(asyncio.Protocol):
+    """One socket of a session. Buffers bytes until the session sets a sink."""
+
+    def __init__(self, on_lost: Callable[["Peer", Exception | None], None] | None = None):
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.sink: Callable[[bytes], None] | None = None
+        self.eof = False
+        self.lost = False
+        self._waiter: asyncio.Future | None = None
+        self.on_lost = on_lost
+        self.on_eof: Callable[[], None] | None = None
+        self.on_pause: Callable[[bool], None] | None = None  # called with True on pause, False on resume
+
+    # asyncio callbacks
+    def connection_made(self, transport):  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.sink is not None:
+            self.sink(data)
+        else:
+            self.buffer += data
+            self._wake()
+
+    def eof_received(self):
+        self.eof = True
+        self._wake()
+        if self.on_eof is not None:
+            self.on_eof()
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.eof = True
+        self._wake()
+        if self.on_lost is not None:
+            self.on_lost(self, exc)
+
+    def pause_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    # handshake helpers
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait_data(self) -> None:
+        """Wait until more bytes arrive or the peer closes."""
+        if self.eof:
+            raise ConnectionResetError("peer closed the connection")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def read_exact(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            if self.eof:
+                raise ConnectionResetError("peer closed the connection")
+            await self.wait_data()
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def open_upstream(server: "SeatServer", loop: asyncio.AbstractEventLoop,
+                        on_lost: Callable[[Peer, Exception | None], None] | None = None) -> Peer:
+    """Connect to the upstream and negotiate TLS as `[tls] upstream_sslmode` says."""
+    config = server.config
+    up = config.upstream
+    mode = config.tls.upstream_sslmode
+
+    async def connect() -> Peer:
+        _, peer = await loop.create_connection(lambda: Peer(on_lost), up.host, up.port)
+        if mode == "disable":
+            return peer
+        peer.write(messages.ssl_request())
+        answer = await peer.read_exact(1)
+        if answer == b"S":
+            ctx = server.upstream_ssl_context
+            assert ctx is not None
+            hostname = up.host if mode == "verify-full" else None
+            peer.transport = await loop.start_tls(peer.transport, peer, ctx, server_hostname=hostname)
+            return peer
+        if answer == b"N" and mode == "prefer":
+            return peer
+        peer.abort()
+        if answer == b"N":
+            raise UpstreamUnavailable(f"upstream {up} does not support TLS, but tls.upstream_sslmode is {mode}")
+        raise UpstreamUnavailable(f"upstream {up} answered the SSL request with {answer!r}")
+
+    try:
+        return await asyncio.wait_for(connect(), config.connect_timeout)
+    except asyncio.TimeoutError:
+        raise UpstreamUnavailable(f"timeout connecting to upstream {up} after {config.connect_timeout:g} s") from None
+    except ssl.SSLError as e:
+        raise UpstreamUnavailable(f"TLS handshake with upstream {up} failed: {e.reason or e}") from None
+    except (OSError, ConnectionError) as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        raise UpstreamUnavailable(f"could not connect to upstream {up}: {reason}") from None
+
+
+class Session:
+    """A client connection relayed to one upstream connection for its whole life."""
+
+    def __init__(self, server: "SeatServer", client: Peer):
+        self.server = server
+        self.config = server.config  # the config this session started under; reloads do not touch it
+        self.client = client
+        self.upstream: Peer | None = None
+        self.id = next(_session_ids)
+        self.state = SessionState()
+        self.params: dict[str, str] = {}
+        self.major: int | str | None = None
+        self.client_tls = False
+        self.started = time.monotonic()
+        self.bytes_in = 0  # client -> upstream
+        self.bytes_out = 0  # upstream -> client
+        self.end_reason = ""
+        self.closed = False
+        self.done = asyncio.get_running_loop().create_future()
+        peername = client.transport.get_extra_info("peername") if client.transport else None
+        self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "-")
+        self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
+        self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
+        client.on_lost = self._client_lost
+        client.on_eof = self._client_eof
+
+    # ------------------------------------------------------------------ handshake
+
+    async def run(self) -> None:
+        try:
+            await self._handshake()
+        except ProtocolViolation as e:
+            self._fail_client(e.sqlstate, e.message)
+        except UpstreamUnavailable as e:
+            self.server.stats.upstream_connect_errors += 1
+            self._fail_client("08006", str(e))
+        except (ConnectionError, ssl.SSLError) as e:
+            self.close(f"client gone during handshake: {e}")
+        except asyncio.CancelledError:
+            self.close("cancelled")
+            raise
+        except Exception:  # a bug must end this session only, never the seat
+            log.exception("session %s: unexpected error in handshake", self.id)
+            self._fail_client("XX000", "internal error in openwop-seat during connection setup")
+
+    async def _handshake(self) -> None:
+        client = self.client
+        loop = asyncio.get_running_loop()
+        seen_ssl = seen_gss = False
+        while True:
+            parsed = parse_initial_packet(client.buffer)
+            while parsed is None:
+                await client.wait_data()
+                parsed = parse_initial_packet(client.buffer)
+            packet, used = parsed
+            del client.buffer[:used]
+            if isinstance(packet, SSLRequest):
+                if seen_ssl:
+                    raise ProtocolViolation("duplicate SSL request")
+                seen_ssl = True
+                ctx = self.server.client_ssl_context
+                if ctx is None:
+                    client.write(b"N")
+                    continue
+                client.write(b"S")
+                if client.buffer:
+                    # Plaintext sent after the request would be read as if it were encrypted.
+                    raise ProtocolViolation("received unencrypted data after SSL request")
+                client.transport = await loop.start_tls(client.transport, client, ctx, server_side=True)
+                self.client_tls = True
+                continue
+            if isinstance(packet, GSSENCRequest):
+                if seen_gss:
+                    raise ProtocolViolation("duplicate GSSENC request")
+                seen_gss = True
+                client.write(b"N")
+                continue
+            if isinstance(packet, CancelRequest):
+                await self._forward_cancel(packet)
+                return
+            assert isinstance(packet, StartupMessage)
+            await self._start(packet)
+            return
+
+    async def _forward_cancel(self, packet: CancelRequest) -> None:
+        self.server.stats.cancel_requests += 1
+        try:
+            up = await open_upstream(self.server, asyncio.get_running_loop())
+        except UpstreamUnavailable as e:
+            log.warning("cancel request for backend %s not forwarded: %s", packet.pid, e)
+            self.close("cancel not forwarded")
+            return
+        up.write(packet.raw)
+        up.close()
+        self.close("cancel forwarded")
+
+    async def _start(self, startup: StartupMessage) -> None:
+        self.params = startup.params
+        self.major = self.config.major_for(self.params)
+        self.server.stats.sessions_started += 1
+        log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
+        self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+        if self.closed:  # the client left while we were connecting
+            self.upstream.close()
+            return
+        up = self.upstream
+        limit = self.config.buffer_limit
+        for peer in (self.client, up):
+            peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        # Backpressure: a full write buffer on one side pauses reading on the other.
+        self.client.on_pause = lambda paused: _set_reading(up, not paused)
+        up.on_pause = lambda paused: _set_reading(self.client, not paused)
+        up.write(startup.raw)
+        self.bytes_in += len(startup.raw)
+        up.sink = self._from_upstream
+        self.client.sink = self._from_client
+        for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
+            if peer.buffer:
+                pending = bytes(peer.buffer)
+                peer.buffer.clear()
+                sink(pending)
+        if self.client.eof and not self.closed:
+            self._client_eof()
+
+    # ------------------------------------------------------------------ relay
+
+    def _from_client(self, data: bytes) -> None:
+        try:
+            captured = self.client_walker.feed(data)
+        except ProtocolViolation as e:
+            if e.valid_upto and self.upstream is not None:
+                self.upstream.write(data[:e.valid_upto])
+            self.server.stats.protocol_violations += 1
+            log.warning("session %s: client protocol violation: %s", self.id, e.message)
+            self._fail_client(e.sqlstate, e.message)
+            return
+        for t, body, _ in captured:
+            self.state.on_frontend(t, body)
+        self.bytes_in += len(data)
+        self.upstream.write(data)
+
+    def _from_upstream(self, data: bytes) -> None:
+        try:
+            captured = self.upstream_walker.feed(data)
+        except ProtocolViolation as e:
+            if e.valid_upto:
+                self.client.write(data[:e.valid_upto])
+            log.error("session %s: upstream protocol violation: %s", self.id, e.message)
+            self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
+            return
+        state = self.state
+        for t, body, _ in captured:
+            state.on_backend(t, body)
+        self.bytes_out += len(data)
+        self.client.write(data)
+
+    # ------------------------------------------------------------------ endings
+
+    def _client_eof(self) -> None:
+        if not self.client_walker.at_boundary:
+            self._fail_client("08P01", "unexpected EOF within message")
+        else:
+            self.close("client closed")
+
+    def _client_lost(self, peer: Peer, exc: Exception | None) -> None:
+        self.close("client closed" if exc is None else f"client connection lost: {exc}")
+
+    def _upstream_lost(self, peer: Peer, exc: Exception | None) -> None:
+        if self.closed or self.client.sink is None:
+            return
+        if self.state.phase is Phase.CLOSING:
+            self.close("upstream closed")
+            return
+        # The upstream went away without a word: tell the client, if we are between messages.
+        self._fail_client("08006", f"connection to upstream {self.config.upstream} lost"
+                          + (f": {exc}" if exc else ""), reason="upstream lost")
+
+    def _fail_client(self, sqlstate: str, text: str, reason: str | None = None) -> None:
+        """Send a FATAL ErrorResponse where the protocol allows one, then end the session."""
+        if not self.closed and self.upstream_walker.at_boundary:
+            self.client.write(messages.error_response(sqlstate, text, severity="FATAL"))
+        self.server.stats.count_refusal(sqlstate)
+        self.close(reason or f"{sqlstate} {text}")
+
+    def shut_down(self) -> None:
+        """The seat is stopping: end this session with the error PostgreSQL sends at shutdown."""
+        if self.client.sink is None:  # still in the handshake: nothing to tell it in
+            self.close("seat shutting down")
+            return
+        self._fail_client("57P01", "terminating connection because openwop-seat is shutting down",
+                          reason="seat shutting down")
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.end_reason = reason
+        if self.upstream is not None:
+            self.upstream.sink = None
+            self.upstream.close()
+        self.client.sink = None
+        self.client.close()
+        if self.major is not None:  # a session that got past startup
+            log.info("session end", extra={"fields": self._log_fields(
+                reason=reason, duration_s=round(time.monotonic() - self.started, 3),
+                bytes_in=self.bytes_in, bytes_out=self.bytes_out)})
+        self.server.stats.bytes_in += self.bytes_in
+        self.server.stats.bytes_out += self.bytes_out
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _log_fields(self, **more) -> dict:
+        fields = {
+            "session": self.id,
+            "client": self.client_addr,
+            "user": self.params.get("user"),
+            "database": self.params.get("database", self.params.get("user")),
+            "application_name": self.params.get("application_name", ""),
+            "major": self.major,
+            "tls": self.client_tls,
+        }
+        fields.update(more)
+        return fields
+
+
+def _set_reading(peer: Peer, on: bool) -> None:
+    transport = peer.transport
+    if transport is None or transport.is_closing():
+        return
+    if on:
+        transport.resume_reading()
+    else:
+        transport.pause_reading()

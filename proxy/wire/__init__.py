@@ -1,0 +1,1 @@
+"""The PostgreSQL v3 wire protocol, sans-IO: framing, message bodies, session state."""

@@ -1,0 +1,258 @@
+"""Sans-IO framing of the PostgreSQL v3 wire protocol.
+
+Nothing here touches a socket. The session feeds received chunks in and gets
+back the few messages it asked to see; every other message is only walked
+(type byte + length) so the chunk can be forwarded as it arrived, without
+copying or re-encoding. A chunk is walked *before* it is forwarded, so a
+protocol violation stops the stream exactly at the first bad message.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+# Request codes of the untyped packets that open a connection.
+SSL_REQUEST_CODE = 80877103
+GSSENC_REQUEST_CODE = 80877104
+CANCEL_REQUEST_CODE = 80877102
+PROTOCOL_3_0 = 3 << 16
+PROTOCOL_3_2 = (3 << 16) | 2
+
+# PostgreSQL refuses startup packets longer than this (MAX_STARTUP_PACKET_LENGTH).
+MAX_STARTUP_PACKET = 10000
+# The largest message body PostgreSQL accepts (PQ_LARGE_MESSAGE_LIMIT is 1 GiB - 1).
+MAX_MESSAGE_LENGTH = (1 << 30) - 1
+# Protocol 3.2 allows cancel keys of up to 256 bytes.
+MAX_CANCEL_KEY = 256
+
+# Every message type a frontend may send once the startup packet is done:
+# Bind, Close, CopyData, CopyDone, CopyFail, Describe, Execute, Flush,
+# FunctionCall, Parse, password/SASL, Query, Sync, Terminate.
+FRONTEND_TYPES = frozenset(b"BCdcfDEHFPpQSX")
+
+_U32 = struct.Struct("!I")
+_I32 = struct.Struct("!i")
+_HEADER = struct.Struct("!BI")
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the protocol; the stream cannot be resynchronised.
+
+    ``valid_upto`` is the offset, in the chunk that was being fed, of the first
+    byte that does not belong to a complete or in-progress valid message; the
+    bytes before it may still be forwarded.
+    """
+
+    def __init__(self, message: str, sqlstate: str = "08P01", valid_upto: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.valid_upto = valid_upto
+
+
+# --------------------------------------------------------------------------
+# The untyped packets at the start of a connection
+
+
+@dataclass(frozen=True)
+class SSLRequest:
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class GSSENCRequest:
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    raw: bytes
+    pid: int
+    key: bytes
+
+
+@dataclass(frozen=True)
+class StartupMessage:
+    raw: bytes
+    version: int
+    params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def version_text(self) -> str:
+        return f"{self.version >> 16}.{self.version & 0xFFFF}"
+
+
+InitialPacket = SSLRequest | GSSENCRequest | CancelRequest | StartupMessage
+
+
+def parse_initial_packet(buf: bytes | bytearray) -> tuple[InitialPacket, int] | None:
+    """Parse the first untyped packet in ``buf``.
+
+    Returns ``(packet, consumed)``, or ``None`` when more bytes are needed.
+    Raises ProtocolViolation for anything PostgreSQL itself would refuse.
+    """
+    if len(buf) < 4:
+        return None
+    (length,) = _U32.unpack_from(buf, 0)
+    if length < 8 or length > MAX_STARTUP_PACKET:
+        raise ProtocolViolation(f"invalid length of startup packet ({length})")
+    if len(buf) < 8:
+        return None
+    (code,) = _U32.unpack_from(buf, 4)
+    if code == CANCEL_REQUEST_CODE:
+        if length < 16 or length > 12 + MAX_CANCEL_KEY:
+            raise ProtocolViolation(f"invalid length of cancel request ({length})")
+    elif code in (SSL_REQUEST_CODE, GSSENC_REQUEST_CODE) and length != 8:
+        raise ProtocolViolation(f"invalid length of encryption request ({length})")
+    if len(buf) < length:
+        return None
+    raw = bytes(buf[:length])
+    if code == SSL_REQUEST_CODE:
+        return SSLRequest(raw), length
+    if code == GSSENC_REQUEST_CODE:
+        return GSSENCRequest(raw), length
+    if code == CANCEL_REQUEST_CODE:
+        (pid,) = _I32.unpack_from(raw, 8)
+        return CancelRequest(raw, pid, raw[12:]), length
+    if code >> 16 != 3:
+        raise ProtocolViolation(
+            f"unsupported frontend protocol {code >> 16}.{code & 0xFFFF}: "
+            "server supports 3.0 to 3.2",
+            sqlstate="0A000",
+        )
+    return StartupMessage(raw, code, _parse_startup_params(raw)), length
+
+
+def _parse_startup_params(raw: bytes) -> dict[str, str]:
+    body = raw[8:]
+    if not body.endswith(b"\x00"):
+        raise ProtocolViolation("invalid startup packet layout: expected terminator as last byte")
+    # "name\0value\0" pairs, then one more "\0" that ends the list.
+    parts = body[:-1].split(b"\x00")
+    if parts[-1] != b"":
+        raise ProtocolViolation("invalid startup packet layout: expected terminator as last byte")
+    parts.pop()
+    if len(parts) % 2:
+        raise ProtocolViolation("invalid startup packet layout: odd number of name/value strings")
+    params: dict[str, str] = {}
+    for i in range(0, len(parts), 2):
+        try:
+            name, value = parts[i].decode(), parts[i + 1].decode()
+        except UnicodeDecodeError:
+            raise ProtocolViolation("invalid startup packet: parameter is not valid UTF-8") from None
+        if not name:
+            raise ProtocolViolation("invalid startup packet layout: empty parameter name")
+        params[name] = value
+    if "user" not in params:
+        raise ProtocolViolation("no PostgreSQL user name specified in startup packet", sqlstate="28000")
+    return params
+
+
+# --------------------------------------------------------------------------
+# Typed messages after startup
+
+
+class MessageWalker:
+    """Walks a stream of typed messages (1-byte type, 4-byte length, body).
+
+    ``feed(chunk)`` returns the complete messages whose type is in ``capture``
+    as ``(type, body)`` pairs, in stream order, each with the offset in the
+    chunk just past it; all other messages are skipped without copying.
+    ``allowed`` (a set of type bytes) rejects any other type; ``None`` allows all.
+    """
+
+    __slots__ = ("capture", "allowed", "max_length", "_hdr", "_need", "_type", "_body", "messages")
+
+    def __init__(self, capture: frozenset[int] = frozenset(), allowed: frozenset[int] | None = None,
+                 max_length: int = MAX_MESSAGE_LENGTH):
+        self.capture = capture
+        self.allowed = allowed
+        self.max_length = max_length
+        self._hdr = b""  # a header split across chunks (fewer than 5 bytes)
+        self._need = 0  # body bytes of the current message still to come
+        self._type = 0
+        self._body: bytearray | None = None  # a captured body still being assembled
+        self.messages = 0  # complete messages walked so far
+
+    @property
+    def at_boundary(self) -> bool:
+        """True when the bytes fed so far end exactly at a message boundary."""
+        return not self._need and not self._hdr
+
+    @property
+    def current_type(self) -> int:
+        """Type byte of the message in progress (valid when not at a boundary)."""
+        return self._type
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes, int]]:
+        out: list[tuple[int, bytes, int]] = []
+        n = len(data)
+        pos = 0
+        need = self._need
+        if need:
+            take = need if need < n else n
+            if self._body is not None:
+                self._body += data[:take]
+            need -= take
+            pos = take
+            if not need:
+                self.messages += 1
+                if self._body is not None:
+                    out.append((self._type, bytes(self._body), pos))
+                    self._body = None
+        elif self._hdr:
+            # Complete the split header from the start of this chunk.
+            missing = 5 - len(self._hdr)
+            if n < missing:
+                self._hdr += bytes(data)
+                return out
+            head = self._hdr + bytes(data[:missing])
+            self._hdr = b""
+            t, length = _HEADER.unpack(head)
+            self._check(t, length, 0)
+            self._type = t
+            body_len = length - 4
+            pos = missing
+            take = body_len if body_len < n - pos else n - pos
+            if t in self.capture:
+                self._body = bytearray(data[pos:pos + take])
+            pos += take
+            need = body_len - take
+            if not need:
+                self.messages += 1
+                if self._body is not None:
+                    out.append((t, bytes(self._body), pos))
+                    self._body = None
+        capture = self.capture
+        unpack = _HEADER.unpack_from
+        while not need and pos < n:
+            if n - pos < 5:
+                self._hdr = bytes(data[pos:])
+                break
+            t, length = unpack(data, pos)
+            self._check(t, length, pos)
+            end = pos + 1 + length
+            if end <= n:
+                self.messages += 1
+                if t in capture:
+                    out.append((t, bytes(data[pos + 5:end]), end))
+                pos = end
+            else:
+                self._type = t
+                if t in capture:
+                    self._body = bytearray(data[pos + 5:])
+                need = end - n
+                pos = n
+        self._need = need
+        return out
+
+    def _check(self, t: int, length: int, pos: int) -> None:
+        if self.allowed is not None and t not in self.allowed:
+            raise ProtocolViolation(f"invalid frontend message type {t}", valid_upto=pos)
+        if length < 4:
+            raise ProtocolViolation(f"invalid message length {length}", valid_upto=pos)
+        if length - 4 > self.max_length:
+            raise ProtocolViolation(
+                f"message of type {chr(t)!r} is too long ({length} bytes, limit {self.max_length + 4})",
+                sqlstate="54000", valid_upto=pos)

@@ -1,0 +1,65 @@
+"""Sans-IO state of one relayed session, driven by the messages the walkers capture."""
+
+from __future__ import annotations
+
+import struct
+from enum import Enum
+
+from .messages import parse_backend_key_data, parse_error_fields, parse_parameter_status
+
+# Backend messages the session state needs to see (bodies are all tiny).
+BACKEND_CAPTURE = frozenset(b"RKSZEv")
+# Frontend messages the session state needs to see.
+FRONTEND_CAPTURE = frozenset(b"X")
+
+
+class Phase(Enum):
+    AUTHENTICATING = "authenticating"  # startup sent, waiting for the first ReadyForQuery
+    READY = "ready"  # authenticated; normal traffic
+    CLOSING = "closing"  # Terminate sent or a FATAL error seen
+
+
+class SessionState:
+    """What the seat knows about a session from the messages it relayed."""
+
+    __slots__ = ("phase", "txn_status", "backend_pid", "backend_key", "server_params", "negotiated_minor",
+                 "auth_ok", "last_fatal")
+
+    def __init__(self) -> None:
+        self.phase = Phase.AUTHENTICATING
+        self.txn_status = b"I"
+        self.backend_pid: int | None = None
+        self.backend_key: bytes | None = None
+        self.server_params: dict[str, str] = {}
+        self.negotiated_minor: int | None = None
+        self.auth_ok = False
+        self.last_fatal: dict[str, str] | None = None
+
+    def on_backend(self, t: int, body: bytes) -> None:
+        if t == 0x5A:  # 'Z' ReadyForQuery
+            self.txn_status = body[:1]
+            if self.phase is Phase.AUTHENTICATING:
+                self.phase = Phase.READY
+        elif t == 0x52:  # 'R' Authentication*
+            if len(body) >= 4 and struct.unpack_from("!I", body, 0)[0] == 0:
+                self.auth_ok = True
+        elif t == 0x4B:  # 'K' BackendKeyData
+            self.backend_pid, self.backend_key = parse_backend_key_data(body)
+        elif t == 0x53:  # 'S' ParameterStatus
+            name, value = parse_parameter_status(body)
+            self.server_params[name] = value
+        elif t == 0x45:  # 'E' ErrorResponse
+            fields = parse_error_fields(body)
+            if fields.get("V", fields.get("S")) in ("FATAL", "PANIC"):
+                self.last_fatal = fields
+                self.phase = Phase.CLOSING
+        elif t == 0x76:  # 'v' NegotiateProtocolVersion: newest minor the server supports
+            self.negotiated_minor = struct.unpack_from("!I", body, 0)[0]
+
+    def on_frontend(self, t: int, body: bytes) -> None:
+        if t == 0x58:  # 'X' Terminate
+            self.phase = Phase.CLOSING
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.txn_status != b"I"
