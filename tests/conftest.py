@@ -1,0 +1,197 @@
+"""Shared fixtures: a real PostgreSQL cluster, TLS material, and seat processes.
+
+Everything here is real: initdb/pg_ctl for the server, `python -m proxy serve`
+as a subprocess for the seat (so signals, exit codes and logs are the real
+ones), and the real client drivers in the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from proxy.devcluster import DevCluster, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSWORD = "s3cret-pw"
+
+# Roles of the test cluster, each reached by a different authentication method.
+HBA = [
+    "local all all trust",
+    "hostssl all tls_only 127.0.0.1/32 trust",
+    "hostnossl all tls_only 127.0.0.1/32 reject",
+    "host all md5_user 127.0.0.1/32 md5",
+    "host all scram_user 127.0.0.1/32 scram-sha-256",
+    "host all all 127.0.0.1/32 trust",
+]
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory) -> dict[str, str]:
+    """A self-signed certificate for localhost / 127.0.0.1, and a second, unrelated one."""
+    d = tmp_path_factory.mktemp("certs")
+    out = {}
+    for name in ("server", "other"):
+        crt, key = d / f"{name}.crt", d / f"{name}.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(crt)],
+            check=True, capture_output=True)
+        os.chmod(d, 0o755)
+        os.chmod(crt, 0o644)
+        os.chmod(key, 0o644)
+        out[f"{name}_crt"], out[f"{name}_key"] = str(crt), str(key)
+    return out
+
+
+@pytest.fixture(scope="session")
+def pg(certs) -> DevCluster:
+    cluster = DevCluster(hba=HBA, ssl_cert=(certs["server_crt"], certs["server_key"]))
+    cluster.start()
+    cluster.psql(f"""
+        SET password_encryption = 'md5';
+        CREATE ROLE md5_user LOGIN PASSWORD '{PASSWORD}';
+        SET password_encryption = 'scram-sha-256';
+        CREATE ROLE scram_user LOGIN PASSWORD '{PASSWORD}';
+        CREATE ROLE tls_only LOGIN;
+        CREATE ROLE host_user LOGIN;
+        GRANT ALL ON SCHEMA public TO md5_user, scram_user, tls_only, host_user;
+    """)
+    cluster.psql("CREATE DATABASE app OWNER host_user")
+    yield cluster
+    cluster.stop()
+
+
+class Seat:
+    """A running `openwop-seat serve` process."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, metrics_port: int, log_path: Path, config_path: Path):
+        self.proc = proc
+        self.port = port
+        self.metrics_port = metrics_port
+        self.log_path = log_path
+        self.config_path = config_path
+
+    def dsn(self, user: str = "postgres", dbname: str = "postgres", **params) -> str:
+        parts = [f"host=127.0.0.1 port={self.port} user={user} dbname={dbname}"]
+        parts += [f"{k}={v}" for k, v in params.items()]
+        return " ".join(parts)
+
+    def url(self, user: str = "postgres", dbname: str = "postgres", password: str | None = None) -> str:
+        auth = f"{user}:{password}" if password else user
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return self.proc.returncode
+
+
+def wait_listening(port: int, proc: subprocess.Popen | None = None, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on port {port}")
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_config(sections: dict) -> str:
+    """Render {section: {key: value}} (with `clients` as a list of tables) as TOML."""
+    lines = []
+    for section, values in sections.items():
+        rules = values.pop("clients", []) if section == "proxy" else []
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+        for rule in rules:
+            lines.append("[[proxy.clients]]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in rule.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def start_seat(pg, tmp_path_factory):
+    """Factory: start a seat with extra config; every seat started is stopped at the end."""
+    started: list[Seat] = []
+
+    def start(proxy: dict | None = None, tls: dict | None = None, log: dict | None = None,
+              upstream_port: int | None = None, wait: bool = True) -> Seat:
+        d = tmp_path_factory.mktemp("seat")
+        port, metrics_port = free_port(), free_port()
+        sections = {
+            "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{upstream_port or pg.port}",
+                      "shutdown_timeout": 5, **(proxy or {})},
+            "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
+        }
+        if tls:
+            sections["tls"] = tls
+        if log:
+            sections["log"] = log
+        config_path = d / "openwop-seat.toml"
+        config_path.write_text(render_config(sections))
+        log_path = d / "seat.log"
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config_path)],
+                                stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), cwd=ROOT)
+        seat = Seat(proc, port, metrics_port, log_path, config_path)
+        started.append(seat)
+        if wait:
+            wait_listening(port, proc)
+        return seat
+
+    yield start
+    for seat in started:
+        if seat.alive():
+            seat.stop(signal.SIGINT)
+
+
+@pytest.fixture(scope="session")
+def seat(start_seat) -> Seat:
+    """The shared seat with default settings in front of the test cluster."""
+    return start_seat()
+
+
+@pytest.fixture
+def fresh_table(pg):
+    """Create a uniquely named table and drop it afterwards; yields its name."""
+    names = []
+
+    def make(ddl_columns: str, owner: str = "postgres") -> str:
+        name = f"t_{os.getpid()}_{len(names)}_{int(time.monotonic_ns() % 1_000_000)}"
+        pg.psql(f"CREATE TABLE {name} ({ddl_columns}); GRANT ALL ON {name} TO PUBLIC;")
+        names.append(name)
+        return name
+
+    yield make
+    for name in names:
+        pg.psql(f"DROP TABLE IF EXISTS {name}", check=False)
