@@ -183,6 +183,7 @@ class Session:
         self.done = asyncio.get_running_loop().create_future()
         peername = client.transport.get_extra_info("peername") if client.transport else None
         self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "-")
+        self._auth_pending = bytearray()
         self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
         self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
         client.on_lost = self._client_lost
@@ -313,10 +314,34 @@ class Session:
             self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
             return
         state = self.state
+        if state.phase is Phase.AUTHENTICATING:
+            data = self._auth_messages(data)
+            if data is None:
+                return
         for t, body, _ in captured:
             state.on_backend(t, body)
         self.bytes_out += len(data)
         self.client.write(data)
+
+    def _auth_messages(self, data: bytes) -> bytes | None:
+        """During authentication, forward whole messages only, so an offer can be edited.
+
+        Returns the bytes to forward now, or None while a message is incomplete.
+        """
+        self._auth_pending += data
+        if not self.upstream_walker.at_boundary:
+            return None
+        data, self._auth_pending = bytes(self._auth_pending), bytearray()
+        if self.client_tls:
+            return data
+        out, changed = [], False
+        for t, body in messages.iter_messages(data):
+            if t == 0x52 and (plain := messages.without_channel_binding(body)) is not None:
+                out.append(messages.message(b"R", plain))
+                changed = True
+            else:
+                out.append(messages.message(bytes([t]), body))
+        return b"".join(out) if changed else data
 
     # ------------------------------------------------------------------ endings
 

@@ -201,6 +201,15 @@ def test_error_response_layout():
                                                  "M": "upstream gone", "D": "d"}
 
 
+def test_channel_binding_offer_is_removed_for_plaintext_clients():
+    offer = struct.pack("!I", 10) + b"SCRAM-SHA-256-PLUS\x00SCRAM-SHA-256\x00\x00"
+    assert messages.without_channel_binding(offer) == struct.pack("!I", 10) + b"SCRAM-SHA-256\x00\x00"
+    assert messages.without_channel_binding(struct.pack("!I", 10) + b"SCRAM-SHA-256\x00\x00") is None
+    assert messages.without_channel_binding(struct.pack("!I", 5) + b"salt") is None  # md5 request
+    stream = msg(b"R", offer) + msg(b"S", b"a\x00b\x00")
+    assert list(messages.iter_messages(stream)) == [(ord("R"), offer), (ord("S"), b"a\x00b\x00")]
+
+
 def test_simple_messages():
     assert messages.ready_for_query(b"T") == b"Z\x00\x00\x00\x05T"
     assert messages.terminate() == b"X\x00\x00\x00\x04"
@@ -229,7 +238,7 @@ def test_session_state_follows_a_login_and_a_transaction():
 
 def test_session_state_fatal_and_negotiate_protocol_version():
     s = SessionState()
-    s.on_backend(ord("v"), struct.pack("!II", 0, 0))
+    s.on_backend(ord("v"), struct.pack("!II", 3 << 16, 0))
     assert s.negotiated_minor == 0
     s.on_backend(ord("E"), b"SFATAL\x00VFATAL\x00C57P01\x00Mterminating\x00\x00")
     assert s.phase is Phase.CLOSING and s.last_fatal["C"] == "57P01"

@@ -76,6 +76,34 @@ def parse_parameter_status(body: bytes) -> tuple[str, str]:
     return name.decode("utf-8", "replace"), value.decode("utf-8", "replace")
 
 
+AUTH_SASL = 10
+
+
+def iter_messages(buf: bytes):
+    """Yield (type, body) of each message in a buffer that holds whole messages only."""
+    pos, n = 0, len(buf)
+    while pos < n:
+        (length,) = _U32.unpack_from(buf, pos + 1)
+        yield buf[pos], buf[pos + 5:pos + 1 + length]
+        pos += 1 + length
+
+
+def without_channel_binding(body: bytes) -> bytes | None:
+    """AuthenticationSASL minus the channel-binding (`-PLUS`) mechanisms; None if there are none.
+
+    A client on a plaintext leg must not be offered SCRAM-SHA-256-PLUS: libpq
+    rightly treats that offer as a downgrade attack and aborts. The binding
+    would be to the seat's certificate anyway, not the server's.
+    """
+    if len(body) < 4 or _U32.unpack_from(body, 0)[0] != AUTH_SASL:
+        return None
+    mechanisms = [m for m in body[4:].split(b"\x00") if m]
+    kept = [m for m in mechanisms if not m.endswith(b"-PLUS")]
+    if len(kept) == len(mechanisms):
+        return None
+    return body[:4] + b"".join(m + b"\x00" for m in kept) + b"\x00"
+
+
 def query(sql: str) -> bytes:
     return message(b"Q", _cstr(sql))
 

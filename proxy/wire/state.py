@@ -53,8 +53,8 @@ class SessionState:
             if fields.get("V", fields.get("S")) in ("FATAL", "PANIC"):
                 self.last_fatal = fields
                 self.phase = Phase.CLOSING
-        elif t == 0x76:  # 'v' NegotiateProtocolVersion: newest minor the server supports
-            self.negotiated_minor = struct.unpack_from("!I", body, 0)[0]
+        elif t == 0x76:  # 'v' NegotiateProtocolVersion: the newest version the server supports
+            self.negotiated_minor = struct.unpack_from("!I", body, 0)[0] & 0xFFFF
 
     def on_frontend(self, t: int, body: bytes) -> None:
         if t == 0x58:  # 'X' Terminate

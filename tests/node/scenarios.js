@@ -1,0 +1,350 @@
+#!/usr/bin/env node
+// node-postgres scenarios driven by tests/test_node_pg.py.
+//
+//   node scenarios.js <scenario> <connection-url>
+//
+// Runs one scenario with node-postgres (the driver the host service uses) and
+// prints what it observed as one JSON document on stdout; exits non-zero on
+// any unexpected error. The test runs every scenario once directly against
+// PostgreSQL and once through the seat and compares the two documents, so the
+// output holds only deterministic values: table names (passed in the
+// environment, one set per target) are replaced by placeholders, and
+// per-connection values (backend pids, now()) are reduced to facts about them.
+//
+// Environment: EVENTS_TABLE, RUNS_TABLE, COPY_TABLE name the tables to use.
+// Queries are never given a `name`: like the host, they go out as unnamed
+// prepared statements (Parse/Bind/Describe/Execute/Sync).
+
+'use strict';
+
+const crypto = require('crypto');
+const { pipeline } = require('stream/promises');
+const { Readable, Writable } = require('stream');
+const pg = require('pg');
+const { to: copyTo, from: copyFrom } = require('pg-copy-streams');
+
+const EVENTS = process.env.EVENTS_TABLE || 'events';
+const RUNS = process.env.RUNS_TABLE || 'runs';
+const COPY = process.env.COPY_TABLE || 'copy_target';
+
+// Fixed, deterministic timestamps: 2024-01-02T03:04:05.000Z plus i seconds.
+const BASE_MS = Date.UTC(2024, 0, 2, 3, 4, 5);
+const ts = (i) => new Date(BASE_MS + i * 1000).toISOString();
+
+const md5 = (s) => crypto.createHash('md5').update(s).digest('hex');
+
+// What a result looks like to the application: command tag, row count, the
+// column descriptions (name, type oid, format) and the parsed rows.
+function shape(res) {
+  return {
+    command: res.command,
+    rowCount: res.rowCount,
+    fields: res.fields.map((f) => [f.name, f.dataTypeID, f.format]),
+    rows: res.rows,
+  };
+}
+
+function errorShape(err) {
+  if (!err || !err.code) throw err; // not a server error: a real failure
+  return {
+    code: err.code,
+    severity: err.severity,
+    message: err.message,
+    detail: err.detail,
+    constraint: err.constraint,
+    table: err.table,
+  };
+}
+
+async function expectError(promise) {
+  try {
+    await promise;
+  } catch (err) {
+    return errorShape(err);
+  }
+  throw new Error('statement was expected to fail but succeeded');
+}
+
+async function withClient(url, fn) {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+// The host's append path, verbatim in shape.
+const APPEND_SQL = `WITH next AS (SELECT COALESCE(MAX(sequence),0)+1 AS seq FROM ${EVENTS} WHERE run_id = $1)
+INSERT INTO ${EVENTS} (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)
+SELECT $2, $1, next.seq, $3, $4, $5, $6, $7 FROM next RETURNING *`;
+
+async function append(client, runId, ev) {
+  await client.query('BEGIN');
+  try {
+    const lock = await client.query('SELECT pg_advisory_xact_lock(hashtext($1), 1)', [runId]);
+    const res = await client.query(APPEND_SQL, [
+      runId, ev.eventId, ev.type, ev.nodeId, JSON.stringify(ev.payload), ev.timestamp, ev.causationId,
+    ]);
+    await client.query('COMMIT');
+    return { lock: shape(lock), insert: shape(res) };
+  } catch (err) {
+    await client.query('ROLLBACK');
+    throw err;
+  }
+}
+
+const scenarios = {
+  // 1. authentication (the user is in the url) + a simple and a parameterised query
+  async auth(url) {
+    return withClient(url, async (c) => {
+      const simple = await c.query('select current_user');
+      const param = await c.query('select $1::int + 1 as n', [41]);
+      const textParam = await c.query('select $1::text || $2::text as s, $3::int is null as isnull', ['ab', 'cd', null]);
+      return { simple: shape(simple), param: shape(param), textParam: shape(textParam) };
+    });
+  },
+
+  // 2./3. the append hot path, then the log page and the head sequence
+  async append(url) {
+    return withClient(url, async (c) => {
+      const runId = 'run-append-1';
+      const appends = [];
+      const types = ['run.started', 'node.started', 'node.completed', 'node.started', 'node.failed', 'run.completed'];
+      for (let i = 0; i < types.length; i++) {
+        appends.push(await append(c, runId, {
+          eventId: `evt-${i + 1}`,
+          type: types[i],
+          nodeId: i === 0 || i === types.length - 1 ? null : `node-${(i % 2) + 1}`,
+          payload: { i, note: `event ${i + 1} \u00e9\u00e8 \u2713`, nested: { ok: i % 2 === 0, list: [i, i * 2] } },
+          timestamp: ts(i),
+          causationId: i === 0 ? null : `evt-${i}`,
+        }));
+      }
+      // another run interleaved: its sequence starts at 1 again
+      const other = await append(c, 'run-append-2', {
+        eventId: 'evt-other-1', type: 'run.started', nodeId: null, payload: {}, timestamp: ts(100), causationId: null,
+      });
+      const page = await c.query(`SELECT * FROM ${EVENTS} WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3`,
+        [runId, 2, 3]);
+      const fullPage = await c.query(`SELECT * FROM ${EVENTS} WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3`,
+        [runId, 0, 100]);
+      const head = await c.query(`SELECT COALESCE(MAX(sequence), 0) FROM ${EVENTS} WHERE run_id = $1`, [runId]);
+      const emptyHead = await c.query(`SELECT COALESCE(MAX(sequence), 0) FROM ${EVENTS} WHERE run_id = $1`, ['no-such-run']);
+      return { appends, other, page: shape(page), fullPage: shape(fullPage), head: shape(head), emptyHead: shape(emptyHead) };
+    });
+  },
+
+  // 4. one INSERT with 24,000 bind parameters (3,000 rows x 8 columns)
+  async bulk(url) {
+    const ROWS = 3000;
+    const runId = 'run-bulk-1';
+    const values = [];
+    const params = [];
+    let expected = [];
+    for (let i = 1; i <= ROWS; i++) {
+      const b = params.length;
+      values.push(`($${b + 1},$${b + 2},$${b + 3}::int,$${b + 4},$${b + 5},$${b + 6}::jsonb,$${b + 7}::timestamptz,$${b + 8})`);
+      const row = [`bulk-${i}`, runId, i, 'node.output', `node-${i % 7}`, JSON.stringify({ n: i }), ts(i), i > 1 ? `bulk-${i - 1}` : null];
+      params.push(...row);
+      expected.push([row[0], i, row[3], row[4], `{"n": ${i}}`, String(BASE_MS / 1000 + i), row[7] === null ? '-' : row[7]].join('|'));
+    }
+    expected = md5(expected.join('\n'));
+    return withClient(url, async (c) => {
+      const ins = await c.query(
+        `INSERT INTO ${EVENTS} (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) VALUES ${values.join(',')}`,
+        params);
+      const check = await c.query(
+        `SELECT count(*)::int AS n, min(sequence) AS lo, max(sequence) AS hi,
+                md5(string_agg(concat_ws('|', event_id, sequence, type, node_id, payload::text,
+                                         extract(epoch from timestamp)::bigint, coalesce(causation_id, '-')),
+                               E'\\n' ORDER BY sequence)) AS checksum
+           FROM ${EVENTS} WHERE run_id = $1`, [runId]);
+      return { paramCount: params.length, insert: shape(ins), check: shape(check), expectedChecksum: expected };
+    });
+  },
+
+  // 5. the runs table: insert, lookup, status update, and the sweeper
+  async runs(url) {
+    const RUN_COLS = 'run_id, tenant_id, status, inputs, metadata, parent_run_id';
+    // created_at is now(): keep only the fact that it is a timestamp.
+    const strip = (res) => {
+      const s = shape(res);
+      s.rows = s.rows.map((r) => {
+        const { created_at: createdAt, ...rest } = r;
+        return { ...rest, created_at_is_date: createdAt instanceof Date };
+      }).sort((a, b) => (a.run_id < b.run_id ? -1 : a.run_id > b.run_id ? 1 : 0));
+      return s;
+    };
+    return withClient(url, async (c) => {
+      const inserts = [];
+      for (let i = 1; i <= 5; i++) {
+        inserts.push(strip(await c.query(
+          `INSERT INTO ${RUNS} (${RUN_COLS}) VALUES ($1, $2, $3, $4, $5, $6) RETURNING *`,
+          [`run-${i}`, `tenant-${i % 2}`, 'queued', JSON.stringify({ x: i, s: 'in\u00fcts' }),
+            JSON.stringify({ attempt: 0, tags: ['a', 'b'] }), i > 1 ? 'run-1' : null])));
+      }
+      const lookup = strip(await c.query(`SELECT * FROM ${RUNS} WHERE run_id = $1`, ['run-3']));
+      const missing = strip(await c.query(`SELECT * FROM ${RUNS} WHERE run_id = $1`, ['run-404']));
+      const update = shape(await c.query(`UPDATE ${RUNS} SET status = $2 WHERE run_id = $1`, ['run-1', 'running']));
+
+      // a second session holds run-2's row lock; the sweeper must skip it
+      const SWEEP = `UPDATE ${RUNS} SET status = 'claimed', metadata = metadata || $2::jsonb
+        WHERE run_id IN (SELECT run_id FROM ${RUNS} WHERE status = 'queued'
+                         ORDER BY run_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+        RETURNING *`;
+      const holder = new pg.Client({ connectionString: url });
+      await holder.connect();
+      let sweep1;
+      let sweep2;
+      try {
+        await holder.query('BEGIN');
+        const held = await holder.query(`SELECT run_id FROM ${RUNS} WHERE run_id = $1 FOR UPDATE`, ['run-2']);
+        sweep1 = strip(await c.query(SWEEP, [2, JSON.stringify({ claimedBy: 'sweeper-1' })]));
+        await holder.query('ROLLBACK');
+        sweep2 = strip(await c.query(SWEEP, [10, JSON.stringify({ claimedBy: 'sweeper-2' })]));
+        sweep1.held = held.rows;
+      } finally {
+        await holder.end();
+      }
+      const all = strip(await c.query(`SELECT * FROM ${RUNS} ORDER BY run_id`));
+      return { inserts, lookup, missing, update, sweep1, sweep2, all };
+    });
+  },
+
+  // 6. errors keep their SQLSTATE and the connection stays usable
+  async errors(url) {
+    return withClient(url, async (c) => {
+      const out = {};
+      const ev = { eventId: 'dup-1', type: 't', nodeId: null, payload: { a: 1 }, timestamp: ts(0), causationId: null };
+      out.first = await append(c, 'run-err-1', ev);
+      // the same event id again, through the host's own append path (BEGIN .. ROLLBACK)
+      out.duplicateAppend = await expectError(append(c, 'run-err-1', ev));
+      out.afterDuplicate = shape(await c.query('select $1::int + 1 as n', [1]));
+      // a unique (run_id, sequence) violation in autocommit, extended protocol
+      out.duplicateSequence = await expectError(c.query(
+        `INSERT INTO ${EVENTS} (event_id, run_id, sequence, type, timestamp) VALUES ($1, $2, $3, $4, $5)`,
+        ['dup-2', 'run-err-1', 1, 't', ts(1)]));
+      out.afterSequence = shape(await c.query('select current_user = $1 as same', ['nobody']));
+      // inside an explicit transaction: later statements fail until ROLLBACK
+      await c.query('BEGIN');
+      out.inTx = await expectError(c.query(`INSERT INTO ${EVENTS} (event_id, run_id, sequence, type, timestamp) VALUES ($1, $2, $3, $4, $5)`,
+        ['dup-1', 'run-err-1', 9, 't', ts(2)]));
+      out.aborted = await expectError(c.query('select 1'));
+      out.rollback = shape(await c.query('ROLLBACK'));
+      // simple-protocol errors: syntax, bad cast, division by zero, unknown table
+      out.syntax = await expectError(c.query('selec 1'));
+      out.badCast = await expectError(c.query('select $1::int', ['not-a-number']));
+      out.divByZero = await expectError(c.query('select 1/0'));
+      out.noTable = await expectError(c.query('select * from no_such_table_xyz'));
+      // a multi-statement simple query failing in the middle
+      out.multi = await expectError(c.query('select 1; select 1/0; select 3'));
+      out.final = shape(await c.query(`SELECT count(*)::int AS n FROM ${EVENTS} WHERE run_id = $1`, ['run-err-1']));
+      return out;
+    });
+  },
+
+  // 7. COPY TO STDOUT and COPY FROM STDIN through pg-copy-streams
+  async copy(url) {
+    return withClient(url, async (c) => {
+      const hash = crypto.createHash('sha256');
+      let bytes = 0;
+      let lines = 0;
+      await pipeline(
+        c.query(copyTo('COPY (SELECT g, md5(g::text) FROM generate_series(1,100000) g) TO STDOUT')),
+        new Writable({
+          write(chunk, _enc, cb) {
+            hash.update(chunk);
+            bytes += chunk.length;
+            for (const b of chunk) if (b === 10) lines++;
+            cb();
+          },
+        }));
+      const copyOut = { sha256: hash.digest('hex'), bytes, lines };
+
+      const N = 100000;
+      const expected = crypto.createHash('md5');
+      function* rows() {
+        for (let i = 1; i <= N; i++) {
+          const line = `${i}\tline ${i} \u00e5\u00e6\u00f8\t${i % 3 === 0 ? '\\N' : `{"k": ${i}}`}\n`;
+          expected.update(`${i}|line ${i} \u00e5\u00e6\u00f8|${i % 3 === 0 ? '-' : `{"k": ${i}}`}\n`);
+          yield line;
+        }
+      }
+      // batch lines into ~64 KiB chunks, the way a real producer writes
+      async function* chunks() {
+        let buf = '';
+        for (const line of rows()) {
+          buf += line;
+          if (buf.length >= 65536) { yield Buffer.from(buf); buf = ''; }
+        }
+        if (buf) yield Buffer.from(buf);
+      }
+      const stream = c.query(copyFrom(`COPY ${COPY} (id, label, doc) FROM STDIN`));
+      await pipeline(Readable.from(chunks()), stream);
+      const copied = stream.rowCount;
+      const check = await c.query(
+        `SELECT count(*)::int AS n,
+                md5(string_agg(id || '|' || label || '|' || coalesce(doc::text, '-') || E'\\n', '' ORDER BY id)) AS checksum
+           FROM ${COPY}`);
+      // a failing COPY FROM (bad data) reports the error and leaves the connection usable
+      const bad = c.query(copyFrom(`COPY ${COPY} (id, label, doc) FROM STDIN`));
+      let badError;
+      try {
+        await pipeline(Readable.from([Buffer.from('1\tdup-ok\t\\N\nnot-an-int\tx\t\\N\n')]), bad);
+      } catch (err) {
+        badError = errorShape(err);
+      }
+      const after = shape(await c.query(`SELECT count(*)::int AS n FROM ${COPY}`));
+      return {
+        copyOut, copyIn: { rowCount: copied, check: shape(check), expectedChecksum: expected.digest('hex') },
+        badError: badError && { code: badError.code, message: badError.message }, after,
+      };
+    });
+  },
+
+  // 8. a pool of 10 running 200 concurrent small queries
+  async pool(url) {
+    const pool = new pg.Pool({ connectionString: url, max: 10 });
+    try {
+      const jobs = [];
+      for (let i = 0; i < 200; i++) {
+        jobs.push(pool.query('select $1::int * 2 as v, $2::text as tag, pg_backend_pid() as pid, pg_sleep(0.001)',
+          [i, `q${i}`]));
+      }
+      const results = await Promise.all(jobs);
+      const pids = new Set(results.map((r) => r.rows[0].pid));
+      return {
+        values: results.map((r) => [r.rows[0].v, r.rows[0].tag]),
+        fields: results[0].fields.map((f) => [f.name, f.dataTypeID]),
+        distinctBackends: pids.size,
+        totalCount: pool.totalCount,
+      };
+    } finally {
+      await pool.end();
+    }
+  },
+};
+
+async function main() {
+  const [name, url] = process.argv.slice(2);
+  const fn = scenarios[name];
+  if (!fn || !url) {
+    process.stderr.write(`usage: node scenarios.js <${Object.keys(scenarios).join('|')}> <connection-url>\n`);
+    process.exit(2);
+  }
+  const result = await fn(url);
+  let text = JSON.stringify(result);
+  // table names differ per target; the rest must not
+  for (const [table, placeholder] of [[EVENTS, '<events>'], [RUNS, '<runs>'], [COPY, '<copy>']]) {
+    text = text.split(table).join(placeholder);
+  }
+  process.stdout.write(text + '\n');
+}
+
+main().catch((err) => {
+  process.stderr.write(`scenario failed: ${err && err.stack ? err.stack : err}\n`);
+  if (err && err.code) process.stderr.write(`sqlstate ${err.code}\n`);
+  process.exit(1);
+});
