@@ -76,6 +76,7 @@ class Config:
     clients: tuple[ClientRule, ...] = ()
     shutdown_timeout: float = 30.0
     connect_timeout: float = 10.0
+    startup_timeout: float = 60.0
     buffer_limit: int = 1 << 20
     metrics_listen: HostPort | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
@@ -147,7 +148,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     _take(data, "", {"proxy", "metrics", "tls", "log"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
-                   "buffer_limit"})
+                   "startup_timeout", "buffer_limit"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -159,6 +160,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         kwargs["shutdown_timeout"] = _number(proxy["shutdown_timeout"], "proxy.shutdown_timeout", 0)
     if "connect_timeout" in proxy:
         kwargs["connect_timeout"] = _number(proxy["connect_timeout"], "proxy.connect_timeout", 0.001)
+    if "startup_timeout" in proxy:
+        kwargs["startup_timeout"] = _number(proxy["startup_timeout"], "proxy.startup_timeout", 0.001)
     if "buffer_limit" in proxy:
         kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
     rules = proxy.get("clients", [])

@@ -30,11 +30,12 @@ def upstream_ssl_context(config: Config) -> ssl.SSLContext | None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if mode == "verify-full":
+    if config.tls.upstream_ca_file and mode in ("require", "verify-full"):
+        # As in libpq, `require` with a CA file verifies the chain (verify-ca); verify-full adds the host name.
         ctx.load_verify_locations(config.tls.upstream_ca_file)
-        ctx.check_hostname = True
+        ctx.check_hostname = mode == "verify-full"
         ctx.verify_mode = ssl.CERT_REQUIRED
-    else:  # prefer / require: encrypted, not authenticated (libpq's meaning of the words)
+    else:  # prefer, or require without a CA: encrypted, not authenticated
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
@@ -111,6 +112,9 @@ class SeatServer:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
         loop.add_signal_handler(signal.SIGINT, self.stop_now)
+        # Reload is not implemented yet; SIGHUP must at least not kill a seat full of sessions.
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+            "SIGHUP received: configuration reload is not supported yet; running configuration unchanged"))
 
     async def drain(self) -> None:
         """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close."""
@@ -121,6 +125,9 @@ class SeatServer:
         log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout}})
         if self._listener is not None:
             self._listener.close()
+        for session in list(self.sessions):
+            if session.major is None:  # connected but never sent a startup packet: nothing to wait for
+                session.close("seat draining")
         waiting = [s.done for s in self.sessions]
         if waiting:
             _, pending = await asyncio.wait(waiting, timeout=timeout)

@@ -193,7 +193,9 @@ class Session:
 
     async def run(self) -> None:
         try:
-            await self._handshake()
+            await asyncio.wait_for(self._handshake(), self.config.startup_timeout)
+        except asyncio.TimeoutError:
+            self._fail_client("08P01", "timeout waiting for the startup packet", reason="startup timeout")
         except ProtocolViolation as e:
             self._fail_client(e.sqlstate, e.message)
         except UpstreamUnavailable as e:
@@ -358,7 +360,8 @@ class Session:
         if self.closed or self.client.sink is None:
             return
         if self.state.phase is Phase.CLOSING:
-            self.close("upstream closed")
+            fatal = self.state.last_fatal
+            self.close("client terminated" if fatal is None else f"upstream FATAL {fatal.get('C')}: {fatal.get('M')}")
             return
         # The upstream went away without a word: tell the client, if we are between messages.
         self._fail_client("08006", f"connection to upstream {self.config.upstream} lost"

@@ -91,6 +91,17 @@ def test_upstream_verify_full_with_wrong_ca_fails_with_class_08(start_seat, cert
     assert fields["C"] == "08006" and "TLS handshake with upstream" in fields["M"]
 
 
+def test_upstream_require_with_ca_file_verifies_the_chain(start_seat, certs):
+    good = start_seat(tls={"upstream_sslmode": "require", "upstream_ca_file": certs["server_crt"]})
+    with psycopg.connect(good.dsn(user="tls_only")) as conn:
+        assert upstream_ssl(conn)
+    bad = start_seat(tls={"upstream_sslmode": "require", "upstream_ca_file": certs["other_crt"]})
+    c = RawConn(bad.port)
+    c.send(startup({"user": "postgres"}))
+    fields = error_fields(c.read_all_until_closed()[-1][1])
+    assert fields["C"] == "08006" and "CERTIFICATE_VERIFY_FAILED" in fields["M"]
+
+
 def test_both_legs_tls(start_seat, certs):
     seat = start_seat(tls={"cert_file": certs["server_crt"], "key_file": certs["server_key"],
                            "upstream_sslmode": "verify-full", "upstream_ca_file": certs["server_crt"]})

@@ -1,0 +1,128 @@
+"""Configuration parsing (strict keys) and the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from conftest import ROOT, render_config, wait_listening
+from proxy.config import ClientRule, Config, ConfigError, HostPort, load_config, parse_config
+from proxy.devcluster import free_port
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=30)
+
+
+def test_example_config_loads():
+    config = load_config(str(ROOT / "config" / "openwop-seat.toml"))
+    assert isinstance(config, Config)
+
+
+def test_defaults():
+    c = parse_config({})
+    assert c.listen == HostPort("127.0.0.1", 6543) and c.default_major == 2 and c.shutdown_timeout == 30
+    assert c.tls.upstream_sslmode == "disable" and c.metrics_listen is None
+
+
+def test_client_rules_first_match_wins():
+    c = parse_config({"proxy": {"default_major": "raw", "clients": [
+        {"user": "legacy", "major": 1},
+        {"database": "app", "application_name": "host-v2", "major": 2},
+        {"database": "app", "major": 1},
+    ]}})
+    assert c.major_for({"user": "legacy", "database": "app", "application_name": "host-v2"}) == 1
+    assert c.major_for({"user": "u", "database": "app", "application_name": "host-v2"}) == 2
+    assert c.major_for({"user": "u", "database": "app"}) == 1
+    assert c.major_for({"user": "app"}) == 1  # database defaults to the user name
+    assert c.major_for({"user": "u", "database": "other"}) == "raw"
+    assert c.clients[0] == ClientRule(major=1, user="legacy")
+
+
+@pytest.mark.parametrize("data, text", [
+    ({"proxy": {"listen_port": 1}}, "unknown key proxy.listen_port"),
+    ({"proxies": {}}, "unknown key proxies"),
+    ({"tls": {"cert": "x"}}, "unknown key tls.cert"),
+    ({"proxy": {"clients": [{"user": "a", "major": 2, "role": "x"}]}}, "unknown key proxy.clients[0].role"),
+    ({"proxy": {"clients": [{"user": "a"}]}}, "proxy.clients[0].major: required"),
+    ({"proxy": {"clients": [{"major": 2}]}}, "name at least one of"),
+    ({"proxy": {"default_major": 3}}, "proxy.default_major: expected 1, 2 or \"raw\""),
+    ({"proxy": {"default_major": True}}, "proxy.default_major"),
+    ({"proxy": {"listen": "6543"}}, "proxy.listen: expected \"HOST:PORT\""),
+    ({"proxy": {"upstream": "db:99999"}}, "proxy.upstream"),
+    ({"proxy": {"shutdown_timeout": -1}}, "proxy.shutdown_timeout"),
+    ({"tls": {"upstream_sslmode": "allow"}}, "tls.upstream_sslmode: expected one of"),
+    ({"tls": {"upstream_sslmode": "verify-full"}}, "tls.upstream_ca_file: required"),
+    ({"tls": {"cert_file": "/nonexistent/cert.pem"}}, "tls.cert_file: no such file"),
+    ({"log": {"format": "xml"}}, "log.format"),
+])
+def test_invalid_config_names_the_key(data, text):
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert text in str(e.value)
+
+
+def test_ipv6_hostport():
+    assert parse_config({"proxy": {"listen": "[::1]:7000"}}).listen == HostPort("::1", 7000)
+
+
+def test_version_and_help():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("openwop-seat ")
+    for args in (["--help"], ["serve", "--help"], ["config", "--help"]):
+        out = cli(*args)
+        assert out.returncode == 0 and "usage: openwop-seat" in out.stdout
+    assert "--upstream HOST:PORT" in cli("serve", "--help").stdout
+
+
+def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[proxy]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n")
+    out = cli("serve", "--config", str(bad))
+    assert out.returncode == 2 and "unknown key proxy.bogus" in out.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[proxy\n")
+    out = cli("config", "--config", str(broken))
+    assert out.returncode == 2 and "invalid TOML" in out.stderr
+    out = cli("serve", "--config", str(tmp_path / "missing.toml"))
+    assert out.returncode == 2 and "cannot read config file" in out.stderr
+
+
+def test_serve_port_in_use_fails_cleanly(seat):
+    out = cli("serve", "--listen", f"127.0.0.1:{seat.port}", "--upstream", "127.0.0.1:1")
+    assert out.returncode == 1 and "address already in use" in out.stderr.lower()
+
+
+def test_env_config_and_flag_overrides_and_major_logged(pg, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    path = tmp_path / "seat.toml"
+    path.write_text(render_config({
+        "proxy": {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:1", "default_major": 2,
+                  "clients": [{"application_name": "old-host", "major": 1}]},
+        "log": {"format": "json"},
+    }))
+    log = tmp_path / "seat.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
+         f"127.0.0.1:{pg.port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"],
+        cwd=ROOT, env={**os.environ, "OPENWOP_SEAT_CONFIG": str(path)}, stderr=open(log, "wb"))
+    try:
+        wait_listening(port, proc)
+        wait_listening(metrics_port, proc)
+        dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn, application_name="old-host") as conn:
+            conn.execute("SELECT 1")
+        with psycopg.connect(dsn, application_name="new-host") as conn:
+            conn.execute("SELECT 1")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    import json
+    starts = [json.loads(line) for line in log.read_text().splitlines() if '"session start"' in line]
+    assert [(s["application_name"], s["major"]) for s in starts] == [("old-host", 1), ("new-host", 2)]
+    assert all(s["user"] == "postgres" and s["database"] == "postgres" and s["client"] for s in starts)

@@ -1,0 +1,63 @@
+"""The metrics listener: Prometheus text at /metrics, /healthz, /readyz."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+
+import psycopg
+
+from proxy.devcluster import free_port
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert m, f"{name} not exported"
+    return float(m.group(1))
+
+
+def test_metrics_count_sessions_and_bytes(start_seat):
+    seat = start_seat()
+    status, before = get(seat.metrics_port, "/metrics")
+    assert status == 200 and "# TYPE openwop_seat_sessions_total counter" in before
+    with psycopg.connect(seat.dsn()) as conn:
+        conn.execute("SELECT repeat('x', 100000)").fetchone()
+        _, during = get(seat.metrics_port, "/metrics")
+        assert metric(during, "openwop_seat_client_connections_open") == 1
+        assert metric(during, "openwop_seat_upstream_connections_open") == 1
+    _, after = get(seat.metrics_port, "/metrics")
+    assert metric(after, "openwop_seat_sessions_total") == metric(before, "openwop_seat_sessions_total") + 1
+    assert metric(after, "openwop_seat_client_bytes_sent_total") > 100_000
+    assert metric(after, "openwop_seat_client_connections_open") == 0
+    assert 'openwop_seat_build_info{version="' in after
+
+
+def test_health_and_readiness(start_seat):
+    seat = start_seat()
+    assert get(seat.metrics_port, "/healthz") == (200, "ok\n")
+    assert get(seat.metrics_port, "/readyz") == (200, "ready\n")
+    assert get(seat.metrics_port, "/nope")[0] == 404
+    dead = start_seat(upstream_port=free_port(), proxy={"connect_timeout": 2})
+    status, body = get(dead.metrics_port, "/readyz")
+    assert status == 503 and "unreachable" in body
+    assert get(dead.metrics_port, "/healthz")[0] == 200
+
+
+def test_session_errors_are_counted_by_sqlstate(start_seat):
+    dead = start_seat(upstream_port=free_port(), proxy={"connect_timeout": 2})
+    try:
+        psycopg.connect(dead.dsn())
+    except psycopg.OperationalError:
+        pass
+    _, text = get(dead.metrics_port, "/metrics")
+    assert metric(text, 'openwop_seat_session_errors_total{sqlstate="08006"}') == 1
+    assert metric(text, "openwop_seat_upstream_connect_errors_total") == 1
