@@ -6,7 +6,9 @@ shaped like the host's. The two JSON documents the script prints must be
 identical, and must also hold the values the scenario is known to produce
 (checksums the script computes client-side from what it sent, a sha256 the
 test computes itself, known SQLSTATEs), so a scenario that silently did
-nothing, or data corrupted on the way in, fails too.
+nothing, or data corrupted on the way in, fails too. Scenarios with a second
+session (a contender, a monitor) open it on the database's own port (PEER_URL)
+in both runs; top-level `_` keys (timings) are checked, not compared.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -79,13 +83,28 @@ def host_tables(pg):
         pg.psql(f"DROP TABLE IF EXISTS {name}", user=HOST_USER, dbname=DB, check=False)
 
 
+def pair(pg, seat, host_tables, scenario: str, user: str = HOST_USER) -> tuple[dict, dict]:
+    """Run the scenario directly and through the seat; return both documents.
+
+    PEER_URL, the scenario's second session where it has one, is the database's
+    own port in both runs.
+    """
+    password = PASSWORDS[user]
+    peer = {"PEER_URL": direct_url(pg, user, password=password)}
+    direct = run_node(scenario, direct_url(pg, user, password=password), {**host_tables("direct"), **peer})
+    relayed = run_node(scenario, seat.url(user, DB, password), {**host_tables("seat"), **peer})
+    return json.loads(direct.stdout), json.loads(relayed.stdout)
+
+
+def deterministic(doc: dict) -> dict:
+    """The document without its top-level `_` keys (timings), which differ run to run."""
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
 def both(pg, seat, host_tables, scenario: str, user: str = HOST_USER) -> dict:
     """Run the scenario directly and through the seat; assert identical output; return it."""
-    password = PASSWORDS[user]
-    direct = run_node(scenario, direct_url(pg, user, password=password), host_tables("direct"))
-    relayed = run_node(scenario, seat.url(user, DB, password), host_tables("seat"))
-    d, s = json.loads(direct.stdout), json.loads(relayed.stdout)
-    assert s == d, f"{scenario}: output through the seat differs from direct"
+    d, s = pair(pg, seat, host_tables, scenario, user)
+    assert deterministic(s) == deterministic(d), f"{scenario}: output through the seat differs from direct"
     return d
 
 
@@ -212,3 +231,74 @@ def test_pool_200_concurrent(pg, seat, host_tables):
     assert out["values"] == [[i * 2, f"q{i}"] for i in range(200)]
     assert out["distinctBackends"] == 10
     assert out["totalCount"] == 10
+
+
+# -- 9. a named prepared statement, 200 executions on one client
+
+def test_named_prepared_statement_parsed_once(pg, seat, host_tables):
+    out = both(pg, seat, host_tables, "prepared")
+    assert out["values"] == [i * 2 for i in range(200)]
+    assert out["last"]["rows"] == [{"v": 398}] and out["last"]["fields"] == [["v", 23, "text"]]
+    # the driver sent one Parse, and the server answered it once: the other 199 runs are Bind/Execute only
+    assert out["sent"] == {"parse": 1, "bind": 200, "execute": 200}
+    assert out["received"] == {"parseComplete": 1, "bindComplete": 200, "rowDescription": 200, "dataRow": 200,
+                               "commandComplete": 200, "readyForQuery": 200}
+    # server side: one statement named get-one, prepared by the protocol (not SQL PREPARE) and never again
+    stmt = {"name": "get-one", "statement": "select $1::int * 2 as v", "types": "{integer}", "from_sql": False}
+    assert out["afterFirst"] == [{**stmt, "executions": 1}]
+    assert out["afterLast"] == [{**stmt, "executions": 200}]
+    assert out["prepareTimeUnchanged"] is True
+    assert out["otherSession"] == []
+
+
+# -- 10. LISTEN/NOTIFY between two clients
+
+def test_listen_notify_between_two_clients(pg, seat, host_tables):
+    out = both(pg, seat, host_tables, "notify")
+    assert out["listen"]["command"] == "LISTEN"
+    assert out["beforeCommit"] == 2  # the transaction's notifications wait for its COMMIT
+    assert out["afterSelf"] == 6  # A's own NOTIFY is delivered by the time its statement completes
+    assert out["notifications"] == [
+        ["chan", "x", "B"],
+        ["chan", "y \u00e9\u2713 " + "z" * 2000, "B"],
+        ["chan", "tx-1", "B"], ["chan", "tx-2", "B"], ["chan", "tx-3", "B"],  # the repeated tx-1 is folded
+        ["chan", "self", "A"],
+        ["other", "end", "B"],  # and nothing on chan after UNLISTEN
+    ]
+
+
+# -- 11. a session-level advisory lock held across statements
+
+def test_advisory_lock_held_across_statements(pg, seat, host_tables):
+    out = both(pg, seat, host_tables, "advisory")
+    assert out["lock"]["rows"] == [{"pg_advisory_lock": ""}]
+    # B (on the database's own port) cannot take the lock while A holds it, whatever A runs in between
+    assert out["trials"] == [["before", True], ["afterLock", False], ["afterSimple", False], ["afterExtended", False],
+                             ["afterTransaction", False], ["afterError", False], ["afterUnlock", True]]
+    assert out["error"] == "22012"
+    assert out["holders"] == [["A", True]]
+    assert out["waiting"] == [["A", True], ["other", False]]
+    assert out["order"] == ["A unlocking", "B acquired"]
+    assert out["samePid"] is True
+    assert out["unlock"]["rows"] == [{"released": True}]
+
+
+# -- 12. cancelling a running query with the driver's Client#cancel
+
+def test_cancel_running_query(pg, start_seat, host_tables):
+    seat = start_seat()  # its own seat, so the cancel counter is this test's alone
+    d, s = pair(pg, seat, host_tables, "cancel")
+    for where, out in (("direct", d), ("seat", s)):
+        for label in ("simple", "extended"):
+            run = out["runs"][label]
+            assert run["sleeping"] == {"state": "active", "wait_event": "PgSleep"}, (where, label)
+            assert run["error"] == {"code": "57014", "message": "canceling statement due to user request",
+                                    "severity": "ERROR"}, (where, label)
+            assert run["under2s"] is True, (where, label, out["_elapsedMs"])
+            assert run["cancelErrors"] == []
+            assert run["after"]["rows"] == [{"still_usable": 1}]
+        assert out["samePid"] is True
+    assert deterministic(s) == deterministic(d)
+    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert re.search(r"^openwop_seat_cancel_requests(?:_total)? 2(?:\.0)?$", metrics, re.M), metrics

@@ -12,12 +12,18 @@
 // per-connection values (backend pids, now()) are reduced to facts about them.
 //
 // Environment: EVENTS_TABLE, RUNS_TABLE, COPY_TABLE name the tables to use.
-// Queries are never given a `name`: like the host, they go out as unnamed
-// prepared statements (Parse/Bind/Describe/Execute/Sync).
+// PEER_URL is a second connection url (the test passes the database's own
+// port) for sessions that watch or contend with the one under test. PG_SSL, a
+// JSON object, is passed as node-postgres' `ssl` option (a "caFile" key is
+// read into `ca`); PG_CHANNEL_BINDING=1 sets `enableChannelBinding`.
+// Except in the `prepared` scenario, queries are never given a `name`: like
+// the host, they go out as unnamed prepared statements
+// (Parse/Bind/Describe/Execute/Sync).
 
 'use strict';
 
 const crypto = require('crypto');
+const fs = require('fs');
 const { pipeline } = require('stream/promises');
 const { Readable, Writable } = require('stream');
 const pg = require('pg');
@@ -65,8 +71,20 @@ async function expectError(promise) {
   throw new Error('statement was expected to fail but succeeded');
 }
 
+// The client options for a url: the url itself plus PG_SSL / PG_CHANNEL_BINDING.
+function clientConfig(url) {
+  const config = { connectionString: url };
+  if (process.env.PG_SSL) {
+    const { caFile, ...ssl } = JSON.parse(process.env.PG_SSL);
+    if (caFile) ssl.ca = fs.readFileSync(caFile, 'utf8');
+    config.ssl = ssl;
+  }
+  if (process.env.PG_CHANNEL_BINDING === '1') config.enableChannelBinding = true;
+  return config;
+}
+
 async function withClient(url, fn) {
-  const client = new pg.Client({ connectionString: url });
+  const client = new pg.Client(clientConfig(url));
   await client.connect();
   try {
     return await fn(client);
@@ -323,6 +341,245 @@ const scenarios = {
       };
     } finally {
       await pool.end();
+    }
+  },
+
+  // 9. one named prepared statement executed 200 times on one client: parsed once
+  async prepared(url) {
+    const PREPARED = `SELECT name, statement, parameter_types::text AS types, from_sql,
+                             (generic_plans + custom_plans)::int AS executions, prepare_time
+                        FROM pg_prepared_statements ORDER BY name`;
+    return withClient(url, async (c) => {
+      const con = c.connection;
+      // what goes out (Parse) and what comes back (ParseComplete, BindComplete, ...) for the 200 runs only
+      const sent = { parse: 0, bind: 0, execute: 0 };
+      const received = {};
+      let counting = false;
+      for (const m of Object.keys(sent)) {
+        const orig = con[m].bind(con);
+        con[m] = (...args) => { if (counting) sent[m]++; return orig(...args); };
+      }
+      con.on('message', (msg) => { if (counting) received[msg.name] = (received[msg.name] || 0) + 1; });
+      const values = [];
+      let last;
+      const prepTimes = [];
+      const statements = [];
+      for (let i = 0; i < 200; i++) {
+        counting = true;
+        last = await c.query({ name: 'get-one', text: 'select $1::int * 2 as v', values: [i] });
+        counting = false;
+        values.push(last.rows[0].v);
+        if (i === 0 || i === 199) {
+          const rows = (await c.query(PREPARED)).rows;
+          prepTimes.push(rows.map((r) => r.prepare_time.getTime()));
+          statements.push(rows.map(({ prepare_time: _, ...rest }) => rest));
+        }
+      }
+      // a prepared statement belongs to its session: another one does not see it
+      const other = await withClient(url, async (o) => (await o.query(PREPARED)).rows);
+      return {
+        values, last: shape(last), sent, received, afterFirst: statements[0], afterLast: statements[1],
+        prepareTimeUnchanged: prepTimes[0].length === 1 && prepTimes[0][0] === prepTimes[1][0],
+        otherSession: other,
+      };
+    });
+  },
+
+  // 10. LISTEN/NOTIFY between two clients: delivered while idle, in order, with payloads
+  async notify(url) {
+    const a = new pg.Client(clientConfig(url));
+    const b = new pg.Client(clientConfig(url));
+    await a.connect();
+    await b.connect();
+    try {
+      const got = [];
+      let wake = () => {};
+      a.on('notification', (n) => { got.push(n); wake(); });
+      const waitFor = (count) => new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(
+          `timed out waiting for ${count} notifications, have ${JSON.stringify(got.map((n) => n.payload))}`)), 5000);
+        wake = () => { if (got.length >= count) { clearTimeout(timer); resolve(); } };
+        wake();
+      });
+      const pidOf = async (cl) => (await cl.query('select pg_backend_pid() as pid')).rows[0].pid;
+      const aPid = await pidOf(a);
+      const bPid = await pidOf(b);
+      const listen = shape(await a.query('LISTEN chan'));
+      // A is idle (no query in flight) while each of these arrives
+      await b.query("NOTIFY chan, 'x'");
+      await waitFor(1);
+      await b.query("select pg_notify('chan', $1)", ['y \u00e9\u2713 ' + 'z'.repeat(2000)]);
+      await waitFor(2);
+      // inside a transaction: nothing until COMMIT, then all of it in order, duplicates folded
+      await b.query('BEGIN');
+      await b.query("NOTIFY chan, 'tx-1'");
+      await b.query("select pg_notify('chan', 'tx-2')");
+      await b.query("NOTIFY chan, 'tx-1'");
+      await b.query("NOTIFY chan, 'tx-3'");
+      await a.query('select 1');
+      await new Promise((r) => setTimeout(r, 50));
+      const beforeCommit = got.length;
+      await b.query('COMMIT');
+      await waitFor(5);
+      // A's own notification arrives during its own statement
+      await a.query("NOTIFY chan, 'self'");
+      const afterSelf = got.length;
+      // after UNLISTEN nothing more on chan; a marker on a second channel shows the order
+      await a.query('UNLISTEN chan');
+      await a.query('LISTEN other');
+      await b.query("NOTIFY chan, 'ignored'");
+      await b.query("NOTIFY other, 'end'");
+      await waitFor(7);
+      await a.query('select 1');
+      const who = (pid) => (pid === aPid ? 'A' : pid === bPid ? 'B' : `pid ${pid}`);
+      return {
+        listen,
+        beforeCommit,
+        afterSelf,
+        notifications: got.map((n) => [n.channel, n.payload, who(n.processId)]),
+      };
+    } finally {
+      await a.end();
+      await b.end();
+    }
+  },
+
+  // 11. a session-level advisory lock held across statements of one session
+  //     (B, the contender, connects to PEER_URL: the database itself)
+  async advisory(url) {
+    const key = String(7700000000 + process.pid);
+    const a = new pg.Client(clientConfig(url));
+    const b = new pg.Client(clientConfig(process.env.PEER_URL));
+    await a.connect();
+    await b.connect();
+    try {
+      const aPid = (await a.query('select pg_backend_pid() as pid')).rows[0].pid;
+      await b.query("SET lock_timeout = '5s'");
+      const tryB = async () => {
+        const got = (await b.query('select pg_try_advisory_lock($1::bigint) as got', [key])).rows[0].got;
+        if (got) await b.query('select pg_advisory_unlock($1::bigint)', [key]);
+        return got;
+      };
+      const HOLDERS = `SELECT pid, granted FROM pg_locks
+                        WHERE locktype = 'advisory' AND (classid::bigint << 32) + objid::bigint = $1::bigint
+                        ORDER BY granted DESC`;
+      const trials = [];
+      trials.push(['before', await tryB()]);
+      const lock = shape(await a.query('select pg_advisory_lock($1::bigint)', [key]));
+      trials.push(['afterLock', await tryB()]);
+      await a.query('select 1');
+      trials.push(['afterSimple', await tryB()]);
+      await a.query('select $1::int + 1 as n', [1]);
+      trials.push(['afterExtended', await tryB()]);
+      await a.query('BEGIN');
+      await a.query('select now()');
+      await a.query('COMMIT');
+      trials.push(['afterTransaction', await tryB()]);
+      const err = await expectError(a.query('select 1/0'));
+      trials.push(['afterError', await tryB()]);
+      const holders = (await b.query(HOLDERS, [key])).rows.map((r) => [r.pid === aPid ? 'A' : 'other', r.granted]);
+      // B blocks on the lock; A releases it; B gets it
+      const order = [];
+      const blocked = b.query('select pg_advisory_lock($1::bigint)', [key]).then(() => order.push('B acquired'));
+      let waiting;
+      for (let i = 0; i < 250; i++) {
+        waiting = (await a.query(HOLDERS, [key])).rows.map((r) => [r.pid === aPid ? 'A' : 'other', r.granted]);
+        if (waiting.length === 2) break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const samePid = (await a.query('select pg_backend_pid() as pid')).rows[0].pid === aPid;
+      order.push('A unlocking');
+      const unlock = shape(await a.query('select pg_advisory_unlock($1::bigint) as released', [key]));
+      await blocked;
+      await b.query('select pg_advisory_unlock($1::bigint)', [key]);
+      trials.push(['afterUnlock', await tryB()]);
+      return { lock, trials, error: err.code, holders, waiting, order, samePid, unlock };
+    } finally {
+      await a.end();
+      await b.end();
+    }
+  },
+
+  // 12. cancel a running pg_sleep(30) (simple and extended protocol) with the
+  //     driver's own Client#cancel, which opens a second connection to `url`
+  async cancel(url) {
+    return withClient(url, async (c) => {
+      const monitor = new pg.Client(clientConfig(process.env.PEER_URL));
+      await monitor.connect();
+      try {
+        const pid = (await c.query('select pg_backend_pid() as pid')).rows[0].pid;
+        const out = { runs: {}, _elapsedMs: {} };
+        for (const [label, text, values] of [['simple', 'SELECT pg_sleep(30)', undefined],
+          ['extended', 'SELECT pg_sleep($1::float8)', [30]]]) {
+          const q = new pg.Query(text, values);
+          const done = new Promise((resolve) => {
+            q.on('error', (err) => resolve({ err }));
+            q.on('end', () => resolve({ err: null }));
+          });
+          const started = Date.now();
+          c.query(q);
+          // cancel only once the backend is really sleeping
+          let state;
+          for (let i = 0; i < 250; i++) {
+            state = (await monitor.query('select state, wait_event from pg_stat_activity where pid = $1', [pid])).rows[0];
+            if (state && state.state === 'active' && state.wait_event === 'PgSleep') break;
+            await new Promise((r) => setTimeout(r, 10));
+          }
+          const canceller = new pg.Client(clientConfig(url));
+          const cancelErrors = [];
+          canceller.connection.on('error', (e) => cancelErrors.push(e.message));
+          const cancelledAt = Date.now();
+          canceller.cancel(c, q);
+          const { err } = await done;
+          const ended = Date.now();
+          out._elapsedMs[label] = { total: ended - started, sinceCancel: ended - cancelledAt };
+          out.runs[label] = {
+            sleeping: state,
+            error: err && { code: err.code, message: err.message, severity: err.severity },
+            under2s: ended - started < 2000,
+            cancelErrors,
+            after: shape(await c.query('select $1::int as still_usable', [1])),
+          };
+        }
+        out.samePid = (await c.query('select pg_backend_pid() as pid')).rows[0].pid === pid;
+        return out;
+      } finally {
+        await monitor.end();
+      }
+    });
+  },
+
+  // 13. one connection as configured by PG_SSL / PG_CHANNEL_BINDING: what the
+  //     driver sees of TLS and authentication, and whether the server's leg is TLS
+  async tls(url) {
+    const c = new pg.Client(clientConfig(url));
+    const auth = { offered: null, chosen: null };
+    c.connection.on('authenticationSASL', (msg) => { auth.offered = msg.mechanisms; });
+    c.connection.on('authenticationMD5Password', () => { auth.chosen = 'md5'; });
+    const orig = c.connection.sendSASLInitialResponseMessage.bind(c.connection);
+    c.connection.sendSASLInitialResponseMessage = (mechanism, response) => {
+      auth.chosen = mechanism;
+      return orig(mechanism, response);
+    };
+    await c.connect();
+    try {
+      const s = c.connection.stream;
+      const row = (await c.query(`SELECT current_user::text AS user, ssl AS upstream_ssl, version
+                                    FROM pg_stat_ssl WHERE pid = pg_backend_pid()`)).rows[0];
+      const peer = typeof s.getPeerCertificate === 'function' ? s.getPeerCertificate() : null;
+      return {
+        encrypted: s.encrypted === true,
+        protocol: typeof s.getProtocol === 'function' ? s.getProtocol() : null,
+        authorized: s.authorized === undefined ? null : s.authorized,
+        peerCN: peer && peer.subject ? peer.subject.CN : null,
+        user: row.user,
+        upstreamSsl: row.upstream_ssl,
+        upstreamVersion: row.version,
+        auth,
+        roundTrip: (await c.query('select $1::text as echo', ['over tls \u2713'])).rows,
+      };
+    } finally {
+      await c.end();
     }
   },
 };
