@@ -36,7 +36,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load the configuration exactly as `serve` would and print the result; exit 2 if invalid.")
     config.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     config.set_defaults(run=cmd_config)
+
+    check = commands.add_parser(
+        "check", help="validate the pinned spec artifacts and print their tag, digest and counts",
+        description="Load the vendored spec artifacts as `serve` would; exit non-zero naming the first violation.")
+    check.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    check.set_defaults(run=lambda args: _lazy("artifacts", "cmd_check")(args.config))
+
+    migrate = commands.add_parser(
+        "migrate", help="install or upgrade the seat's schema (openwop_seat) in the host database",
+        description="Apply the seat's schema steps, one transaction per step, under an advisory lock; "
+                    "then record the artifact digest. Safe to run concurrently and repeatedly.")
+    migrate.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    migrate.add_argument("--dsn", required=True, metavar="DSN",
+                         help="libpq-style connection string or URL of the host database, as the schema owner")
+    migrate.set_defaults(run=lambda args: _lazy("schema", "cmd_migrate")(load_config(args.config), args.dsn))
     return parser
+
+
+def _lazy(module: str, name: str):
+    """Import a command's module only when it runs, so `--help` stays fast."""
+    import importlib
+
+    return getattr(importlib.import_module(f"proxy.{module}"), name)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -58,12 +80,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.install_signal_handlers()
         await server.serve_forever()
 
+    import asyncpg
+
+    from .artifacts import ArtifactError
+    from .schema import SchemaError
+
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a declared dependency
-        asyncio.run(run())
+        runner = asyncio.run
     else:
-        uvloop.run(run())
+        runner = uvloop.run
+    try:
+        runner(run())
+    except SchemaError as e:
+        print(f"openwop-seat serve: {e}", file=sys.stderr)
+        return 1
+    except ArtifactError as e:
+        print(f"openwop-seat serve: spec artifacts: {e}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        print(f"openwop-seat serve: cannot check the host database (host.dsn): {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -69,6 +69,28 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
+class HostConfig:
+    """Where the host keeps its runs and events (`[host]`)."""
+
+    events_table: str = "events"
+    runs_table: str = "runs"
+    run_id_column: str = "run_id"
+    type_column: str = "type"
+    era_column: str | None = None  # a nullable column of runs_table to use as the era store instead of run_era
+    dsn: str | None = None  # how the seat itself reaches the host database (schema checks); its dbname is translated
+
+
+def _identifier(value: Any, key: str, qualified: bool) -> str:
+    text = _string(value, key)
+    parts = text.split(".")
+    if len(parts) > (2 if qualified else 1) or not all(p and p.replace("_", "a").replace("$", "a").isalnum()
+                                                       and not p[0].isdigit() for p in parts):
+        what = "a table name, optionally schema-qualified" if qualified else "a column name"
+        raise ConfigError(f"{key}: expected {what} (letters, digits, _ and $), got {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
 class Config:
     listen: HostPort = HostPort("127.0.0.1", 6543)
     upstream: HostPort = HostPort("127.0.0.1", 5432)
@@ -80,9 +102,15 @@ class Config:
     buffer_limit: int = 1 << 20
     metrics_listen: HostPort | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
+    host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
     log_level: str = "info"
     source: str | None = None  # the file it was read from
+
+    @property
+    def translates(self) -> bool:
+        """Whether any session can get a translated major (1 or 2)."""
+        return self.default_major != "raw" or any(rule.major != "raw" for rule in self.clients)
 
     def major_for(self, params: dict[str, str]) -> int | str:
         """The major of a session: the first matching client rule, else the default."""
@@ -145,7 +173,7 @@ def _existing_file(path: str, key: str, base: str | None) -> str:
 
 
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
-    _take(data, "", {"proxy", "metrics", "tls", "log"})
+    _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
                    "startup_timeout", "buffer_limit"})
@@ -195,6 +223,14 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if tls_kwargs.get("upstream_sslmode") == "verify-full" and "upstream_ca_file" not in tls_kwargs:
         raise ConfigError("tls.upstream_ca_file: required when tls.upstream_sslmode is verify-full")
     kwargs["tls"] = TLSConfig(**tls_kwargs)
+
+    host = _take(data.get("host", {}), "host",
+                 {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn"})
+    host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
+                   for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column") if k in host}
+    if "dsn" in host:
+        host_kwargs["dsn"] = _string(host["dsn"], "host.dsn")
+    kwargs["host"] = HostConfig(**host_kwargs)
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
     if "format" in log:

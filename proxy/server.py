@@ -7,8 +7,11 @@ import logging
 import signal
 import ssl
 
-from .config import Config
+from dataclasses import dataclass
+
+from .config import Config, ConfigError
 from .metrics import MetricsHTTP, Stats
+from .reader import EventColumns, ReadPath
 from .session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
@@ -41,6 +44,44 @@ def upstream_ssl_context(config: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+@dataclass
+class ReadContext:
+    """What every translated session of this seat shares: artifacts, classifiers, the events table."""
+
+    database: str
+    events: EventColumns
+    classifiers: dict
+    artifacts: object
+
+
+async def load_read_context(config: Config):
+    """Check the seat's schema in the host database and learn where the events table is."""
+    from . import schema
+    from .artifacts import load_artifacts
+    from .classify import Classifier
+
+    host = config.host
+    if host.dsn is None:
+        raise ConfigError("host.dsn: required to translate reads (set it, or make every major \"raw\")")
+    artifacts = load_artifacts()
+    conn = await schema.connect(host.dsn)
+    try:
+        await schema.verify(conn, config, artifacts)
+        database = await conn.fetchval("SELECT current_database()")
+        row = await conn.fetchrow(
+            "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
+            "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
+            "AND NOT a.attisdropped", schema.quote_qualified(host.events_table), host.type_column)
+    finally:
+        await conn.close()
+    if row is None:
+        raise schema.SchemaError(
+            f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
+            f"{database!r}")
+    classifiers = {major: Classifier(host, major) for major in (1, 2)}
+    return ReadContext(database, EventColumns(row["oid"], row["attnum"]), classifiers, artifacts)
+
+
 class _ClientPeer(Peer):
     """A freshly accepted client socket: starts its session once connected."""
 
@@ -65,6 +106,7 @@ class SeatServer:
         self._stopped = asyncio.Event()
         self._draining = False
         self._tasks: set[asyncio.Task] = set()
+        self.read_context: ReadContext | None = None
 
     @property
     def port(self) -> int:
@@ -73,6 +115,8 @@ class SeatServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.translates:
+            self.read_context = await load_read_context(self.config)
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
                                                   reuse_address=True, backlog=1024)
@@ -84,6 +128,16 @@ class SeatServer:
             "metrics": str(self.config.metrics_listen) if self.config.metrics_listen else "off",
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode}})
+
+    def read_path_for(self, params: dict[str, str], major) -> ReadPath | None:
+        """A read path for a session of this major on this database, or None when it is relayed as is."""
+        ctx = self.read_context
+        if ctx is None or major not in (1, 2):
+            return None
+        if params.get("database", params.get("user")) != ctx.database:
+            return None
+        a = ctx.artifacts
+        return ReadPath(ctx.classifiers[major], major, ctx.events, a.type_map_v1_to_v2, a.type_map_v2_to_v1)
 
     def _accept(self, peer: _ClientPeer) -> None:
         self.stats.client_connections += 1

@@ -17,8 +17,12 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from .wire import messages
+from .reader import ReadPath, ReadPathError
 from .wire.codec import (
     FRONTEND_TYPES,
+    HELD,
+    RAW,
+    StreamSplitter,
     CancelRequest,
     GSSENCRequest,
     MessageWalker,
@@ -28,6 +32,11 @@ from .wire.codec import (
     parse_initial_packet,
 )
 from .wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+
+# With a read path, the client messages it rewrites or accounts for are held whole…
+READ_FRONTEND = frozenset(b"QPBDECSF")
+# …and the backend messages it needs for its bookkeeping are seen as they pass.
+READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
 
 if TYPE_CHECKING:
     from .server import SeatServer
@@ -186,6 +195,9 @@ class Session:
         self._auth_pending = bytearray()
         self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
         self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
+        self.reader: ReadPath | None = None
+        self._client_splitter: StreamSplitter | None = None
+        self._upstream_splitter: StreamSplitter | None = None
         client.on_lost = self._client_lost
         client.on_eof = self._client_eof
 
@@ -265,6 +277,10 @@ class Session:
         self.params = startup.params
         self.major = self.config.major_for(self.params)
         self.server.stats.sessions_started += 1
+        self.reader = self.server.read_path_for(self.params, self.major)
+        if self.reader is not None:
+            self._client_splitter = StreamSplitter(frozenset())
+            self._upstream_splitter = StreamSplitter(READ_BACKEND_SEEN)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
         if self.closed:  # the client left while we were connecting
@@ -304,7 +320,17 @@ class Session:
         for t, body, _ in captured:
             self.state.on_frontend(t, body)
         self.bytes_in += len(data)
-        self.upstream.write(data)
+        if self.reader is None:
+            self.upstream.write(data)
+            return
+        reader = self.reader
+        for item in self._client_splitter.feed(data, READ_FRONTEND.__contains__):
+            if item[0] == RAW:
+                self.upstream.write(item[1])
+            else:
+                _, t, body = item
+                replacement = reader.on_client(t, body)
+                self.upstream.write(messages.message(bytes([t]), body) if replacement is None else replacement)
 
     def _from_upstream(self, data: bytes) -> None:
         try:
@@ -323,7 +349,24 @@ class Session:
         for t, body, _ in captured:
             state.on_backend(t, body)
         self.bytes_out += len(data)
-        self.client.write(data)
+        if self.reader is None:
+            self.client.write(data)
+            return
+        reader = self.reader
+        try:
+            for item in self._upstream_splitter.feed(data, lambda t: reader.inspecting):
+                if item[0] == RAW:
+                    self.client.write(item[1])
+                elif item[0] == HELD:
+                    _, t, body = item
+                    out = reader.on_server(t, body, messages.message(bytes([t]), body))
+                    if out:
+                        self.client.write(out)
+                else:
+                    reader.on_server(item[1], item[2], b"")
+        except ReadPathError as e:
+            log.error("session %s: %s", self.id, e)
+            self._fail_client("OW003", f"event_row_malformed: {e}", reason="read path refused a result")
 
     def _auth_messages(self, data: bytes) -> bytes | None:
         """During authentication, forward whole messages only, so an offer can be edited.

@@ -22,6 +22,17 @@ from proxy.devcluster import DevCluster, free_port
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret-pw"
 
+# The reference host's tables (docs: host-traffic.md), in the seats' host database.
+HOST_SCHEMA = """
+CREATE TABLE runs (
+    run_id text PRIMARY KEY, tenant_id text NOT NULL, status text, inputs jsonb, metadata jsonb,
+    configurable jsonb, parent_run_id text, created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE events (
+    event_id text PRIMARY KEY, run_id text NOT NULL, sequence integer NOT NULL, type text NOT NULL,
+    node_id text, payload jsonb, timestamp timestamptz NOT NULL, causation_id text,
+    UNIQUE (run_id, sequence));
+"""
+
 # Roles of the test cluster, each reached by a different authentication method.
 HBA = [
     "local all all trust",
@@ -65,6 +76,11 @@ def pg(certs) -> DevCluster:
         GRANT ALL ON SCHEMA public TO md5_user, scram_user, tls_only, host_user;
     """)
     cluster.psql("CREATE DATABASE app OWNER host_user")
+    # The host database of the seats below is `postgres`: host-shaped tables and the seat's schema.
+    cluster.psql(HOST_SCHEMA + "GRANT ALL ON runs, events TO PUBLIC;")
+    migrate = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn", cluster.dsn()],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert migrate.returncode == 0, migrate.stderr
     yield cluster
     cluster.stop()
 
@@ -146,7 +162,7 @@ def start_seat(pg, tmp_path_factory):
     started: list[Seat] = []
 
     def start(proxy: dict | None = None, tls: dict | None = None, log: dict | None = None,
-              upstream_port: int | None = None, wait: bool = True) -> Seat:
+              upstream_port: int | None = None, wait: bool = True, host: dict | None = None) -> Seat:
         d = tmp_path_factory.mktemp("seat")
         port, metrics_port = free_port(), free_port()
         sections = {
@@ -154,6 +170,10 @@ def start_seat(pg, tmp_path_factory):
                       "shutdown_timeout": 5, **(proxy or {})},
             "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
         }
+        sections["host"] = {"dsn": pg.dsn(), **(host or {})} if upstream_port is None else (host or {})
+        if not sections["host"]:
+            sections["proxy"].setdefault("default_major", "raw")  # another upstream: relay only
+            del sections["host"]
         if tls:
             sections["tls"] = tls
         if log:

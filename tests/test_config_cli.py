@@ -93,8 +93,10 @@ def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path):
     assert out.returncode == 2 and "cannot read config file" in out.stderr
 
 
-def test_serve_port_in_use_fails_cleanly(seat):
-    out = cli("serve", "--listen", f"127.0.0.1:{seat.port}", "--upstream", "127.0.0.1:1")
+def test_serve_port_in_use_fails_cleanly(seat, tmp_path):
+    relay = tmp_path / "relay.toml"
+    relay.write_text('[proxy]\ndefault_major = "raw"\n')
+    out = cli("serve", "--config", str(relay), "--listen", f"127.0.0.1:{seat.port}", "--upstream", "127.0.0.1:1")
     assert out.returncode == 1 and "address already in use" in out.stderr.lower()
 
 
@@ -104,6 +106,7 @@ def test_env_config_and_flag_overrides_and_major_logged(pg, tmp_path):
     path.write_text(render_config({
         "proxy": {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:1", "default_major": 2,
                   "clients": [{"application_name": "old-host", "major": 1}]},
+        "host": {"dsn": pg.dsn()},
         "log": {"format": "json"},
     }))
     log = tmp_path / "seat.log"
@@ -126,3 +129,8 @@ def test_env_config_and_flag_overrides_and_major_logged(pg, tmp_path):
     starts = [json.loads(line) for line in log.read_text().splitlines() if '"session start"' in line]
     assert [(s["application_name"], s["major"]) for s in starts] == [("old-host", 1), ("new-host", 2)]
     assert all(s["user"] == "postgres" and s["database"] == "postgres" and s["client"] for s in starts)
+
+
+def test_serve_needs_host_dsn_unless_every_major_is_raw(tmp_path):
+    out = cli("serve", "--listen", "127.0.0.1:0")
+    assert out.returncode == 2 and "host.dsn: required" in out.stderr

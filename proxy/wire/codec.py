@@ -256,3 +256,93 @@ class MessageWalker:
             raise ProtocolViolation(
                 f"message of type {chr(t)!r} is too long ({length} bytes, limit {self.max_length + 4})",
                 sqlstate="54000", valid_upto=pos)
+
+
+RAW, HELD, SEEN = 0, 1, 2
+
+
+class StreamSplitter:
+    """Frames a message stream whose messages may need rewriting (either direction).
+
+    Whether a message is *held* is decided when its first (type) byte arrives,
+    by calling ``hold(type)``: a held message is returned whole, as ``(HELD, type,
+    body)``, for the caller to rewrite; any other message goes out untouched as
+    part of a ``(RAW, bytes)`` span (adjacent spans are merged, so a chunk with
+    nothing held comes back as itself), and if its type is in ``capture`` a copy
+    of its body is reported as ``(SEEN, type, body)`` once complete, for
+    bookkeeping. Items come in stream order.
+    """
+
+    __slots__ = ("capture", "_hdr", "_need", "_type", "_body", "_held")
+
+    def __init__(self, capture: frozenset[int]):
+        self.capture = capture
+        self._hdr = b""
+        self._need = 0
+        self._type = 0
+        self._body: bytearray | None = None  # body being assembled (held or seen)
+        self._held = False  # the message in progress is held
+
+    @property
+    def at_boundary(self) -> bool:
+        return not self._need and not self._hdr
+
+    def feed(self, data: bytes, hold) -> list:
+        out: list = []
+        n = len(data)
+        pos = 0
+        raw_from = None  # start of the current raw span in ``data``
+
+        def flush_raw(upto: int) -> None:
+            nonlocal raw_from
+            if raw_from is not None and upto > raw_from:
+                out.append((RAW, data[raw_from:upto]))
+            raw_from = None
+
+        while pos < n:
+            if self._need:
+                take = min(self._need, n - pos)
+                if not self._held and raw_from is None:
+                    raw_from = pos
+                if self._body is not None:
+                    self._body += data[pos:pos + take]
+                pos += take
+                self._need -= take
+                if not self._need:
+                    self._finish(out, flush_raw, pos)
+                continue
+            if not self._hdr:
+                # a message starts here: decide now whether it is held
+                self._held = bool(hold(data[pos]))
+                if self._held:
+                    flush_raw(pos)
+            take = min(5 - len(self._hdr), n - pos)
+            if not self._held and raw_from is None:
+                raw_from = pos
+            self._hdr += data[pos:pos + take]
+            pos += take
+            if len(self._hdr) < 5:
+                break
+            t, length = _HEADER.unpack(self._hdr)
+            if length < 4 or length - 4 > MAX_MESSAGE_LENGTH:
+                flush_raw(pos)
+                raise ProtocolViolation(f"invalid backend message length {length}")
+            self._type = t
+            self._need = length - 4
+            self._body = bytearray() if (self._held or t in self.capture) else None
+            self._hdr = b""
+            if not self._need:
+                self._finish(out, flush_raw, pos)
+        flush_raw(pos)
+        return out
+
+    def _finish(self, out: list, flush_raw, pos: int) -> None:
+        body = self._body
+        self._body = None
+        if self._held:
+            flush_raw(pos)
+            out.append((HELD, self._type, bytes(body)))
+        elif body is not None:
+            # bookkeeping only: the raw span goes on (its bytes are written after, in one piece)
+            out.append((SEEN, self._type, bytes(body)))
+        self._held = False

@@ -1,0 +1,424 @@
+"""The read path, sans-IO: rewrites event-reading statements and translates their rows.
+
+It sees every client message the session captures and every server message
+while a translated result may be in flight, and keeps a FIFO of the responses
+the server owes, exactly as PostgreSQL orders them (extended protocol: one
+entry per Parse/Bind/Describe/Execute/Close/Sync; simple protocol: one per
+Query). With that it knows, for each RowDescription and DataRow, which
+statement produced it, so it can:
+
+- strip the hidden era column from RowDescription and every DataRow;
+- map each row's `type` by its era and the reader's major (splicing bytes,
+  never re-encoding the row);
+- present a refused statement's error at the place PostgreSQL would have.
+
+Refusals never depend on the seat alone: a row the reader rule cannot read
+fails inside the server (the hidden column's check raises), and a refused
+statement is replaced by a *poison* statement that fails on the server, so the
+server's transaction, pipeline and ReadyForQuery state are exactly those of a
+PostgreSQL error. The seat only swaps the poison's error for its own.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+
+from .classify import HIDDEN, REFUSE, Classifier, Plan
+from .errors import ERRORS
+from .wire import messages
+
+_I16 = struct.Struct("!h")
+_U16 = struct.Struct("!H")
+_I32 = struct.Struct("!i")
+_HIDDEN_B = HIDDEN.encode()
+
+# A statement that always fails at parse analysis, on any server, whatever the client bound.
+POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
+
+
+class ReadPathError(Exception):
+    """A result the seat must not pass on and cannot fail cleanly on the server: end the session."""
+
+
+@dataclass(frozen=True)
+class EventColumns:
+    """Where the events table's columns are, to recognise them in RowDescription."""
+
+    table_oid: int
+    type_attnum: int
+
+
+@dataclass
+class Layout:
+    """The shape of one result: which columns are hidden and which carry an event type."""
+
+    hidden: tuple[int, ...]
+    types: tuple[int, ...]
+    ncols: int  # as the server sends them, hidden included
+    era_binary: bool = False
+
+    @property
+    def translated(self) -> bool:
+        return bool(self.hidden)
+
+
+@dataclass
+class Statement:
+    plan: Plan
+    layout: Layout | None = None  # from a Describe of the statement (formats unknown there)
+
+
+@dataclass
+class Portal:
+    statement: Statement | None
+    result_formats: tuple[int, ...]
+    layout: Layout | None = None
+
+
+@dataclass
+class Entry:
+    """A response the server owes, in order."""
+
+    kind: str  # 'P', 'B', 'DS', 'DP', 'E', 'C', 'S', 'Q', 'F'
+    name: str = ""
+    statement: Statement | None = None
+    portal: Portal | None = None
+    refusal: object = None  # the refused StatementPlan, when this entry carries a poison
+    injected: bool = False  # a Describe the seat added itself: its answer is swallowed
+    plan: Plan | None = None  # for 'Q'
+    poison_index: int = -1  # for 'Q': which statement is the poison
+    stmt_index: int = 0  # for 'Q': statements completed so far
+    layout: Layout | None = None  # for 'Q': the current result's layout
+
+
+def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Layout, list[tuple[int, int]]]:
+    """The layout of a RowDescription and the (start, end) byte span of each field in ``body``."""
+    (n,) = _I16.unpack_from(body, 0)
+    pos = 2
+    spans, hidden, types = [], [], []
+    binary_hidden = False
+    for i in range(n):
+        end = body.index(b"\x00", pos)
+        name = body[pos:end]
+        table_oid, attnum = struct.unpack_from("!Ih", body, end + 1)
+        fmt = _I16.unpack_from(body, end + 17)[0]
+        field_end = end + 19
+        spans.append((pos, field_end))
+        if name == _HIDDEN_B:
+            hidden.append(i)
+            binary_hidden = binary_hidden or fmt == 1
+        elif events is not None and table_oid == events.table_oid and attnum == events.type_attnum:
+            types.append(i)
+        pos = field_end
+    return Layout(tuple(hidden), tuple(types), n, binary_hidden), spans
+
+
+def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
+    keep = [body[a:b] for i, (a, b) in enumerate(spans) if i not in layout.hidden]
+    return messages.message(b"T", _I16.pack(len(keep)) + b"".join(keep))
+
+
+class ReadPath:
+    """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one)."""
+
+    def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
+                 v1_to_v2: dict[bytes, bytes], v2_to_v1: dict[bytes, bytes] | None):
+        self.classifier = classifier
+        self.major = major
+        self.events = events
+        self.type_map = v1_to_v2 if major == 2 else (v2_to_v1 or {})
+        self.map_era = b"2" if major == 2 else b"3"  # rows of this era are mapped for this reader
+        self.map_era_bin = b"\x00\x02" if major == 2 else b"\x00\x03"
+        self.pending: deque[Entry] = deque()
+        self.statements: dict[str, Statement] = {}
+        self.portals: dict[str, Portal] = {}
+        self.active = 0  # pending entries whose answers the seat must inspect
+        self.rows_translated = 0
+        self.refusals: list[str] = []
+
+    # ------------------------------------------------------------ client side
+
+    @property
+    def inspecting(self) -> bool:
+        return self.active > 0
+
+    def _push(self, entry: Entry, watch: bool) -> None:
+        if watch:
+            entry.injected = entry.injected  # keep
+            self.active += 1
+            setattr(entry, "_watched", True)
+        self.pending.append(entry)
+
+    def _pop(self) -> Entry:
+        entry = self.pending.popleft()
+        if getattr(entry, "_watched", False):
+            self.active -= 1
+        return entry
+
+    def on_client(self, t: int, body: bytes) -> bytes | None:
+        """Account for one client message; returns replacement bytes, or None to forward it as is."""
+        if t == 0x51:  # 'Q'
+            return self._query(body)
+        if t == 0x50:  # 'P'
+            return self._parse(body)
+        if t == 0x42:  # 'B'
+            return self._bind(body)
+        if t == 0x44:  # 'D'
+            kind, name = body[:1], body[1:-1].decode()
+            if kind == b"S":
+                st = self.statements.get(name)
+                self._push(Entry("DS", name, statement=st), watch=True)
+            else:
+                portal = self.portals.get(name)
+                self._push(Entry("DP", name, portal=portal), watch=True)
+            return None
+        if t == 0x45:  # 'E'
+            name = body[:body.index(b"\x00")].decode()
+            portal = self.portals.get(name)
+            translated = bool(portal and portal.statement and portal.statement.plan.translated)
+            injected = b""
+            if translated and portal.layout is None and (portal.statement.layout is None):
+                # The client never described this result: ask the server ourselves, answer swallowed.
+                self._push(Entry("DP", name, portal=portal, injected=True), watch=True)
+                injected = messages.message(b"D", b"P" + name.encode() + b"\x00")
+            self._push(Entry("E", name, portal=portal), watch=translated)
+            return injected + messages.message(b"E", body) if injected else None
+        if t == 0x43:  # 'C' Close
+            kind, name = body[:1], body[1:-1].decode()
+            (self.statements if kind == b"S" else self.portals).pop(name, None)
+            self._push(Entry("C"), watch=False)
+            return None
+        if t == 0x53:  # 'S' Sync
+            self._push(Entry("S"), watch=False)
+            return None
+        if t == 0x46:  # 'F' FunctionCall
+            self._push(Entry("F"), watch=False)
+            return None
+        return None
+
+    def _query(self, body: bytes) -> bytes | None:
+        sql = body[:-1].decode("utf-8", "surrogateescape")
+        plan = self.classifier.classify(sql)
+        entry = Entry("Q", plan=plan)
+        if not plan.changed:
+            self._push(entry, watch=False)
+            return None
+        texts = []
+        for i, st in enumerate(plan.statements):
+            if st.action == REFUSE and entry.poison_index < 0:
+                entry.poison_index = i
+                entry.refusal = st
+                texts.append(POISON_SQL)
+            else:
+                texts.append(st.sql)
+        self._push(entry, watch=True)
+        return messages.query("; ".join(texts))
+
+    def _parse(self, body: bytes) -> bytes | None:
+        name_end = body.index(b"\x00")
+        name = body[:name_end].decode()
+        sql_end = body.index(b"\x00", name_end + 1)
+        sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
+        plan = self.classifier.classify(sql)
+        st = Statement(plan)
+        self.statements[name] = st
+        if plan.refused is not None:
+            self._push(Entry("P", name, statement=st, refusal=plan.refused), watch=True)
+            return messages.message(b"P", name.encode() + b"\x00" + POISON_SQL.encode() + b"\x00\x00\x00")
+        self._push(Entry("P", name, statement=st), watch=False)
+        if not plan.changed:
+            return None
+        return messages.message(b"P", body[:name_end + 1] + plan.text.encode() + body[sql_end:])
+
+    def _bind(self, body: bytes) -> bytes | None:
+        portal_end = body.index(b"\x00")
+        portal_name = body[:portal_end].decode()
+        stmt_end = body.index(b"\x00", portal_end + 1)
+        st = self.statements.get(body[portal_end + 1:stmt_end].decode())
+        pos = stmt_end + 1
+        (nfmt,) = _U16.unpack_from(body, pos)
+        pos += 2 + 2 * nfmt
+        (nparams,) = _U16.unpack_from(body, pos)
+        pos += 2
+        for _ in range(nparams):
+            (length,) = _I32.unpack_from(body, pos)
+            pos += 4 + (length if length > 0 else 0)
+        results_at = pos
+        (nres,) = _U16.unpack_from(body, pos)
+        formats = struct.unpack_from(f"!{nres}h", body, pos + 2) if nres else ()
+        portal = Portal(st, tuple(formats))
+        self.portals[portal_name] = portal
+        translated = bool(st and st.plan.translated)
+        self._push(Entry("B", portal_name, portal=portal), watch=False)
+        if translated and nres > 1 and st.layout is not None and st.layout.ncols == nres + len(st.layout.hidden):
+            # Give the hidden column(s) a text format code at their positions.
+            codes = list(formats)
+            for i in st.layout.hidden:
+                codes.insert(i, 0)
+            portal.result_formats = tuple(codes)
+            new_tail = _U16.pack(len(codes)) + struct.pack(f"!{len(codes)}h", *codes)
+            return messages.message(b"B", body[:results_at] + new_tail)
+        return None
+
+    # ------------------------------------------------------------ server side
+
+    def on_server(self, t: int, body: bytes, raw: bytes) -> bytes:
+        """Account for one server message; returns the bytes to send to the client (maybe none)."""
+        pending = self.pending
+        head = pending[0] if pending else None
+        if t == 0x44:  # 'D' DataRow
+            layout = self._current_layout(head)
+            if layout is not None and layout.translated:
+                return self._translate_row(body, layout)
+            return raw
+        if t == 0x54:  # 'T'
+            layout, spans = parse_row_description(body, self.events)
+            self._check_leak(layout)
+            if head is None:
+                return raw
+            if head.kind == "Q":
+                head.layout = layout
+            elif head.kind == "DS":
+                self._pop()
+                if head.statement is not None:
+                    head.statement.layout = layout
+            elif head.kind == "DP":
+                self._pop()
+                if head.portal is not None:
+                    self._set_portal_layout(head.portal, layout)
+                if head.injected:
+                    return b""
+            return strip_row_description(body, layout, spans) if layout.translated else raw
+        if t == 0x6E:  # 'n' NoData
+            if head is not None and head.kind in ("DS", "DP"):
+                self._pop()
+                if head.injected:
+                    return b""
+            return raw
+        if t == 0x74:  # 't' ParameterDescription: the head stays until its 'T'/'n'
+            return raw
+        if t in (0x31, 0x32, 0x33):  # ParseComplete, BindComplete, CloseComplete
+            if head is not None:
+                self._pop()
+            return raw
+        if t == 0x43:  # 'C' CommandComplete
+            if head is not None:
+                if head.kind == "Q":
+                    head.stmt_index += 1
+                    head.layout = None
+                elif head.kind == "E":
+                    self._pop()
+            return raw
+        if t == 0x73:  # 's' PortalSuspended
+            if head is not None and head.kind == "E":
+                self._pop()
+            return raw
+        if t == 0x49:  # 'I' EmptyQueryResponse
+            if head is not None:
+                if head.kind == "Q":
+                    head.stmt_index += 1
+                elif head.kind == "E":
+                    self._pop()
+            return raw
+        if t == 0x45:  # 'E' ErrorResponse
+            return self._error(head, raw)
+        if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
+            while self.pending:
+                if self._pop().kind in ("S", "Q", "F"):
+                    break
+            return raw
+        return raw  # notices, notifications, parameter status, COPY traffic, …
+
+    def _current_layout(self, head: Entry | None) -> Layout | None:
+        if head is None:
+            return None
+        if head.kind == "Q":
+            return head.layout
+        if head.kind == "E" and head.portal is not None:
+            portal = head.portal
+            if portal.layout is None and portal.statement is not None and portal.statement.layout is not None:
+                self._set_portal_layout(portal, portal.statement.layout)
+            return portal.layout
+        return None
+
+    def _set_portal_layout(self, portal: Portal, layout: Layout) -> None:
+        fmts = portal.result_formats
+        if layout.hidden:
+            i = layout.hidden[0]
+            binary = (fmts[0] == 1) if len(fmts) == 1 else (len(fmts) > i and fmts[i] == 1)
+            layout = Layout(layout.hidden, layout.types, layout.ncols, binary)
+        portal.layout = layout
+
+    def _check_leak(self, layout: Layout) -> None:
+        if layout.types and not layout.hidden:
+            raise ReadPathError(
+                "a result carries the events table's type column without the seat's era column "
+                "(a view, a function or a statement shape the seat does not know); the session is closed "
+                "rather than pass untranslated rows")
+
+    def _error(self, head: Entry | None, raw: bytes) -> bytes:
+        if head is None:
+            return raw
+        if head.kind == "Q":
+            if head.refusal is not None and head.stmt_index == head.poison_index:
+                return self._refusal_error(head.refusal)
+            return raw  # the Query entry ends at its ReadyForQuery
+        # Extended protocol: the server skips everything up to the next Sync.
+        failed = self._pop()
+        while self.pending and self.pending[0].kind != "S":
+            self._pop()
+        if failed.refusal is not None:
+            return self._refusal_error(failed.refusal)
+        return raw
+
+    def _refusal_error(self, refusal) -> bytes:
+        code = ERRORS["statement_untranslatable"]
+        self.refusals.append(refusal.kind)
+        envelope = {"error": code.code, "message": refusal.detail, "details": {"kind": refusal.kind}}
+        return messages.error_response(code.sqlstate, f"{code.code}: {refusal.detail}",
+                                       detail=orjson.dumps(envelope).decode(),
+                                       hint="the statement was not run; see the openwop-seat README, "
+                                            "'Statements the seat refuses'")
+
+    def _translate_row(self, body: bytes, layout: Layout) -> bytes:
+        """Strip hidden columns and map `type` by era, splicing the row's bytes."""
+        view = memoryview(body)
+        (n,) = _I16.unpack_from(body, 0)
+        pos = 2
+        starts = []
+        for _ in range(n):
+            (length,) = _I32.unpack_from(body, pos)
+            starts.append((pos, length))
+            pos += 4 + (length if length > 0 else 0)
+        hpos, hlen = starts[layout.hidden[0]]
+        era = body[hpos + 4:hpos + 4 + hlen] if hlen > 0 else b""
+        if not era:
+            raise ReadPathError("the seat's era column was NULL")
+        mapped = era == (self.map_era_bin if layout.era_binary else self.map_era)
+        pieces = []
+        for i, (p, length) in enumerate(starts):
+            if i in layout.hidden:
+                continue
+            end = p + 4 + (length if length > 0 else 0)
+            if mapped and i in layout.types and length > 0:
+                value = body[p + 4:end]
+                new = self.type_map.get(value)
+                if new is not None:
+                    pieces.append(_I32.pack(len(new)))
+                    pieces.append(new)
+                    continue
+            pieces.append(view[p:end])
+        if mapped:
+            self.rows_translated += 1
+        out = _I16.pack(n - len(layout.hidden)) + b"".join(pieces)
+        return messages.message(b"D", out)
+
+
+def describe_refusal(plan: Plan) -> dict:
+    """For `explain`-style output and tests: the JSON envelope a refusal of ``plan`` produces."""
+    r = plan.refused
+    return {"error": "statement_untranslatable", "message": r.detail, "details": {"kind": r.kind}} if r else {}

@@ -1,0 +1,152 @@
+"""The reader rule at the wire: era-aware translation of event rows through the seat."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import psycopg
+import pytest
+from psycopg import errors
+
+from proxy.artifacts import load_artifacts
+
+A = load_artifacts()
+RENAMED = sorted(A.renamed)
+
+
+@pytest.fixture(scope="module")
+def read_seat(start_seat):
+    return start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1},
+                                         {"application_name": "ops", "major": "raw"}]})
+
+
+@pytest.fixture
+def runs(pg):
+    """An era-2 run holding every renamed v1 type, and an era-3 run in v2 vocabulary."""
+    import uuid
+    tag = uuid.uuid4().hex[:8]
+    era2, era3 = f"run2-{tag}", f"run3-{tag}"
+    rows = []
+    for i, t in enumerate(RENAMED + ["run.started", "example.thing-happened"]):
+        rows.append((f"e2-{tag}-{i}", era2, i, t))
+    for i, t in enumerate(RENAMED):
+        rows.append((f"e3-{tag}-{i}", era3, i, A.v1_to_v2[t]))
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, 'n1', '{\"k\": 1}', now(), NULL)", rows)
+        conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (era3,))
+    yield era2, era3
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("DELETE FROM events WHERE run_id IN (%s, %s)", (era2, era3))
+        conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = %s", (era3,))
+
+
+PAGE = "SELECT * FROM events WHERE run_id = %s AND sequence >= %s ORDER BY sequence LIMIT %s"
+
+
+def page(dsn, run, binary=False, **kw):
+    with psycopg.connect(dsn, **kw) as conn:
+        cur = conn.cursor(binary=binary)
+        cur.execute(PAGE, (run, 0, 1000))
+        return [d.name for d in cur.description], cur.fetchall()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_major_2_reads_era_2_translated_and_era_3_untouched(read_seat, pg, runs, binary):
+    era2, era3 = runs
+    cols, rows = page(read_seat.dsn(), era2, binary)
+    dcols, direct = page(pg.dsn(), era2, binary)
+    assert cols == dcols  # the hidden era column never shows
+    assert [r[3] for r in rows] == [A.v1_to_v2[t] for t in RENAMED] + ["run.started", "example.thing-happened"]
+    # every other column byte for byte
+    assert [r[:3] + r[4:] for r in rows] == [r[:3] + r[4:] for r in direct]
+    _, rows3 = page(read_seat.dsn(), era3, binary)
+    assert [r[3] for r in rows3] == [A.v1_to_v2[t] for t in RENAMED]
+
+
+def test_major_1_maps_era_3_back_and_leaves_era_2(read_seat, runs):
+    era2, era3 = runs
+    _, rows3 = page(read_seat.dsn(application_name="v1-host"), era3)
+    assert [r[3] for r in rows3] == RENAMED
+    _, rows2 = page(read_seat.dsn(application_name="v1-host"), era2)
+    assert [r[3] for r in rows2][:len(RENAMED)] == RENAMED
+
+
+def test_raw_reads_stored_rows(read_seat, runs):
+    era2, era3 = runs
+    _, rows = page(read_seat.dsn(application_name="ops"), era2)
+    assert [r[3] for r in rows][:len(RENAMED)] == RENAMED
+
+
+def test_asyncpg_named_statements_binary(read_seat, runs):
+    era2, _ = runs
+
+    async def go():
+        conn = await asyncpg.connect(read_seat.url())
+        try:
+            stmt = await conn.prepare("SELECT e.type, e.sequence, e.event_id FROM events e WHERE e.run_id = $1 "
+                                      "ORDER BY e.sequence")
+            out = []
+            for _ in range(3):
+                out.append([tuple(r) for r in await stmt.fetch(era2)])
+            return out
+        finally:
+            await conn.close()
+
+    results = asyncio.run(go())
+    assert results[0] == results[1] == results[2]
+    assert [r[0] for r in results[0]][:len(RENAMED)] == [A.v1_to_v2[t] for t in RENAMED]
+
+
+def test_unmapped_type_fails_the_read_and_session_continues(read_seat, pg, runs):
+    era2, _ = runs
+    rows = [(f"u-{era2}-{i}", era2, 100 + i, "agent.reasoning.delta" if i != 500 else "foo.bar") for i in range(1000)]
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.cursor().executemany("INSERT INTO events VALUES (%s, %s, %s, %s, NULL, NULL, now(), NULL)", rows)
+    with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(PAGE, (era2, 100, 1000)).fetchall()
+        assert e.value.sqlstate == "OW001"
+        assert str(e.value).startswith("event_type_unmapped: ")
+        envelope = json.loads(e.value.diag.message_detail)
+        assert envelope["error"] == "event_type_unmapped"
+        assert envelope["details"] == {"type": "foo.bar", "runId": era2, "sequence": 600}
+        assert conn.execute("SELECT 'still usable'").fetchone() == ("still usable",)
+
+
+def test_refused_statement_fails_the_server_transaction(read_seat, pg, fresh_table):
+    table = fresh_table("id int")
+    with psycopg.connect(read_seat.dsn()) as conn:
+        conn.execute(f"INSERT INTO {table} VALUES (1)")
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("SELECT * FROM events WHERE type = 'run.started'")
+        assert e.value.sqlstate == "OW004" and "statement_untranslatable" in str(e.value)
+        assert json.loads(e.value.diag.message_detail)["details"]["kind"]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.commit()  # COMMIT of a failed transaction rolls back
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+def test_refused_in_simple_protocol_multi_statement(read_seat, fresh_table):
+    table = fresh_table("id int")
+    with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(f"INSERT INTO {table} VALUES (1); SELECT DISTINCT type FROM events", prepare=False)
+        assert e.value.sqlstate == "OW004"
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+def test_run_created_and_appended_in_one_transaction_reads_its_era(read_seat, pg):
+    import uuid
+    run = f"tx-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(read_seat.dsn()) as conn:
+        conn.execute("INSERT INTO events VALUES (%s, %s, 0, 'agent.reasoning.delta', NULL, NULL, now(), NULL)",
+                     (run + "-0", run))
+        assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (
+            "agent.reasoning-delta",)
+        conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (run,))
+        assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (
+            "agent.reasoning.delta",)  # era 3 now: stored spelling, untouched
+        conn.rollback()
