@@ -93,6 +93,7 @@ class Entry:
     poison_index: int = -1  # for 'Q': which statement is the poison
     stmt_index: int = 0  # for 'Q': statements completed so far
     layout: Layout | None = None  # for 'Q': the current result's layout
+    watched: bool = False  # its answers must be looked at (rewritten or swallowed)
 
 
 def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Layout, list[tuple[int, int]]]:
@@ -148,14 +149,13 @@ class ReadPath:
 
     def _push(self, entry: Entry, watch: bool) -> None:
         if watch:
-            entry.injected = entry.injected  # keep
+            entry.watched = True
             self.active += 1
-            setattr(entry, "_watched", True)
         self.pending.append(entry)
 
     def _pop(self) -> Entry:
         entry = self.pending.popleft()
-        if getattr(entry, "_watched", False):
+        if entry.watched:
             self.active -= 1
         return entry
 
@@ -171,10 +171,11 @@ class ReadPath:
             kind, name = body[:1], body[1:-1].decode()
             if kind == b"S":
                 st = self.statements.get(name)
-                self._push(Entry("DS", name, statement=st), watch=True)
+                self._push(Entry("DS", name, statement=st), watch=bool(st and st.plan.translated))
             else:
                 portal = self.portals.get(name)
-                self._push(Entry("DP", name, portal=portal), watch=True)
+                st = portal.statement if portal else None
+                self._push(Entry("DP", name, portal=portal), watch=bool(st and st.plan.translated))
             return None
         if t == 0x45:  # 'E'
             name = body[:body.index(b"\x00")].decode()
@@ -417,8 +418,3 @@ class ReadPath:
         out = _I16.pack(n - len(layout.hidden)) + b"".join(pieces)
         return messages.message(b"D", out)
 
-
-def describe_refusal(plan: Plan) -> dict:
-    """For `explain`-style output and tests: the JSON envelope a refusal of ``plan`` produces."""
-    r = plan.refused
-    return {"error": "statement_untranslatable", "message": r.detail, "details": {"kind": r.kind}} if r else {}
