@@ -50,6 +50,8 @@ class EventColumns:
 
     table_oid: int
     type_attnum: int
+    # Views (and materialized views) that read events.type: their rows cannot be translated.
+    derived_oids: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Layout:
     types: tuple[int, ...]
     ncols: int  # as the server sends them, hidden included
     era_binary: bool = False
+    derived: bool = False  # some column comes from a view over events.type
 
     @property
     def translated(self) -> bool:
@@ -101,7 +104,7 @@ def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Lay
     (n,) = _I16.unpack_from(body, 0)
     pos = 2
     spans, hidden, types = [], [], []
-    binary_hidden = False
+    binary_hidden = derived = False
     for i in range(n):
         end = body.index(b"\x00", pos)
         name = body[pos:end]
@@ -114,8 +117,10 @@ def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Lay
             binary_hidden = binary_hidden or fmt == 1
         elif events is not None and table_oid == events.table_oid and attnum == events.type_attnum:
             types.append(i)
+        elif events is not None and table_oid in events.derived_oids:
+            derived = True
         pos = field_end
-    return Layout(tuple(hidden), tuple(types), n, binary_hidden), spans
+    return Layout(tuple(hidden), tuple(types), n, binary_hidden, derived), spans
 
 
 def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
@@ -355,7 +360,7 @@ class ReadPath:
         portal.layout = layout
 
     def _check_leak(self, layout: Layout) -> None:
-        if layout.types and not layout.hidden:
+        if (layout.types and not layout.hidden) or layout.derived:
             raise ReadPathError(
                 "a result carries the events table's type column without the seat's era column "
                 "(a view, a function or a statement shape the seat does not know); the session is closed "

@@ -54,6 +54,24 @@ class ReadContext:
     artifacts: object
 
 
+# Views and materialized views that read events.type, directly or through other views: a result
+# with their columns cannot be translated (no era), so the read path refuses it.
+DERIVED_RELATIONS = """
+WITH RECURSIVE derived(oid) AS (
+    SELECT r.ev_class FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+    WHERE d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = $1 AND d.refobjsubid = $2
+      AND r.ev_class <> $1
+    UNION
+    SELECT r.ev_class FROM derived
+    JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = derived.oid
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+    WHERE r.ev_class <> derived.oid
+)
+SELECT oid FROM derived
+"""
+
+
 async def load_read_context(config: Config):
     """Check the seat's schema in the host database and learn where the events table is."""
     from . import schema
@@ -72,6 +90,7 @@ async def load_read_context(config: Config):
             "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
             "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
             "AND NOT a.attisdropped", schema.quote_qualified(host.events_table), host.type_column)
+        derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"]) if row is not None else []
     finally:
         await conn.close()
     if row is None:
@@ -79,7 +98,8 @@ async def load_read_context(config: Config):
             f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
             f"{database!r}")
     classifiers = {major: Classifier(host, major) for major in (1, 2)}
-    return ReadContext(database, EventColumns(row["oid"], row["attnum"]), classifiers, artifacts)
+    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived))
+    return ReadContext(database, events, classifiers, artifacts)
 
 
 class _ClientPeer(Peer):

@@ -150,3 +150,51 @@ def test_run_created_and_appended_in_one_transaction_reads_its_era(read_seat, pg
         assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (
             "agent.reasoning.delta",)  # era 3 now: stored spelling, untouched
         conn.rollback()
+
+
+def test_a_view_over_events_closes_the_session_instead_of_leaking(start_seat, pg, runs):
+    era2, _ = runs
+    pg.psql("CREATE VIEW events_view AS SELECT * FROM events; GRANT SELECT ON events_view TO PUBLIC; "
+            "CREATE VIEW events_view2 AS SELECT type AS t, run_id FROM events_view")
+    try:
+        seat = start_seat()  # learns the views over events.type at start
+        for view in ("events_view", "events_view2"):
+            with psycopg.connect(seat.dsn(), autocommit=True) as conn:
+                with pytest.raises(psycopg.Error) as e:
+                    conn.execute(f"SELECT * FROM {view} WHERE run_id = %s", (era2,)).fetchall()
+                assert e.value.sqlstate == "OW003" and "era column" in str(e.value)
+                assert conn.closed or conn.broken
+        with psycopg.connect(seat.dsn(), autocommit=True) as conn:  # a view over other columns is fine
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pg.psql("DROP VIEW events_view2; DROP VIEW events_view")
+
+
+def test_refusal_inside_a_pipeline_discards_up_to_sync(read_seat, fresh_table):
+    table = fresh_table("id int")
+    with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            with conn.pipeline() as p:
+                conn.execute(f"INSERT INTO {table} VALUES (1)")
+                conn.execute("SELECT * FROM events ORDER BY type")  # refused
+                conn.execute(f"INSERT INTO {table} VALUES (2)")  # skipped, like after any error
+                p.sync()
+        assert e.value.sqlstate == "OW004"
+        # the implicit transaction of the batch was rolled back by the server itself
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_prepared_refusal_with_asyncpg(read_seat):
+    async def go():
+        conn = await asyncpg.connect(read_seat.url())
+        try:
+            with pytest.raises(asyncpg.PostgresError) as e:
+                await conn.prepare("SELECT upper(type) FROM events WHERE run_id = $1")
+            after = await conn.fetchval("SELECT 1")
+            return e.value, after
+        finally:
+            await conn.close()
+
+    err, after = asyncio.run(go())
+    assert err.sqlstate == "OW004" and after == 1
