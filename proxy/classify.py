@@ -83,13 +83,14 @@ def _colref_names(ref) -> list:
 class _Source:
     name: str  # alias or relation name, as referenced in this level
     direct: bool  # True: the events table itself; False: a derived table carrying a hidden column
+    tainted: frozenset = frozenset()  # column names, through this source, that carry event type/payload
 
 
 @dataclass
 class _Ctx:
     host: HostConfig
     major: int
-    ctes: dict = field(default_factory=dict)  # CTE name -> carries event columns (hidden column added)
+    ctes: dict = field(default_factory=dict)  # CTE name -> its event-column output names (∅: none)
 
 
 class Classifier:
@@ -126,13 +127,17 @@ class Classifier:
             self._cache.popitem(last=False)
         return plan
 
+    @property
+    def size(self) -> int:
+        return len(self._cache)
+
     def mentions_events(self, sql: str) -> bool:
         return self._needle in (sql.lower() if self._fold else sql)
 
     # -- internals
 
     def _classify(self, sql: str) -> Plan:
-        if not self.mentions_events(sql):
+        if not self.mentions_events(sql) and "openwop_seat" not in sql.lower():
             return Plan((StatementPlan(PASS, sql),), sql)
         from pglast import parse_sql
         from pglast.parser import ParseError
@@ -147,9 +152,9 @@ class Classifier:
         pieces: list[StatementPlan] = []
         for raw in raw_stmts:
             start = raw.stmt_location or 0
-            length = raw.stmt_len or (len(sql.encode()) - start)
-            # pglast locations are byte offsets into the UTF-8 text
-            text = sql.encode()[start:start + length].decode()
+            length = raw.stmt_len or (len(sql) - start)
+            # pglast reports statement locations in characters of the text
+            text = sql[start:start + length]
             pieces.append(self._statement(raw.stmt, text))
         if not pieces:
             return Plan((StatementPlan(PASS, sql),), sql)
@@ -163,10 +168,14 @@ class Classifier:
         from pglast import ast
         from pglast.stream import RawStream
 
+        spoof = _seat_setting(stmt)
+        if spoof:
+            return StatementPlan(REFUSE, text, "openwop_seat setting", spoof)
         if not any(isinstance(n, ast.RangeVar) and self._is_events(n) for n in _walk(stmt)):
             return StatementPlan(PASS, text)
         ctx = _Ctx(self.host, self.major)
         try:
+            self._reserved_name(stmt)
             changed = self._top(stmt, ctx)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)
@@ -181,14 +190,23 @@ class Classifier:
             return rv.schemaname in (None, "public")
         return rv.schemaname in (None, self._schema)
 
+    def _reserved_name(self, stmt) -> None:
+        """The hidden column's name is the seat's: a client may not produce or read a column of that name."""
+        from pglast import ast
+
+        for n in _walk(stmt):
+            if (isinstance(n, ast.ResTarget) and n.name == HIDDEN) or (
+                    isinstance(n, ast.ColumnRef) and _colref_names(n)[-1] == HIDDEN):
+                raise Untranslatable("reserved column name", f"the column name {HIDDEN} is reserved for the seat")
+
     def _top(self, stmt, ctx: _Ctx) -> bool:
         """Analyse a top-level statement; add hidden columns in place. True when rewritten."""
         from pglast import ast
 
         if isinstance(stmt, ast.SelectStmt):
-            return self._select(stmt, ctx, top=True)
+            return self._select(stmt, ctx) is not None
         if isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
-            return self._dml(stmt, ctx, top=True)
+            return self._dml(stmt, ctx) is not None
         if isinstance(stmt, ast.CopyStmt):
             if stmt.is_from and stmt.relation is not None:
                 return False  # COPY events FROM: a write, the writer rule's business
@@ -196,7 +214,7 @@ class Classifier:
         if isinstance(stmt, ast.DeclareCursorStmt):
             self._reject_event_columns(stmt.query, ctx, "cursor over the events table")
             return False
-        if isinstance(stmt, (ast.ExplainStmt,)):
+        if isinstance(stmt, ast.ExplainStmt):
             return False  # returns a plan, not rows
         if isinstance(stmt, ast.PrepareStmt):
             self._reject_event_columns(stmt.query, ctx, "SQL PREPARE over the events table")
@@ -210,40 +228,54 @@ class Classifier:
 
     def _reject_event_columns(self, query, ctx: _Ctx, kind: str) -> None:
         """Refuse when event type/payload flow anywhere in ``query``."""
-        if query is None:
-            return
-        if self._touches_event_columns(query):
+        if query is not None and self._touches(query, ctx):
             raise Untranslatable(kind, f"{kind}: event type/payload would reach the reader untranslated")
 
-    def _touches_event_columns(self, node) -> bool:
+    def _touches(self, node, ctx: _Ctx, columns_in=None) -> bool:
+        """Conservatively: does ``node`` read an event type/payload column anywhere (in ``columns_in``
+        when given: the parts of ``node`` whose column references count)?"""
         from pglast import ast
 
-        has_events = any(isinstance(n, ast.RangeVar) and self._is_events(n) for n in _walk(node))
-        if not has_events:
-            return False
+        names = set(self._event_columns)
+        reads = False
+        local_ctes = {c.ctename for n in _walk(node) if isinstance(n, ast.WithClause) for c in n.ctes or ()}
         for n in _walk(node):
+            if isinstance(n, ast.RangeVar):
+                if n.schemaname is None and ctx.ctes.get(n.relname):
+                    reads = True
+                    names |= ctx.ctes[n.relname]
+                elif self._is_events(n) and not (n.schemaname is None and n.relname in local_ctes):
+                    reads = True
+        if not reads:
+            return False
+        for n in _walk(node if columns_in is None else columns_in):
             if isinstance(n, ast.ColumnRef):
-                names = _colref_names(n)
-                if names[-1] in ("*", self.host.type_column, "payload") or names == [self._table]:
+                cols = _colref_names(n)
+                if cols[-1] == "*" or cols[-1] in names or cols == [self._table]:
                     return True
+        # reading events without naming its type/payload columns (e.g. count(*), run_id, sequence)
         return False
+
+    @property
+    def _event_columns(self) -> frozenset[str]:
+        return frozenset((self.host.type_column, "payload"))
 
     # ---- SELECT
 
-    def _select(self, sel, ctx: _Ctx, top: bool) -> bool:
-        """Analyse one SELECT level; returns True when it outputs event columns (hidden column added)."""
+    def _select(self, sel, ctx: _Ctx) -> frozenset[str] | None:
+        """Analyse one SELECT level. When it outputs event type/payload columns, add the hidden
+        column and return their output names; otherwise return None."""
         from pglast import ast
-
         from pglast.enums import SetOperation
 
         if sel.op != SetOperation.SETOP_NONE:
-            if self._touches_event_columns(sel):
+            if self._touches(sel, ctx):
                 raise Untranslatable("set operation", "UNION/INTERSECT/EXCEPT over event type/payload columns")
-            return False
+            return None
         if sel.withClause is not None:
             self._with(sel.withClause, ctx)
         if sel.valuesLists:
-            return False
+            return None
         sources: list[_Source] = []
         for item in sel.fromClause or ():
             self._from_item(item, ctx, sources)
@@ -253,68 +285,96 @@ class Classifier:
                              (sel.distinctClause, "DISTINCT ON"), (sel.windowClause, "a window over"),
                              (sel.limitCount, "LIMIT over"), (sel.limitOffset, "OFFSET over")):
             self._no_event_columns(clause, sources, ctx, what)
-        if sel.lockingClause and sources:
-            pass  # FOR UPDATE of event rows reads them like any SELECT
-        carries = False
-        has_star_over_source = False
+        outputs: list[tuple[str, bool]] = []  # (output name, carries an event column)
+        tainted: set[str] = set()
+        star_over_derived = False
         for target in sel.targetList or ():
-            kind = self._target(target.val, sources, ctx)
-            if kind == "column":
-                carries = True
-            elif kind == "star":
-                carries = True
-                has_star_over_source = True
-        if not carries:
-            return False
-        if sel.distinctClause is not None and len(sel.distinctClause) >= 1:
+            kind, names = self._target(target.val, sources, ctx)
+            if kind == "star":
+                tainted |= names
+                star_over_derived = star_over_derived or any(not s.direct for s in sources)
+                outputs.append(("*", True))
+            elif kind == "column":
+                out = target.name or _colref_names(target.val)[-1]
+                tainted.add(out)
+                outputs.append((out, True))
+            else:
+                outputs.append((target.name or "", False))
+        if not tainted:
+            return None
+        # ORDER BY / GROUP BY / DISTINCT ON naming an output column by alias or position.
+        for clause, what in ((sel.sortClause, "ORDER BY on"), (sel.groupClause, "GROUP BY on"),
+                             (sel.distinctClause, "DISTINCT ON")):
+            for n in _walk(clause):
+                if isinstance(n, ast.ColumnRef) and len(n.fields) == 1 and _colref_names(n)[0] in tainted:
+                    raise Untranslatable(f"{what} event columns", f"{what} event column {_colref_names(n)[0]}")
+                if isinstance(n, ast.A_Const) and isinstance(n.val, ast.Integer):
+                    k = n.val.ival
+                    if 1 <= k <= len(outputs) and outputs[k - 1][1]:
+                        raise Untranslatable(f"{what} event columns", f"{what} an event column (position {k})")
+        if sel.distinctClause is not None and any(d is None for d in sel.distinctClause):
+            # plain DISTINCT compares the stored spellings (DISTINCT ON's expressions were checked above)
             raise Untranslatable("DISTINCT", "DISTINCT over event type/payload columns")
         if sel.groupClause:
             raise Untranslatable("GROUP BY", "GROUP BY with event type/payload columns in the result")
-        if len(sources) != 1:
+        if sel.intoClause is not None:
+            raise Untranslatable("SELECT INTO", "SELECT … INTO a table from event type/payload columns")
+        carrying = [s for s in sources if s.tainted]
+        if len(carrying) != 1:
             raise Untranslatable("join of event sources",
                                  "a result joining the events table with itself or with another event source")
-        source = sources[0]
-        if source.direct or not has_star_over_source:
+        source = carrying[0]
+        if source.direct or not star_over_derived:
             sel.targetList = tuple(sel.targetList) + (self._hidden_target(source),)
-        return True
+        return frozenset(tainted)
 
     def _with(self, with_clause, ctx: _Ctx) -> None:
         from pglast import ast
 
         for cte in with_clause.ctes or ():
             q = cte.ctequery
-            if with_clause.recursive and self._touches_event_columns(q):
+            if with_clause.recursive and self._touches(q, ctx):
                 raise Untranslatable("recursive CTE", "a recursive CTE over event columns")
             if isinstance(q, ast.SelectStmt):
-                ctx.ctes[cte.ctename] = self._select(q, ctx, top=False)
+                carried = self._select(q, ctx)
             elif isinstance(q, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
-                ctx.ctes[cte.ctename] = self._dml(q, ctx, top=False)
+                carried = self._dml(q, ctx)
             else:
-                ctx.ctes[cte.ctename] = False
+                carried = None
+            if carried and cte.aliascolnames:
+                raise Untranslatable("column alias list", "a column alias list on a CTE over event columns")
+            ctx.ctes[cte.ctename] = carried or frozenset()
 
     def _from_item(self, item, ctx: _Ctx, sources: list) -> None:
         from pglast import ast
 
         if isinstance(item, ast.RangeVar):
-            if self._is_events(item):
-                sources.append(_Source(item.alias.aliasname if item.alias else item.relname, True))
-            elif item.schemaname is None and ctx.ctes.get(item.relname):
-                sources.append(_Source(item.alias.aliasname if item.alias else item.relname, False))
+            name = item.alias.aliasname if item.alias else item.relname
+            if item.schemaname is None and item.relname in ctx.ctes:  # a CTE hides a table of that name
+                if ctx.ctes[item.relname]:
+                    if item.alias and item.alias.colnames:
+                        raise Untranslatable("column alias list", "a column alias list over event columns")
+                    sources.append(_Source(name, False, ctx.ctes[item.relname]))
+            elif self._is_events(item):
+                if item.alias and item.alias.colnames:
+                    raise Untranslatable("column alias list", "a column alias list on the events table")
+                sources.append(_Source(name, True, self._event_columns))
         elif isinstance(item, ast.JoinExpr):
+            if item.alias is not None and self._touches(item, ctx):
+                raise Untranslatable("aliased join", "an aliased join over event columns")
             self._from_item(item.larg, ctx, sources)
             self._from_item(item.rarg, ctx, sources)
             self._no_event_columns(item.quals, sources, ctx, "a join condition on")
         elif isinstance(item, ast.RangeSubselect):
-            if self._select(item.subquery, ctx, top=False):
+            carried = self._select(item.subquery, ctx)
+            if carried:
                 if item.alias is None:
                     raise Untranslatable("subquery", "a subquery over event columns needs an alias")
-                sources.append(_Source(item.alias.aliasname, False))
-        elif isinstance(item, ast.RangeFunction):
-            if self._touches_event_columns(item):
-                raise Untranslatable("function in FROM", "a function in FROM over event columns")
-        else:
-            if self._touches_event_columns(item):
-                raise Untranslatable("FROM item", f"{type(item).__name__} over event columns")
+                if item.alias.colnames:
+                    raise Untranslatable("column alias list", "a column alias list over event columns")
+                sources.append(_Source(item.alias.aliasname, False, carried))
+        elif self._touches(item, ctx):
+            raise Untranslatable("FROM item", f"{type(item).__name__} over event columns")
 
     def _no_event_columns(self, clause, sources: list, ctx: _Ctx, what: str) -> None:
         """Refuse when ``clause`` refers to an event type/payload column (or reads them in a sublink)."""
@@ -323,52 +383,63 @@ class Classifier:
         from pglast import ast
 
         for n in _walk(clause):
-            if isinstance(n, ast.ColumnRef) and sources and self._refers_to_event_column(n, sources):
+            if isinstance(n, ast.ColumnRef) and sources and self._refers(n, sources):
                 raise Untranslatable(f"{what} event columns",
                                      f"{what} event {_colref_names(n)[-1]} is not translated")
-            if isinstance(n, ast.SubLink) and self._touches_event_columns(n.subselect):
+            if isinstance(n, ast.SubLink) and self._sublink_touches(n, ctx):
                 raise Untranslatable(f"{what} event columns", f"{what} event columns inside a subquery")
 
-    def _refers_to_event_column(self, ref, sources: list) -> bool:
+    def _refers(self, ref, sources: list) -> bool:
+        """Does a column reference name an event type/payload column (or a whole event row)?"""
         names = _colref_names(ref)
         col = names[-1]
-        names_of_sources = {s.name for s in sources}
         if len(names) == 1:
-            # An unqualified name: type/payload, or a whole-row reference to an event source.
-            return col in (self.host.type_column, "payload") or col in names_of_sources
-        qualifier = names[-2]
-        if qualifier not in names_of_sources:
-            return False
-        return col in (self.host.type_column, "payload", "*")
+            return any(col in s.tainted or col == s.name for s in sources)
+        for s in sources:
+            if s.name == names[-2]:
+                return col == "*" or col in s.tainted
+        return False
 
-    def _target(self, val, sources: list, ctx: _Ctx) -> str:
-        """'column'/'star' when the target outputs event columns as they are, '' when none; refuse expressions."""
+    def _target(self, val, sources: list, ctx: _Ctx) -> tuple[str, frozenset[str]]:
+        """('star', names) / ('column', ∅) when a target outputs event columns as they are, ('', ∅) when
+        it outputs none; expressions over event columns are refused."""
         from pglast import ast
 
-        if not sources:
-            for n in _walk(val):
-                if isinstance(n, ast.SubLink) and self._touches_event_columns(n.subselect):
-                    raise Untranslatable("subquery over event columns",
-                                         "a scalar subquery returning event type/payload")
-            return ""
+        none = ("", frozenset())
         if isinstance(val, ast.ColumnRef):
             names = _colref_names(val)
             if names[-1] == "*":
-                if len(names) == 1 or names[-2] in {s.name for s in sources}:
-                    return "star"
-                return ""
-            if self._refers_to_event_column(val, sources):
-                if len(names) == 1 and names[0] in {s.name for s in sources}:
+                if len(names) == 1:
+                    carried = frozenset().union(*(s.tainted for s in sources)) if sources else frozenset()
+                    return ("star", carried) if carried else none
+                for s in sources:
+                    if s.name == names[-2] and s.tainted:
+                        return "star", s.tainted
+                return none
+            if sources and self._refers(val, sources):
+                if len(names) == 1 and any(names[0] == s.name for s in sources):
                     raise Untranslatable("whole-row reference", "a whole-row reference to an event row")
-                return "column"
-            return ""
+                return "column", frozenset()
+            return none
         for n in _walk(val):
-            if isinstance(n, ast.ColumnRef) and self._refers_to_event_column(n, sources):
+            if isinstance(n, ast.ColumnRef) and sources and self._refers(n, sources):
                 raise Untranslatable("expression over event columns",
                                      f"an expression over event {_colref_names(n)[-1]} is not translated")
-            if isinstance(n, ast.SubLink) and self._touches_event_columns(n.subselect):
+            if isinstance(n, ast.SubLink) and self._sublink_touches(n, ctx):
                 raise Untranslatable("subquery over event columns", "a scalar subquery returning event columns")
-        return ""
+        return none
+
+    def _sublink_touches(self, link, ctx: _Ctx) -> bool:
+        """EXISTS ignores its sub-select's output list; every other sublink uses it."""
+        from pglast import ast
+        from pglast.enums import SubLinkType
+
+        sub = link.subselect
+        if link.subLinkType == SubLinkType.EXISTS_SUBLINK and isinstance(sub, ast.SelectStmt) and \
+                sub.op == 0 and sub.withClause is None:
+            parts = (sub.fromClause, sub.whereClause, sub.groupClause, sub.havingClause, sub.sortClause)
+            return self._touches(sub, ctx, columns_in=parts)
+        return self._touches(sub, ctx)
 
     def _hidden_target(self, source: _Source):
         from pglast import ast, parse_sql
@@ -385,46 +456,68 @@ class Classifier:
 
     # ---- INSERT/UPDATE/DELETE
 
-    def _dml(self, stmt, ctx: _Ctx, top: bool) -> bool:
+    def _dml(self, stmt, ctx: _Ctx) -> frozenset[str] | None:
         from pglast import ast
 
         if stmt.withClause is not None:
             self._with(stmt.withClause, ctx)
-        target_is_events = stmt.relation is not None and self._is_events(stmt.relation)
+        rel = stmt.relation
+        target_is_events = rel is not None and self._is_events(rel) and not (
+            rel.schemaname is None and rel.relname in ctx.ctes)
         if isinstance(stmt, ast.InsertStmt):
-            if stmt.selectStmt is not None and not target_is_events:
-                self._reject_event_columns(stmt.selectStmt, ctx, "copy of event columns into another table")
-            elif stmt.selectStmt is not None:
-                self._reject_event_columns_from_select(stmt.selectStmt, ctx)
+            if stmt.selectStmt is not None and self._touches(stmt.selectStmt, ctx):
+                kind = "copy of event rows" if target_is_events else "copy of event columns into another table"
+                raise Untranslatable(kind, f"{kind}: INSERT … SELECT of event type/payload is not translated")
         else:
+            extra = getattr(stmt, "fromClause", None) or getattr(stmt, "usingClause", None) or ()
+            from_sources: list[_Source] = []
+            for item in extra:
+                self._from_item(item, ctx, from_sources)
+            if from_sources and self._touches(stmt, ctx):
+                raise Untranslatable("write joined with event columns",
+                                     "UPDATE … FROM / DELETE … USING over event type/payload is not translated")
             if not target_is_events:
                 for clause in (getattr(stmt, "whereClause", None), getattr(stmt, "targetList", None)):
                     self._reject_event_columns(clause, ctx, "write derived from event columns")
         if not target_is_events:
-            return False
-        name = stmt.relation.alias.aliasname if stmt.relation.alias else stmt.relation.relname
-        source = _Source(name, True)
+            return None
+        source = _Source(rel.alias.aliasname if rel.alias else rel.relname, True, self._event_columns)
         if isinstance(stmt, (ast.UpdateStmt, ast.DeleteStmt)):
             self._no_event_columns(stmt.whereClause, [source], ctx, "a predicate on")
+        if isinstance(stmt, ast.UpdateStmt):
+            for target in stmt.targetList or ():
+                self._no_event_columns(target.val, [source], ctx, "an assignment from")
         returning = stmt.returningClause.exprs if stmt.returningClause is not None else ()
-        if not returning:
-            return False
-        carries = False
+        tainted: set[str] = set()
         for target in returning:
-            if self._target(target.val, [source], ctx):
-                carries = True
-        if not carries:
-            return False
+            kind, names = self._target(target.val, [source], ctx)
+            if kind == "star":
+                tainted |= names
+            elif kind == "column":
+                tainted.add(target.name or _colref_names(target.val)[-1])
+        if not tainted:
+            return None
         stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source),)
-        return True
+        return frozenset(tainted)
 
-    def _reject_event_columns_from_select(self, select, ctx: _Ctx) -> None:
-        """INSERT INTO events SELECT … FROM events: copying stored spellings into a run is not translated."""
-        from pglast import ast
 
-        reads_events = any(isinstance(n, ast.RangeVar) and self._is_events(n) for n in _walk(select))
-        if reads_events and self._touches_event_columns(select):
-            raise Untranslatable("copy of event rows", "INSERT … SELECT of event type/payload is not translated")
+def _seat_setting(stmt) -> str:
+    """Why a statement tries to set the seat's own state (openwop_seat.* settings, the claim), or ''."""
+    from pglast import ast
+
+    for n in _walk(stmt):
+        if isinstance(n, ast.VariableSetStmt) and (n.name or "").lower().startswith("openwop_seat."):
+            return f"SET {n.name}: openwop_seat.* settings belong to the seat and cannot be set by a client"
+        if isinstance(n, ast.FuncCall):
+            name = ".".join(f.sval for f in n.funcname).lower()
+            if name in ("set_config", "pg_catalog.set_config") and n.args:
+                first = n.args[0]
+                if isinstance(first, ast.A_Const) and isinstance(first.val, ast.String) and \
+                        first.val.sval.lower().startswith("openwop_seat."):
+                    return f"set_config('{first.val.sval}', …): openwop_seat.* settings belong to the seat"
+            if name == "openwop_seat.claim":
+                return "openwop_seat.claim is called by the seat itself, never by a client"
+    return ""
 
 
 def _quote(name: str) -> str:
