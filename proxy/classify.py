@@ -373,8 +373,13 @@ class Classifier:
                 if item.alias.colnames:
                     raise Untranslatable("column alias list", "a column alias list over event columns")
                 sources.append(_Source(item.alias.aliasname, False, carried))
-        elif self._touches(item, ctx):
-            raise Untranslatable("FROM item", f"{type(item).__name__} over event columns")
+        elif isinstance(item, ast.RangeTableSample) and isinstance(item.relation, ast.RangeVar):
+            self._from_item(item.relation, ctx, sources)
+        else:
+            # functions and the like in FROM: no event columns as arguments (LATERAL references included)
+            self._no_event_columns(item, sources, ctx, "a function in FROM over")
+            if self._touches(item, ctx):
+                raise Untranslatable("FROM item", f"{type(item).__name__} over event columns")
 
     def _no_event_columns(self, clause, sources: list, ctx: _Ctx, what: str) -> None:
         """Refuse when ``clause`` refers to an event type/payload column (or reads them in a sublink)."""

@@ -383,3 +383,12 @@ def test_exists_over_event_rows_passes():
     # EXISTS yields one boolean whatever the sub-select's output list is
     sql = "SELECT EXISTS (SELECT * FROM events WHERE run_id = $1)"
     assert only(classify(sql)).action == PASS
+
+
+def test_lateral_function_over_payload_is_refused():
+    assert only(classify("SELECT e.run_id, j.key FROM events e, jsonb_each(e.payload) j")).action == REFUSE
+
+
+def test_tablesample_of_events_is_translated():
+    plan = classify("SELECT * FROM events TABLESAMPLE SYSTEM (50) WHERE run_id = $1")
+    assert only(plan).action == TRANSLATE and HIDDEN in plan.text
