@@ -78,6 +78,8 @@ class HostConfig:
     type_column: str = "type"
     era_column: str | None = None  # a nullable column of runs_table to use as the era store instead of run_era
     dsn: str | None = None  # how the seat itself reaches the host database (schema checks); its dbname is translated
+    claim_secret_file: str | None = None  # the secret of openwop_seat.claim (else $OPENWOP_SEAT_CLAIM_SECRET)
+    maintenance_role: str | None = None  # the one role that may UPDATE events.type/run_id (None: nobody)
 
 
 def _identifier(value: Any, key: str, qualified: bool) -> str:
@@ -225,11 +227,17 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     kwargs["tls"] = TLSConfig(**tls_kwargs)
 
     host = _take(data.get("host", {}), "host",
-                 {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn"})
+                 {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
+                  "claim_secret_file", "maintenance_role"})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
                    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column") if k in host}
     if "dsn" in host:
         host_kwargs["dsn"] = _string(host["dsn"], "host.dsn")
+    if "claim_secret_file" in host:  # read (and checked) by schema.load_claim_secret, relative to the config file
+        path = _string(host["claim_secret_file"], "host.claim_secret_file")
+        host_kwargs["claim_secret_file"] = os.path.join(os.path.dirname(source), path) if source else path
+    if "maintenance_role" in host:
+        host_kwargs["maintenance_role"] = _string(host["maintenance_role"], "host.maintenance_role")
     kwargs["host"] = HostConfig(**host_kwargs)
 
     log = _take(data.get("log", {}), "log", {"format", "level"})

@@ -35,6 +35,8 @@ class Stats:
         self.bytes_in = 0
         self.bytes_out = 0
         self.refusals: Counter[str] = Counter()
+        self.rows_translated: Counter[int] = Counter()  # by reader major
+        self.statements_refused: Counter[str] = Counter()  # by refused statement kind
 
     def count_refusal(self, sqlstate: str) -> None:
         self.refusals[sqlstate] += 1
@@ -76,6 +78,35 @@ class SeatCollector:
         for sqlstate, n in sorted(stats.refusals.items()):
             c.add_metric([sqlstate], n)
         yield c
+        rows = Counter(stats.rows_translated)
+        refused = Counter(stats.statements_refused)
+        for s in live:
+            if s.reader is not None:
+                rows[s.reader.major] += s.reader.rows_translated
+                refused.update(s.reader.refusals)
+        c = CounterMetricFamily("openwop_seat_rows_translated",
+                                "Event rows whose type the seat mapped, by reader major", labels=["major"])
+        for major in (1, 2):
+            c.add_metric([str(major)], rows[major])
+        yield c
+        c = CounterMetricFamily("openwop_seat_statements_refused",
+                                "Statements refused as untranslatable, by kind", labels=["kind"])
+        for kind, n in sorted(refused.items()):
+            c.add_metric([kind], n)
+        yield c
+        ctx = server.read_context
+        if ctx is not None:
+            for name, doc, attr in (("openwop_seat_parse_cache_hits", "Classifier cache hits", "hits"),
+                                    ("openwop_seat_parse_cache_misses", "Classifier cache misses (parsed)",
+                                     "misses")):
+                c = CounterMetricFamily(name, doc, labels=["major"])
+                for major, classifier in sorted(ctx.classifiers.items()):
+                    c.add_metric([str(major)], getattr(classifier, attr))
+                yield c
+            g = GaugeMetricFamily("openwop_seat_parse_cache_size", "Plans in the classifier cache", labels=["major"])
+            for major, classifier in sorted(ctx.classifiers.items()):
+                g.add_metric([str(major)], classifier.size)
+            yield g
 
 
 class MetricsHTTP:

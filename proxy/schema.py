@@ -37,19 +37,59 @@ rather than guessed at: the seat only ever writes 3 there, so another value
 means something else wrote the column, and the two stores must read alike.
 ``migrate`` suggests ``smallint CHECK (col = 3)`` for the column, which makes
 such values impossible.
+
+The writer rule lives in the database too (design §4), installed by ``migrate``:
+
+* Who is writing.  Right after authentication the seat calls
+  ``openwop_seat.claim(secret, major)`` (the secret as a bind parameter): a
+  ``SECURITY DEFINER`` function that checks the secret against the salted
+  SHA-256 that ``migrate`` stored in ``claim_secret`` (no other role can read
+  it) and records the major in ``claims`` keyed by backend pid *and* backend
+  start time, so a later backend that reuses the pid inherits nothing.
+  ``session_major()`` is that record for the current backend, or NULL.  A
+  session setting cannot stand in for it (any client can ``SET`` one), and no
+  statement parsing can (dynamic SQL defeats it).  A session without a claim
+  (one that bypasses the seat) is a v1 writer: the safe side.  The guard is
+  as strong as the roles: the host must connect neither as a superuser nor as
+  the owner of ``openwop_seat``.
+* Stamping.  A run inserted by a major-2 session is stamped era 3 in the same
+  transaction by a row trigger on the runs table, whatever SQL inserted it.
+* Appends.  A row trigger on the events table applies the writer rule by the
+  run's era and the session's major: a major-2 append to an era-2 run is stored
+  in its v1 spelling (inverse codemap) or refused (``event_type_unmapped``), a
+  major-2 append to an era-3 run must be in v2 vocabulary, and an append by any
+  other session to an era-3 run is refused (``era2_write_refused``).  An
+  UPDATE of an event's type or run is refused except for
+  ``[host] maintenance_role``.
+* Atomicity across replicas.  Every append takes a shared transaction-level
+  advisory lock on ``run_lock_key(run)`` before it reads the run's era; every
+  stamp (``stamp_run``, which the creation trigger and a backfill use) takes
+  the same key exclusively before it writes.  A stamp therefore waits for the
+  appends in flight to its run, and an append waits for a stamp in flight and
+  then reads the era again in a fresh READ COMMITTED snapshot.  Under
+  REPEATABLE READ or SERIALIZABLE the append reads the era in its transaction
+  snapshot, so a stamp that commits after that snapshot was taken is detected
+  instead and the append fails with ``serialization_failure`` (40001), to be
+  retried as any such failure: a stamp still in flight is seen as a held lock,
+  and one already committed, with the ``run_era`` store, by a probe of
+  ``run_era``'s primary key (a uniqueness check sees rows no snapshot shows).
+  With ``[host] era_column`` that second case is not detected (see
+  :func:`writer_rule_sql`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import __version__
-from .config import Config, HostConfig
+from .config import Config, ConfigError, HostConfig
 from .errors import ERRORS
 
 SCHEMA = "openwop_seat"
@@ -57,6 +97,35 @@ SCHEMA = "openwop_seat"
 # The session advisory lock every migrate takes: the first 8 bytes of
 # sha256("openwop_seat.migrate") as a signed 64-bit integer.
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"openwop_seat.migrate").digest()[:8], "big", signed=True)
+
+# The seed of run_lock_key (hashtextextended(run, seed)): the first 8 bytes of
+# sha256("openwop_seat.run_lock") as a signed 64-bit integer.  Changing it would
+# let seats of two releases stamp and append to one run without excluding each
+# other: it is fixed, like LOCK_KEY.
+RUN_LOCK_SEED = int.from_bytes(hashlib.sha256(b"openwop_seat.run_lock").digest()[:8], "big", signed=True)
+
+# Where migrate (and serve) find the claim secret when [host] claim_secret_file is not set.
+CLAIM_SECRET_ENV = "OPENWOP_SEAT_CLAIM_SECRET"
+CLAIM_SECRET_MIN_LENGTH = 16
+
+# What the seat sends right after authentication, with the secret and the
+# session's major as bind parameters (never as literals: a literal would show
+# in pg_stat_activity and the server log).
+CLAIM_SQL = "SELECT openwop_seat.claim($1, $2)"
+
+# The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
+# proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
+# privilege (only host.maintenance_role may rewrite an event's type or run).
+UPDATE_REFUSED_SQLSTATE = "42501"
+
+# The triggers are named so that they fire after the host's own triggers of the
+# same kind (PostgreSQL fires them in name order): the guard sees the row the
+# host's triggers made.
+TRIGGER_PREFIX = "zz_openwop_seat_"
+
+# Raised and caught inside the append trigger only (the probe of run_era under
+# REPEATABLE READ rolls its own insert back with it); never reaches a client.
+_PROBE_SQLSTATE = "OW9PR"
 
 # Alias of the era store inside era_sql's sub-select; chosen so that it cannot
 # shadow an alias of the host's own statement (``r``, ``e``, ``x`` ...).
@@ -122,9 +191,28 @@ COMMENT ON TABLE openwop_seat.run_era IS 'a row only for runs stamped era 3; abs
 GRANT USAGE ON SCHEMA openwop_seat TO PUBLIC;
 GRANT SELECT ON openwop_seat.meta, openwop_seat.run_era TO PUBLIC;
 """),
+    Step(2, "add claim_secret and claims (who is writing: the claimed major of each session)", """
+CREATE TABLE openwop_seat.claim_secret (
+    hash text NOT NULL,
+    salt text NOT NULL
+);
+CREATE UNIQUE INDEX claim_secret_one_row ON openwop_seat.claim_secret ((true));
+COMMENT ON TABLE openwop_seat.claim_secret IS
+    'one row: hex sha256(salt || secret) of the secret a seat presents to openwop_seat.claim; never the secret';
+REVOKE ALL ON TABLE openwop_seat.claim_secret FROM PUBLIC;
+CREATE UNLOGGED TABLE openwop_seat.claims (
+    pid integer PRIMARY KEY,
+    backend_start timestamptz NOT NULL,
+    major smallint NOT NULL CHECK (major IN (1, 2)),
+    claimed_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE openwop_seat.claims IS
+    'the major each seat session claimed, keyed by backend pid and start time; written only by openwop_seat.claim';
+REVOKE ALL ON TABLE openwop_seat.claims FROM PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 
 def _check_steps() -> None:
@@ -342,20 +430,454 @@ $ow$;
 """
 
 
-FUNCTIONS = (
+# --- the writer rule: claims, stamping, appends ------------------------------------------
+
+_PINNED = "SET search_path = pg_catalog, pg_temp"
+
+
+def _claim_sql() -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim(secret text, major integer)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_hash text;
+    v_salt text;
+    v_start timestamptz;
+BEGIN
+    SELECT s.hash, s.salt INTO v_hash, v_salt FROM {SCHEMA}.claim_secret s;
+    IF v_hash IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret',
+            HINT = 'no claim secret is installed: run openwop-seat migrate with host.claim_secret_file or '
+                   '{CLAIM_SECRET_ENV}';
+    END IF;
+    IF claim.secret IS NULL
+       OR encode(sha256(convert_to(v_salt || claim.secret, 'UTF8')), 'hex') IS DISTINCT FROM v_hash THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret';
+    END IF;
+    IF claim.major IS NULL OR claim.major NOT IN (1, 2) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('openwop_seat.claim: major must be 1 or 2, got %s', coalesce(claim.major::text, 'NULL'));
+    END IF;
+    SELECT a.backend_start INTO v_start FROM pg_stat_get_activity(pg_backend_pid()) a;
+    IF v_start IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = 'openwop_seat.claim: the owner of openwop_seat cannot see this session''s backend_start',
+            HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs migrate)';
+    END IF;
+    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at)
+    VALUES (pg_backend_pid(), v_start, claim.major, now())
+    ON CONFLICT (pid) DO UPDATE
+        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at;
+END
+$ow$;
+"""
+
+
+def _session_major_sql() -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.session_major()
+RETURNS smallint LANGUAGE sql STABLE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+SELECT c.major FROM {SCHEMA}.claims c
+WHERE c.pid = pg_backend_pid()
+  AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
+$ow$;
+"""
+
+
+def _run_lock_key_sql() -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.run_lock_key(run text)
+RETURNS bigint LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $ow$
+SELECT pg_catalog.hashtextextended(run, {RUN_LOCK_SEED}::bigint)
+$ow$;
+"""
+
+
+def _stamp_run_sql(host: HostConfig, run_id_type: str | None) -> str:
+    if host.era_column is None:
+        write = f"""INSERT INTO {SCHEMA}.run_era (run_id, era, source)
+    VALUES (stamp_run.run, 3, coalesce(stamp_run.source, 'unknown'))
+    ON CONFLICT (run_id) DO NOTHING;"""
+    else:
+        col, key = quote_ident(host.era_column), quote_ident(host.run_id_column)
+        arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
+        write = f"""UPDATE {quote_qualified(host.runs_table)} SET {col} = 3
+    WHERE {key} = {arg} AND {col} IS DISTINCT FROM 3;"""
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.stamp_run(run text, source text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+BEGIN
+    IF stamp_run.run IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed', MESSAGE = 'openwop_seat.stamp_run: run is NULL';
+    END IF;
+    PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(stamp_run.run));
+    {write}
+    RETURN FOUND;
+END
+$ow$;
+"""
+
+
+def stamp_run_sql(run_expr: str, source_expr: str) -> str:
+    """SQL that stamps a run era 3 under the run's exclusive lock (a backfill's first statement).
+
+    True when this call stamped it; false when it was stamped already (or, with
+    ``[host] era_column``, has no runs row).  Only the owner of ``openwop_seat``
+    may call it.  Call it before the backfill reads the run's events, in a
+    READ COMMITTED transaction or as its first statement, so that the events it
+    reads include every append that committed before the stamp.
+    """
+    return f"SELECT {SCHEMA}.stamp_run(({run_expr})::text, ({source_expr})::text)"
+
+
+def _codemap_rows(artifacts) -> dict[str, str]:
+    # v1_types is the set of v1_to_v2's keys; filtering by it keeps a set whose
+    # vocabulary was narrowed (by a test) one vocabulary.
+    return {v1: v2 for v1, v2 in artifacts.v1_to_v2.items() if v1 in artifacts.v1_types}
+
+
+def _case_sql(subject: str, mapping: dict[str, str]) -> str:
+    """``CASE subject WHEN k THEN v ... END`` (NULL for an empty mapping), sorted for a stable text."""
+    if not mapping:
+        return "NULL::text"
+    whens = "\n".join(f"        WHEN {quote_literal(k)} THEN {quote_literal(v)}" for k, v in sorted(mapping.items()))
+    return f"CASE {subject}\n{whens}\n    END"
+
+
+def _raise_sql(code: str, sentence: str, hint: str | None = None) -> str:
+    """A RAISE of a writer-rule refusal: SQLSTATE of ``code``, MESSAGE ``code: sentence``, DETAIL the envelope."""
+    e = ERRORS[code]
+    hint_sql = f",\n        HINT = {quote_literal(hint)}" if hint else ""
+    return f"""v_sentence := {sentence};
+        RAISE EXCEPTION USING ERRCODE = {quote_literal(e.sqlstate)},
+        MESSAGE = {quote_literal(code + ': ')} || v_sentence,
+        DETAIL = jsonb_build_object('error', {quote_literal(code)}, 'message', v_sentence,
+            'details', jsonb_build_object('type', v_type, 'runId', v_run, 'sequence', v_seq))::text{hint_sql};"""
+
+
+def _on_event_insert_sql(artifacts, host: HostConfig) -> str:
+    rows = _codemap_rows(artifacts)
+    v2_names = frozenset(rows.values())
+    identity = frozenset(v1 for v1, v2 in rows.items() if v1 == v2)
+    preimages: dict[str, list[str]] = {}
+    for v1, v2 in rows.items():
+        preimages.setdefault(v2, []).append(v1)
+    # The v1 spelling an era-2 log stores for a v2 name: the codemap's one v1
+    # name for it.  A v2 name that is also its own v1 name is stored as is; a v2
+    # name with several v1 names and none of them itself (the codemap is not a
+    # bijection) has no spelling to store, and is refused.
+    to_v1 = {v2: v1s[0] for v2, v1s in preimages.items() if v2 not in identity and len(v1s) == 1}
+    ambiguous = frozenset(v2 for v2, v1s in preimages.items() if v2 not in identity and len(v1s) > 1)
+    renamed = {v1: v2 for v1, v2 in rows.items() if v1 != v2 and v1 not in v2_names}  # v1-only spellings
+    orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    run = f"NEW.{quote_ident(host.run_id_column)}"
+    typ = f"NEW.{quote_ident(host.type_column)}"
+    where = "format('event type %s appended to %s run %s at sequence %s', quote_nullable(v_type), "
+    if host.era_column is None:
+        probe = f"""
+    -- REPEATABLE READ / SERIALIZABLE: a stamp that committed after this
+    -- transaction's snapshot is invisible to the era read above, but not to a
+    -- uniqueness check: insert the stamp's key and roll the insert back.  A
+    -- committed conflicting row makes PostgreSQL raise serialization_failure.
+    IF v_era = 2 AND v_run IS NOT NULL AND current_setting('transaction_isolation') <> 'read committed' THEN
+        BEGIN
+            INSERT INTO {SCHEMA}.run_era (run_id, era, source) VALUES (v_run, 3, 'openwop_seat.snapshot-probe')
+                ON CONFLICT (run_id) DO NOTHING;
+            RAISE EXCEPTION USING ERRCODE = {quote_literal(_PROBE_SQLSTATE)};
+        EXCEPTION WHEN SQLSTATE {quote_literal(_PROBE_SQLSTATE)} THEN
+            NULL;
+        END;
+    END IF;"""
+    else:
+        probe = ""
+    unmapped = "has no codemap row and no registered vendor prefix"
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_insert()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({run})::text;
+    v_type text := ({typ})::text;
+    v_key bigint;
+    v_era smallint;
+    v_major smallint;
+    v_other text;
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    IF v_run IS NOT NULL THEN
+        v_key := {SCHEMA}.run_lock_key(v_run);
+        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
+                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
+                                     quote_nullable(v_run), current_setting('transaction_isolation'));
+            END IF;
+            PERFORM pg_advisory_xact_lock_shared(v_key);
+        END IF;
+    END IF;
+    -- READ COMMITTED: a fresh snapshot, taken after the lock (a stamp in flight has committed or rolled back).
+    v_era := {era_sql(host, run)};{probe}
+    v_major := {SCHEMA}.session_major();
+    IF v_major IS DISTINCT FROM 2 THEN
+        IF v_era = 3 THEN
+            v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                          THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;
+            {_raise_sql("era2_write_refused",
+                        where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || "
+                        "' by a writer that is not a v2 writer (major 1, raw, or a session the seat has not "
+                        "claimed): an era-3 log takes no era-2 write'",
+                        "appends to an era-3 run come from a session the seat claimed as major 2")}
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF v_era = 3 THEN
+        IF v_type = ANY ({text_array_literal(v2_names)}) THEN
+            RETURN NEW;
+        END IF;
+    ELSE
+        v_other := {_case_sql("v_type", to_v1)};
+        IF v_other IS NOT NULL THEN
+            NEW.{quote_ident(host.type_column)} := v_other;
+            RETURN NEW;
+        END IF;
+        IF v_type = ANY ({text_array_literal(identity)}) THEN
+            RETURN NEW;
+        END IF;
+    END IF;
+    IF pg_catalog.strpos(v_type, '.') > 0
+       AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}) THEN
+        RETURN NEW;
+    END IF;
+    v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                  THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;
+    IF v_type IS NULL THEN
+        {_raise_sql("event_row_malformed",
+                    "format('the event row appended to run %s at sequence %s has a NULL type', "
+                    "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))")}
+    END IF;
+    v_other := {_case_sql("v_type", renamed)};
+    IF v_era = 3 THEN
+        {_raise_sql("event_type_unmapped",
+                    where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || CASE "
+                    "WHEN v_other IS NOT NULL THEN format(' is a v1 spelling (its v2 name is %s): an era-3 log is "
+                    "written in v2 vocabulary', quote_nullable(v_other)) "
+                    f"ELSE ' {unmapped}' END")}
+    END IF;
+    {_raise_sql("event_type_unmapped",
+                where + "'era-2', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || CASE "
+                "WHEN v_other IS NOT NULL THEN format(' by a v2 writer is a v1 spelling (its v2 name is %s): a v2 "
+                "writer appends v2 names, and the seat stores their v1 spelling in an era-2 log', "
+                "quote_nullable(v_other)) "
+                f"WHEN v_type = ANY ({text_array_literal(ambiguous)}) THEN ' by a v2 writer has more than one v1 "
+                "name in the codemap, so there is no v1 spelling to store in an era-2 log' "
+                f"ELSE ' by a v2 writer {unmapped}, so it has no v1 spelling to store in an era-2 log' END")}
+END
+$ow$;
+"""
+
+
+def _owner_or_maintenance_sql(host: HostConfig) -> str:
+    """A boolean SQL expression: current_user is the owner of stamp_run, or host.maintenance_role."""
+    owner = (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
+             f"WHERE p.oid = {quote_literal(SCHEMA + '.stamp_run(text,text)')}::regprocedure)")
+    if host.maintenance_role is None:
+        return owner
+    return f"(current_user = {quote_literal(host.maintenance_role)} OR {owner})"
+
+
+def _on_run_insert_sql(host: HostConfig) -> str:
+    key = f"NEW.{quote_ident(host.run_id_column)}"
+    if host.era_column is None:
+        # AFTER INSERT, only for major-2 sessions (the trigger's WHEN).
+        body = f"""IF {key} IS NOT NULL THEN
+        PERFORM {SCHEMA}.stamp_run(({key})::text, 'created');
+    END IF;
+    RETURN NULL;"""
+    else:
+        # BEFORE INSERT, only for major-2 sessions (the trigger's WHEN): stamp_run's lock, then the column.
+        body = f"""IF {key} IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));
+    END IF;
+    NEW.{quote_ident(host.era_column)} := 3;
+    RETURN NEW;"""
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_insert()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+BEGIN
+    {body}
+END
+$ow$;
+"""
+
+
+def _on_run_update_sql(host: HostConfig) -> str:
+    if host.era_column is None:
+        body = "RETURN NEW;  -- no trigger uses it: with run_era an UPDATE of runs has no era to change"
+    else:
+        col = quote_ident(host.era_column)
+        body = f"""-- An UPDATE of runs never changes a run's era, except stamp_run's own (it runs as the
+    -- owner of openwop_seat) and one by host.maintenance_role.
+    IF {_owner_or_maintenance_sql(host)} THEN
+        RETURN NEW;
+    END IF;
+    NEW.{col} := OLD.{col};
+    RETURN NEW;"""
+    # SECURITY INVOKER: current_user is the role that runs the UPDATE.
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_update()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+BEGIN
+    {body}
+END
+$ow$;
+"""
+
+
+def _on_event_update_sql(host: HostConfig) -> str:
+    events = f"{host.events_table}.{host.type_column}/{host.run_id_column}"
+    message = f"openwop_seat: UPDATE of {events} is refused"
+    allow = ""
+    if host.maintenance_role is not None:
+        allow = f"""IF current_user = {quote_literal(host.maintenance_role)} THEN
+        RETURN NEW;
+    END IF;
+    """
+    old_run, old_type = f"OLD.{quote_ident(host.run_id_column)}", f"OLD.{quote_ident(host.type_column)}"
+    if host.maintenance_role is None:
+        hint = "no role may rewrite them: host.maintenance_role is not set"
+    else:
+        hint = f"only the role {host.maintenance_role} (host.maintenance_role) may rewrite them"
+    # SECURITY INVOKER: current_user is the role that runs the UPDATE.
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_update()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+BEGIN
+    {allow}RAISE EXCEPTION USING ERRCODE = {quote_literal(UPDATE_REFUSED_SQLSTATE)},
+        MESSAGE = {quote_literal(message)},
+        DETAIL = format('the event of run %s at sequence %s (type %s): an event''s type and run are fixed '
+                        'when it is appended', quote_nullable(({old_run})::text),
+                        coalesce(to_jsonb(OLD) ->> 'sequence', 'unknown'), quote_nullable(({old_type})::text)),
+        HINT = {quote_literal(hint)};
+END
+$ow$;
+"""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    table: str  # the host table (as configured; quoted when used)
+    name: str
+    sql: str
+
+
+def writer_triggers(host: HostConfig, tables: frozenset[str]) -> tuple[Trigger, ...]:
+    """The writer rule's triggers on those of the host's tables that exist (``tables``: ``{"runs", "events"}``).
+
+    Row triggers, so every way a row arrives fires them: INSERT ... VALUES (one
+    row or many), INSERT ... SELECT, COPY FROM, a function's INSERT, an upsert's
+    insert.  ``session_replication_role = replica`` (logical replication's apply
+    worker; ``pg_restore --disable-triggers``) does not fire them: the rows were
+    checked where they were first written.
+    """
+    out = []
+    if "runs" in tables:
+        runs = quote_qualified(host.runs_table)
+        if host.era_column is None:
+            name = TRIGGER_PREFIX + "stamp"
+            out.append(Trigger(host.runs_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER INSERT ON {runs} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() = 2) EXECUTE FUNCTION {SCHEMA}.on_run_insert();"""))
+        else:
+            col = quote_ident(host.era_column)
+            name = TRIGGER_PREFIX + "stamp_era_column"
+            out.append(Trigger(host.runs_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {runs} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() = 2) EXECUTE FUNCTION {SCHEMA}.on_run_insert();"""))
+            name = TRIGGER_PREFIX + "keep_era_column"
+            out.append(Trigger(host.runs_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {runs} FOR EACH ROW
+    WHEN (OLD.{col} IS DISTINCT FROM NEW.{col}) EXECUTE FUNCTION {SCHEMA}.on_run_update();"""))
+    if "events" in tables:
+        events = quote_qualified(host.events_table)
+        run, typ = quote_ident(host.run_id_column), quote_ident(host.type_column)
+        name = TRIGGER_PREFIX + "append"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {events} FOR EACH ROW
+    EXECUTE FUNCTION {SCHEMA}.on_event_insert();"""))
+        name = TRIGGER_PREFIX + "update"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {events} FOR EACH ROW
+    WHEN (OLD.{typ} IS DISTINCT FROM NEW.{typ} OR OLD.{run} IS DISTINCT FROM NEW.{run})
+    EXECUTE FUNCTION {SCHEMA}.on_event_update();"""))
+    return tuple(out)
+
+
+def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None) -> str:
+    """The writer rule's functions (CREATE OR REPLACE; the triggers are :func:`writer_triggers`).
+
+    Known limit: with ``[host] era_column``, an append under REPEATABLE READ or
+    SERIALIZABLE to a run whose stamp committed after the append's snapshot but
+    before the append took the run's lock reads the run as era 2 (a held lock
+    is still detected).  The run_era store detects it (see the module
+    docstring); the host's runs table cannot be probed the same way.
+    """
+    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type),
+                    _on_event_insert_sql(artifacts, host), _on_run_insert_sql(host), _on_run_update_sql(host),
+                    _on_event_update_sql(host)))
+
+
+# Every role may call these (claim checks its secret; session_major tells a
+# session only its own claim) ...
+PUBLIC_FUNCTIONS = (
     "refuse_row(text, text, text, bigint)",
     "read_v2(smallint, text, text, bigint)",
     "read_v1(smallint, text, text, bigint)",
     "refuse_statement(text, text)",
     "era_of(text)",
+    "claim(text, integer)",
+    "session_major()",
+    "run_lock_key(text)",
 )
+# ... and only the owner of openwop_seat these (a trigger function fires whatever its grants).
+PRIVATE_FUNCTIONS = (
+    "stamp_run(text, text)",
+    "on_event_insert()",
+    "on_event_update()",
+    "on_run_insert()",
+    "on_run_update()",
+)
+FUNCTIONS = PUBLIC_FUNCTIONS + PRIVATE_FUNCTIONS
 
 
-def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = None) -> str:
-    """The DDL of every artifact-dependent object (CREATE OR REPLACE; idempotent)."""
-    grants = "\n".join(f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{f} TO PUBLIC;" for f in FUNCTIONS)
+def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
+                         writer_host: HostConfig | None = None) -> str:
+    """The DDL of every artifact-dependent function (CREATE OR REPLACE; idempotent), and their grants.
+
+    ``writer_host``: ``host`` with the runs table schema-qualified (see
+    :func:`qualified_host`), for the writer rule's functions, whose search_path
+    is pinned; default ``host``.
+    """
+    grants = "\n".join([f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{f} TO PUBLIC;" for f in PUBLIC_FUNCTIONS]
+                       + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
-                    _refuse_statement_sql(), _era_of_sql(host, run_id_type))) + "\n" + grants + "\n"
+                    _refuse_statement_sql(), _era_of_sql(host, run_id_type),
+                    writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
 
 
 # --- connecting ----------------------------------------------------------------------
@@ -526,6 +1048,168 @@ async def check_era_column(conn, host: HostConfig) -> str:
     return key["type"]
 
 
+# --- the host's tables and the writer rule's triggers ---------------------------------------
+
+MIN_SERVER_VERSION = 140000  # CREATE OR REPLACE TRIGGER
+
+
+async def writer_tables(conn, host: HostConfig) -> frozenset[str]:
+    """Which of the host's tables exist (``"runs"``, ``"events"``); SchemaError when one lacks a configured column."""
+    found = set()
+    for kind, table, key, columns in (
+            ("runs", host.runs_table, "host.runs_table", (("host.run_id_column", host.run_id_column),)),
+            ("events", host.events_table, "host.events_table",
+             (("host.run_id_column", host.run_id_column), ("host.type_column", host.type_column)))):
+        oid = await conn.fetchval("SELECT pg_catalog.to_regclass($1)::oid", quote_qualified(table))
+        if oid is None:
+            continue
+        have = {r["attname"] for r in await conn.fetch(
+            "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
+            "AND NOT a.attisdropped", oid)}
+        for column_key, column in columns:
+            if column not in have:
+                raise SchemaError(f"the {kind} table {table!r} ({key}) has no column {column!r} ({column_key}), "
+                                  f"so the writer rule cannot be installed on it: fix {column_key}")
+        found.add(kind)
+    return frozenset(found)
+
+
+async def qualified_host(conn, host: HostConfig) -> HostConfig:
+    """``host`` with its runs table schema-qualified as the connected role's search_path finds it.
+
+    The writer rule's functions pin their search_path (they are SECURITY
+    DEFINER), so a host table they name must carry its schema.  Only the era
+    column store names a host table in them (the runs table); it exists by then
+    (check_era_column).
+    """
+    if host.era_column is None:
+        return host
+    row = await conn.fetchrow(
+        "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(host.runs_table))
+    if row is None:  # pragma: no cover - check_era_column refuses first
+        raise SchemaError(f"the runs table {host.runs_table!r} (host.runs_table) does not exist")
+    if "." in row["nspname"] or "." in row["relname"]:
+        raise SchemaError(f"the runs table {host.runs_table!r} resolves to {row['nspname']}.{row['relname']}, "
+                          f"whose names hold a dot: rename it, or name it in host.runs_table without one")
+    return replace(host, runs_table=f"{row['nspname']}.{row['relname']}")
+
+
+async def _seat_triggers(conn) -> dict[tuple[int, str], str]:
+    """Every trigger that runs a function of openwop_seat: (table oid, name) -> tgenabled."""
+    rows = await conn.fetch(
+        "SELECT t.tgrelid::oid AS rel, t.tgname::text AS tgname, t.tgenabled::text AS tgenabled "
+        "FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid "
+        "WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = $1) "
+        "AND NOT t.tgisinternal", SCHEMA)
+    return {(r["rel"], r["tgname"]): r["tgenabled"] for r in rows}
+
+
+async def _expected_triggers(conn, triggers) -> dict[tuple[int, str], Trigger]:
+    out = {}
+    for t in triggers:
+        oid = await conn.fetchval("SELECT pg_catalog.to_regclass($1)::oid", quote_qualified(t.table))
+        out[(oid, t.name)] = t
+    return out
+
+
+def _trigger_problems(expected: dict, present: dict[tuple[int, str], str]) -> tuple[list[str], list[tuple[int, str]]]:
+    """(what is missing or disabled, the seat's triggers that should not be there)."""
+    missing = []
+    for key, t in expected.items():
+        state = present.get(key)
+        if state is None:
+            missing.append(f"trigger {t.name} on {t.table} is missing")
+        elif state not in ("O", "A"):
+            missing.append(f"trigger {t.name} on {t.table} is disabled")
+    return missing, sorted(k for k in present if k not in expected)
+
+
+async def check_writer_rule(conn, config: Config) -> None:
+    """SchemaError unless every writer-rule trigger is installed and enabled on the host's tables that exist."""
+    host = config.host
+    expected = await _expected_triggers(conn, writer_triggers(host, await writer_tables(conn, host)))
+    missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
+    if missing:
+        raise SchemaError(
+            f"the writer rule is not in force: {'; '.join(missing)}: run `openwop-seat migrate` with this "
+            f"configuration (it installs the triggers on the host's tables that exist)")
+    if stray:
+        names = []
+        for rel, name in stray:
+            names.append(f"{name} on {await conn.fetchval('SELECT $1::oid::regclass::text', rel)}")
+        names = ", ".join(names)
+        raise SchemaError(
+            f"openwop_seat triggers that this configuration does not install are still in place ({names}): "
+            f"the database was migrated with another [host] configuration; run `openwop-seat migrate` with this one")
+
+
+# --- the claim secret ------------------------------------------------------------------------
+
+
+def load_claim_secret(config: Config) -> str | None:
+    """The secret of ``openwop_seat.claim``: ``[host] claim_secret_file``, else $OPENWOP_SEAT_CLAIM_SECRET, else None.
+
+    The file's content is UTF-8 with any trailing newline removed.  A file that
+    is missing, unreadable or empty, or a secret shorter than
+    CLAIM_SECRET_MIN_LENGTH characters, is a ConfigError naming where it came
+    from (never the secret).
+    """
+    path = config.host.claim_secret_file
+    if path is not None:
+        key = "host.claim_secret_file"
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise ConfigError(f"{key}: no such file {path!r}") from None
+        except OSError as e:
+            raise ConfigError(f"{key}: cannot read {path!r}: {e.strerror}") from None
+        try:
+            secret = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{key}: {path!r} is not UTF-8") from None
+    else:
+        key = f"${CLAIM_SECRET_ENV}"
+        secret = os.environ.get(CLAIM_SECRET_ENV)
+        if secret is None:
+            return None
+    if not secret:
+        raise ConfigError(f"{key}: the claim secret is empty")
+    if "\0" in secret:
+        raise ConfigError(f"{key}: the claim secret holds a NUL character")
+    if len(secret) < CLAIM_SECRET_MIN_LENGTH:
+        raise ConfigError(f"{key}: the claim secret has {len(secret)} characters, fewer than "
+                          f"{CLAIM_SECRET_MIN_LENGTH} (make one with: openssl rand -hex 32)")
+    return secret
+
+
+def claim_secret_hash(salt: str, secret: str) -> str:
+    """What ``claim_secret.hash`` holds: hex SHA-256 of ``salt || secret`` in UTF-8 (as ``claim`` computes it)."""
+    return hashlib.sha256((salt + secret).encode("utf-8")).hexdigest()
+
+
+async def _install_claim_secret(conn, secret: str | None, say: Callable[[str], None],
+                                note: Callable[[str], None]) -> None:
+    async with conn.transaction():
+        row = await conn.fetchrow("SELECT hash, salt FROM openwop_seat.claim_secret")
+        if secret is None:
+            note("no claim secret given: the existing one is kept" if row is not None
+                 else "no claim secret installed: every session is a v1 writer")
+            return
+        if row is not None and secrets.compare_digest(claim_secret_hash(row["salt"], secret), row["hash"]):
+            note("the claim secret given is the one installed: kept")
+            return
+        salt = secrets.token_hex(16)
+        await conn.execute("DELETE FROM openwop_seat.claim_secret")
+        await conn.execute("INSERT INTO openwop_seat.claim_secret (hash, salt) VALUES ($1, $2)",
+                           claim_secret_hash(salt, secret), salt)
+    if row is None:
+        say("installed the claim secret (its salted SHA-256: the secret itself is not stored)")
+    else:
+        say("replaced the claim secret: seats still holding the old one can no longer claim a major")
+
+
 # --- migrate and verify --------------------------------------------------------------
 
 
@@ -557,11 +1241,12 @@ async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], A
         done.append(line)
         out(line)
 
+    secret = load_claim_secret(config)  # before connecting: a bad secret file changes nothing
     conn = await connect(dsn)
     try:
         await conn.execute("SELECT pg_catalog.pg_advisory_lock($1)", LOCK_KEY)
         try:
-            await _migrate_locked(conn, config, artifacts, say)
+            await _migrate_locked(conn, config, artifacts, secret, say, out)
         finally:
             if not conn.is_closed():
                 await conn.execute("SELECT pg_catalog.pg_advisory_unlock($1)", LOCK_KEY)
@@ -572,10 +1257,25 @@ async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], A
     return done
 
 
-async def _migrate_locked(conn, config: Config, artifacts, say: Callable[[str], None]) -> None:
+async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, say: Callable[[str], None],
+                          note: Callable[[str], None]) -> None:
+    """``say``: something done (returned by migrate); ``note``: printed only."""
     current = await read_layout(conn)
-    # Check the host's tables before changing anything.
+    # Check the server and the host's tables before changing anything.
+    version = int(await conn.fetchval("SELECT pg_catalog.current_setting('server_version_num')"))
+    if version < MIN_SERVER_VERSION:
+        raise SchemaError(f"PostgreSQL {await conn.fetchval('SHOW server_version')} is too old for openwop-seat: "
+                          f"it needs PostgreSQL 14 or newer")
     run_id_type = await check_era_column(conn, config.host) if config.host.era_column is not None else None
+    tables = await writer_tables(conn, config.host)
+    sees_sessions = await conn.fetchval(
+        "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')")
+    owner_problem = ("the migrating role (the owner of openwop_seat's functions) cannot see other roles' sessions "
+                     "in pg_stat_activity, so openwop_seat.claim cannot tell one backend from a later one with the "
+                     "same pid and refuses every claim: GRANT pg_read_all_stats TO " + (
+                         await conn.fetchval("SELECT current_user")))
+    if not sees_sessions and secret is not None:
+        raise SchemaError(owner_problem)
     for step in STEPS[current:]:
         async with conn.transaction():
             # Re-read inside the step's transaction: a migrate that did not take
@@ -589,22 +1289,42 @@ async def _migrate_locked(conn, config: Config, artifacts, say: Callable[[str], 
             await _upsert_meta(conn, {"layout_version": str(step.version)})
         say(f"applied step {step.version}: {step.description}")
 
-    sql = artifact_objects_sql(artifacts, config.host, run_id_type)
+    for kind, table, key in (("runs", config.host.runs_table, "host.runs_table"),
+                             ("events", config.host.events_table, "host.events_table")):
+        if kind not in tables:
+            note(f"the {kind} table {table!r} ({key}) does not exist in this database: the writer rule is not "
+                 f"installed on it; create it and run migrate again")
+    if not sees_sessions:
+        note(owner_problem)
+
+    triggers = writer_triggers(config.host, tables)
+    writer_host = await qualified_host(conn, config.host)
+    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host)
+           + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)
+    installed = False
     async with conn.transaction():
         meta = await read_meta(conn) or {}
-        if (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
-                and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)):
-            return
-        await conn.execute(sql)
-        await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
-                                  "objects_sha256": fingerprint})
-    old = meta.get("artifact_digest")
-    line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
-    if old is not None and old != artifacts.digest:
-        line += (f", replacing digest {old} (tag {meta.get('artifact_tag')}): seats still running the old "
-                 f"artifacts now refuse to serve")
-    say(line)
+        expected = await _expected_triggers(conn, triggers)
+        missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
+        if not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
+                and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
+                and not missing and not stray):
+            for rel, name in stray:  # left by a migrate with another [host] configuration
+                table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
+                await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
+            await conn.execute(sql)
+            await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
+                                      "objects_sha256": fingerprint})
+            installed = True
+    if installed:
+        old = meta.get("artifact_digest")
+        line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
+        if old is not None and old != artifacts.digest:
+            line += (f", replacing digest {old} (tag {meta.get('artifact_tag')}): seats still running the old "
+                     f"artifacts now refuse to serve")
+        say(line)
+    await _install_claim_secret(conn, secret, say, note)
 
 
 async def verify(conn_or_dsn, config: Config, artifacts) -> None:
@@ -612,7 +1332,8 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
 
     Raises SchemaMissing (no schema; SchemaTooOld, a subclass, when the layout is
     older than this code's), SchemaTooNew, SchemaGap, DigestMismatch, or a plain
-    SchemaError when ``host.era_column`` does not fit.
+    SchemaError when ``host.era_column`` does not fit or the writer rule's
+    triggers are not in force on the host's tables that exist.
     """
     if isinstance(conn_or_dsn, str):
         conn = await connect(conn_or_dsn)
@@ -645,6 +1366,7 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
             f"`openwop-seat migrate` (seats on the old artifacts then refuse to serve)")
     if config.host.era_column is not None:
         await check_era_column(conn, config.host)
+    await check_writer_rule(conn, config)
 
 
 def cmd_migrate(config: Config, dsn: str) -> int:

@@ -127,6 +127,7 @@ class SeatServer:
         self._draining = False
         self._tasks: set[asyncio.Task] = set()
         self.read_context: ReadContext | None = None
+        self.claim_secret: str | None = None  # None: sessions are not claimed, every writer is v1
 
     @property
     def port(self) -> int:
@@ -137,6 +138,12 @@ class SeatServer:
         loop = asyncio.get_running_loop()
         if self.config.translates:
             self.read_context = await load_read_context(self.config)
+            from .schema import load_claim_secret
+
+            self.claim_secret = load_claim_secret(self.config)
+            if self.claim_secret is None:
+                log.warning("no claim secret ([host] claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET): "
+                            "major-2 sessions write as v1 writers (no era-3 stamps)")
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
                                                   reuse_address=True, backlog=1024)
@@ -149,12 +156,14 @@ class SeatServer:
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode}})
 
+    def on_host_database(self, params: dict[str, str]) -> bool:
+        ctx = self.read_context
+        return ctx is not None and params.get("database", params.get("user")) == ctx.database
+
     def read_path_for(self, params: dict[str, str], major) -> ReadPath | None:
         """A read path for a session of this major on this database, or None when it is relayed as is."""
         ctx = self.read_context
-        if ctx is None or major not in (1, 2):
-            return None
-        if params.get("database", params.get("user")) != ctx.database:
+        if major not in (1, 2) or not self.on_host_database(params):
             return None
         a = ctx.artifacts
         return ReadPath(ctx.classifiers[major], major, ctx.events, a.type_map_v1_to_v2, a.type_map_v2_to_v1)

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import ssl
+import struct
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("openwop_seat.session")
 
 _session_ids = itertools.count(1)
+
+CLAIM_SQL = b"SELECT openwop_seat.claim($1, $2::integer)"
 
 
 class UpstreamUnavailable(Exception):
@@ -196,6 +199,11 @@ class Session:
         self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
         self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
         self.reader: ReadPath | None = None
+        self._claim_secret: str | None = None  # set for major-2 sessions on the host database
+        self._claiming = False  # the seat's own claim statement is in flight
+        self._claim_buf = bytearray()
+        self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
+        self._client_backlog: list[bytes] = []
         self._client_splitter: StreamSplitter | None = None
         self._upstream_splitter: StreamSplitter | None = None
         client.on_lost = self._client_lost
@@ -275,12 +283,19 @@ class Session:
 
     async def _start(self, startup: StartupMessage) -> None:
         self.params = startup.params
+        spoof = _seat_settings_in_startup(self.params)
+        if spoof:
+            raise ProtocolViolation(spoof, sqlstate="42501")
         self.major = self.config.major_for(self.params)
         self.server.stats.sessions_started += 1
         self.reader = self.server.read_path_for(self.params, self.major)
         if self.reader is not None:
             self._client_splitter = StreamSplitter(frozenset())
             self._upstream_splitter = StreamSplitter(READ_BACKEND_SEEN)
+        if self.server.on_host_database(self.params):
+            # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
+            # backend reused behind a pooler never keeps an earlier session's major.
+            self._claim_secret = self.server.claim_secret
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
         if self.closed:  # the client left while we were connecting
@@ -308,6 +323,9 @@ class Session:
     # ------------------------------------------------------------------ relay
 
     def _from_client(self, data: bytes) -> None:
+        if self._claiming:  # the client speaks before its ReadyForQuery: keep it until the claim is done
+            self._client_backlog.append(data)
+            return
         try:
             captured = self.client_walker.feed(data)
         except ProtocolViolation as e:
@@ -341,13 +359,26 @@ class Session:
             log.error("session %s: upstream protocol violation: %s", self.id, e.message)
             self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
             return
+        if self._claiming:
+            self._claim_answer(data)
+            return
         state = self.state
+        claim_now = False
         if state.phase is Phase.AUTHENTICATING:
             data = self._auth_messages(data)
             if data is None:
                 return
+            if self._claim_secret is not None and data[-6:-1] == b"Z\x00\x00\x00\x05":
+                # Authenticated: before the client may speak, record who it is in the database.
+                self._held_ready, data = data[-6:], data[:-6]
+                claim_now = True
         for t, body, _ in captured:
             state.on_backend(t, body)
+        if claim_now:
+            self.client.write(data)
+            self.bytes_out += len(data)
+            self._send_claim()
+            return
         self.bytes_out += len(data)
         if self.reader is None:
             self.client.write(data)
@@ -367,6 +398,48 @@ class Session:
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
             self._fail_client("OW003", f"event_row_malformed: {e}", reason="read path refused a result")
+
+    def _send_claim(self) -> None:
+        """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""
+        secret, major = self._claim_secret.encode(), (b"2" if self.major == 2 else b"1")
+        params = struct.pack("!i", len(secret)) + secret + struct.pack("!i", len(major)) + major
+        self._claiming = True
+        self.upstream.write(
+            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00\x00\x00")
+            + messages.message(b"B", b"\x00\x00\x00\x00\x00\x02" + params + b"\x00\x00")
+            + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+            + messages.message(b"S"))
+
+    def _claim_answer(self, data: bytes) -> None:
+        self._claim_buf += data
+        if not self.upstream_walker.at_boundary:
+            return
+        answer, self._claim_buf = bytes(self._claim_buf), bytearray()
+        error, done, pos = None, False, 0
+        for t, body in messages.iter_messages(answer):
+            pos += 5 + len(body)
+            if t == 0x45:
+                error = messages.parse_error_fields(body)
+            elif t == 0x5A:
+                done = True
+                break
+        if not done:
+            self._claim_buf = bytearray(answer)
+            return
+        self._claiming = False
+        if error is not None:
+            log.error("session %s: claim failed: %s %s", self.id, error.get("C"), error.get("M"))
+            self._fail_client(error.get("C", "XX000"),
+                              f"openwop-seat could not record this session's major: {error.get('M')}",
+                              reason="claim failed")
+            return
+        self.client.write(self._held_ready)
+        self.bytes_out += len(self._held_ready)
+        if answer[pos:]:
+            self.client.write(answer[pos:])
+        backlog, self._client_backlog = self._client_backlog, []
+        for chunk in backlog:
+            self._from_client(chunk)
 
     def _auth_messages(self, data: bytes) -> bytes | None:
         """During authentication, forward whole messages only, so an offer can be edited.
@@ -441,6 +514,9 @@ class Session:
                 bytes_in=self.bytes_in, bytes_out=self.bytes_out)})
         self.server.stats.bytes_in += self.bytes_in
         self.server.stats.bytes_out += self.bytes_out
+        if self.reader is not None:
+            self.server.stats.rows_translated[self.reader.major] += self.reader.rows_translated
+            self.server.stats.statements_refused.update(self.reader.refusals)
         if not self.done.done():
             self.done.set_result(None)
 
@@ -456,6 +532,16 @@ class Session:
         }
         fields.update(more)
         return fields
+
+
+def _seat_settings_in_startup(params: dict[str, str]) -> str:
+    """A clear refusal for startup parameters or -c options that try to set openwop_seat.* settings."""
+    for name, value in params.items():
+        if name.lower().startswith("openwop_seat."):
+            return f"startup parameter {name}: openwop_seat.* settings belong to the seat and cannot be set by a client"
+        if name == "options" and "openwop_seat." in value.lower():
+            return "startup options set openwop_seat.* settings, which belong to the seat and cannot be set by a client"
+    return ""
 
 
 def _set_reading(peer: Peer, on: bool) -> None:

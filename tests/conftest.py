@@ -21,6 +21,8 @@ from proxy.devcluster import DevCluster, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret-pw"
+# The seats' claim secret, for every migrate and seat of this test run (only its hash reaches the database).
+CLAIM_SECRET = os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
 
 # The reference host's tables (docs: host-traffic.md), in the seats' host database.
 HOST_SCHEMA = """

@@ -30,11 +30,13 @@ def column_db(pg, tmp_path_factory):
 def test_era_column_store(start_seat, pg, column_db):
     seat = start_seat(host={"dsn": pg.dsn(dbname=column_db), "era_column": "event_log_schema_version"})
     with psycopg.connect(pg.dsn(dbname=column_db), autocommit=True) as conn:
+        # seeded as a loader would: rows first, then the era-3 stamp (a direct session is a v1 writer)
         conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES ('old', 't'), ('new', 't')")
-        conn.execute("UPDATE runs SET event_log_schema_version = 3 WHERE run_id = 'new'")
         conn.execute("INSERT INTO events VALUES ('a', 'old', 0, 'agent.reasoning.delta', NULL, NULL, now(), NULL), "
                      "('b', 'new', 0, 'agent.reasoning-delta', NULL, NULL, now(), NULL), "
                      "('c', 'orphan', 0, 'run.resuming', NULL, NULL, now(), NULL)")
+        conn.execute("SET session_replication_role = replica")  # the era column is guarded against UPDATE
+        conn.execute("UPDATE runs SET event_log_schema_version = 3 WHERE run_id = 'new'")
     with psycopg.connect(seat.dsn(dbname=column_db)) as conn:
         rows = conn.execute("SELECT run_id, type FROM events ORDER BY run_id").fetchall()
     # era 2 (no stamp, and an orphan event with no runs row) translated; era 3 untouched

@@ -61,3 +61,27 @@ def test_session_errors_are_counted_by_sqlstate(start_seat):
     _, text = get(dead.metrics_port, "/metrics")
     assert metric(text, 'openwop_seat_session_errors_total{sqlstate="08006"}') == 1
     assert metric(text, "openwop_seat_upstream_connect_errors_total") == 1
+
+
+def test_read_path_metrics(start_seat, pg):
+    seat = start_seat()
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("INSERT INTO events VALUES ('m-1', 'metrics-run', 0, 'agent.reasoning.delta', NULL, NULL, now(), "
+                     "NULL) ON CONFLICT DO NOTHING")
+    try:
+        with psycopg.connect(seat.dsn(), autocommit=True) as conn:
+            for _ in range(3):
+                assert conn.execute("SELECT type FROM events WHERE run_id = 'metrics-run'").fetchone() == (
+                    "agent.reasoning-delta",)
+            try:
+                conn.execute("SELECT * FROM events ORDER BY type")
+            except psycopg.Error:
+                pass
+            _, text = get(seat.metrics_port, "/metrics")
+        assert metric(text, 'openwop_seat_rows_translated_total{major="2"}') == 3
+        assert metric(text, 'openwop_seat_parse_cache_hits_total{major="2"}') >= 2
+        assert metric(text, 'openwop_seat_parse_cache_misses_total{major="2"}') >= 2
+        assert 'openwop_seat_statements_refused_total{kind="ORDER BY on event columns"} 1.0' in text
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("DELETE FROM events WHERE run_id = 'metrics-run'")

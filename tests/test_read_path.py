@@ -8,7 +8,6 @@ import json
 import asyncpg
 import psycopg
 import pytest
-from psycopg import errors
 
 from proxy.artifacts import load_artifacts
 
@@ -139,17 +138,21 @@ def test_refused_in_simple_protocol_multi_statement(read_seat, fresh_table):
 
 
 def test_run_created_and_appended_in_one_transaction_reads_its_era(read_seat, pg):
+    """A v2 host creates a run (stamped era 3 by the seat's trigger) and appends to it in one open
+    transaction: its own reads see the stamp before COMMIT. Were the era read as 2, the v2 name
+    would not be a v1 type and the read would fail with OW001."""
     import uuid
     run = f"tx-{uuid.uuid4().hex[:8]}"
+    v2_name = A.v1_to_v2[RENAMED[0]]
     with psycopg.connect(read_seat.dsn()) as conn:
-        conn.execute("INSERT INTO events VALUES (%s, %s, 0, 'agent.reasoning.delta', NULL, NULL, now(), NULL)",
-                     (run + "-0", run))
-        assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (
-            "agent.reasoning-delta",)
-        conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (run,))
-        assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (
-            "agent.reasoning.delta",)  # era 3 now: stored spelling, untouched
+        conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", (run,))
+        conn.execute("INSERT INTO events VALUES (%s, %s, 0, %s, NULL, NULL, now(), NULL)", (run + "-0", run, v2_name))
+        assert conn.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchone() == (v2_name,)
+        assert conn.execute("SELECT era FROM openwop_seat.run_era WHERE run_id = %s", (run,)).fetchone() == (3,)
+        # Another session does not see the uncommitted run at all.
+        assert pg.psql(f"SELECT count(*) FROM events WHERE run_id = '{run}'").strip() == "0"
         conn.rollback()
+    assert pg.psql(f"SELECT count(*) FROM openwop_seat.run_era WHERE run_id = '{run}'").strip() == "0"
 
 
 def test_a_view_over_events_closes_the_session_instead_of_leaking(start_seat, pg, runs):

@@ -145,8 +145,12 @@ def test_first_migrate_then_noop(pg, make_db):
     with pytest.raises(SchemaMissing):
         verify(pg, db)
     actions = migrate(pg, db)
-    assert actions == [f"applied step 1: {schema.STEPS[0].description}",
-                       f"installed artifact objects for digest {ARTIFACTS.digest} (tag {ARTIFACTS.tag})"]
+    assert actions[:len(schema.STEPS) + 1] == [
+        f"applied step {step.version}: {step.description}" for step in schema.STEPS] + [
+        f"installed artifact objects for digest {ARTIFACTS.digest} (tag {ARTIFACTS.tag})"]
+    # the test run's claim secret (conftest) is installed too
+    assert actions[len(schema.STEPS) + 1:] in ([], ["installed the claim secret (its salted SHA-256: the secret "
+                                                     "itself is not stored)"])
     m = meta(pg, db)
     assert m["layout_version"] == str(LAYOUT_VERSION)
     assert m["artifact_digest"] == ARTIFACTS.digest and m["artifact_tag"] == ARTIFACTS.tag
@@ -179,10 +183,11 @@ def test_concurrent_cli_migrates_apply_each_step_once(pg, make_db):
     for out, err, rc in results:
         assert rc == 0, err
     lines = [line for out, _, _ in results for line in out.splitlines()]
-    assert sum(line.startswith("applied step 1:") for line in lines) == 1, lines
+    for step in schema.STEPS:
+        assert sum(line.startswith(f"applied step {step.version}:") for line in lines) == 1, lines
     assert sum(line.startswith("installed artifact objects") for line in lines) == 1, lines
     assert sum(line == "nothing to do" for line in lines) == 2, lines
-    assert meta(pg, db)["layout_version"] == "1"
+    assert meta(pg, db)["layout_version"] == str(LAYOUT_VERSION)
     verify(pg, db)
 
 
