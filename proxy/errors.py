@@ -32,6 +32,9 @@ ERRORS = {e.code: e for e in (
               "an era-2 (v1-vocabulary) write into a run already stamped era 3"),
     SeatError("v1_representation_refused", "OW006", 500, False,
               "a major-1 read of an era-3 log while the codemap is not a bijection"),
+    SeatError("result_untranslatable", "OW007", 500, False,
+              "a result carries event columns without the seat's era column (a view over events, or a "
+              "statement shape the seat does not know); the session is closed rather than relay it"),
 )}
 
 BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}

@@ -397,7 +397,7 @@ class Session:
                     reader.on_server(item[1], item[2], b"")
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
-            self._fail_client("OW003", f"event_row_malformed: {e}", reason="read path refused a result")
+            self._fail_client("OW007", f"result_untranslatable: {e}", reason="read path refused a result")
 
     def _send_claim(self) -> None:
         """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""
