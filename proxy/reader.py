@@ -68,11 +68,17 @@ class Layout:
     def translated(self) -> bool:
         return bool(self.hidden)
 
+    def __post_init__(self) -> None:
+        # The columns a row changes, in order, as (index, is a type column); hidden ones are dropped.
+        self.cuts_mapped = sorted([(i, False) for i in self.hidden] + [(i, True) for i in self.types])
+        self.cuts_plain = [(i, False) for i in sorted(self.hidden)]
+
 
 @dataclass
 class Statement:
     plan: Plan
     layout: Layout | None = None  # from a Describe of the statement (formats unknown there)
+    described: bool = False  # a Describe of it was sent: its layout arrives before any of its rows
 
 
 @dataclass
@@ -80,6 +86,7 @@ class Portal:
     statement: Statement | None
     result_formats: tuple[int, ...]
     layout: Layout | None = None
+    described: bool = False
 
 
 @dataclass
@@ -176,10 +183,14 @@ class ReadPath:
             kind, name = body[:1], body[1:-1].decode()
             if kind == b"S":
                 st = self.statements.get(name)
+                if st is not None:
+                    st.described = True
                 self._push(Entry("DS", name, statement=st), watch=bool(st and st.plan.translated))
             else:
                 portal = self.portals.get(name)
                 st = portal.statement if portal else None
+                if portal is not None:
+                    portal.described = True
                 self._push(Entry("DP", name, portal=portal), watch=bool(st and st.plan.translated))
             return None
         if t == 0x45:  # 'E'
@@ -187,7 +198,7 @@ class ReadPath:
             portal = self.portals.get(name)
             translated = bool(portal and portal.statement and portal.statement.plan.translated)
             injected = b""
-            if translated and portal.layout is None and (portal.statement.layout is None):
+            if translated and not portal.described and not portal.statement.described:
                 # The client never described this result: ask the server ourselves, answer swallowed.
                 self._push(Entry("DP", name, portal=portal, injected=True), watch=True)
                 injected = messages.message(b"D", b"P" + name.encode() + b"\x00")
@@ -272,20 +283,21 @@ class ReadPath:
 
     # ------------------------------------------------------------ server side
 
-    def on_server(self, t: int, body: bytes, raw: bytes) -> bytes:
-        """Account for one server message; returns the bytes to send to the client (maybe none)."""
+    def on_server(self, t: int, body: bytes) -> bytes | None:
+        """Account for one server message: None to forward it as it is, else the bytes to send instead
+        (b"" to swallow it)."""
         pending = self.pending
         head = pending[0] if pending else None
         if t == 0x44:  # 'D' DataRow
             layout = self._current_layout(head)
             if layout is not None and layout.translated:
                 return self._translate_row(body, layout)
-            return raw
+            return None
         if t == 0x54:  # 'T'
             layout, spans = parse_row_description(body, self.events)
             self._check_leak(layout)
             if head is None:
-                return raw
+                return None
             if head.kind == "Q":
                 head.layout = layout
             elif head.kind == "DS":
@@ -298,19 +310,19 @@ class ReadPath:
                     self._set_portal_layout(head.portal, layout)
                 if head.injected:
                     return b""
-            return strip_row_description(body, layout, spans) if layout.translated else raw
+            return strip_row_description(body, layout, spans) if layout.translated else None
         if t == 0x6E:  # 'n' NoData
             if head is not None and head.kind in ("DS", "DP"):
                 self._pop()
                 if head.injected:
                     return b""
-            return raw
+            return None
         if t == 0x74:  # 't' ParameterDescription: the head stays until its 'T'/'n'
-            return raw
+            return None
         if t in (0x31, 0x32, 0x33):  # ParseComplete, BindComplete, CloseComplete
             if head is not None:
                 self._pop()
-            return raw
+            return None
         if t == 0x43:  # 'C' CommandComplete
             if head is not None:
                 if head.kind == "Q":
@@ -318,26 +330,26 @@ class ReadPath:
                     head.layout = None
                 elif head.kind == "E":
                     self._pop()
-            return raw
+            return None
         if t == 0x73:  # 's' PortalSuspended
             if head is not None and head.kind == "E":
                 self._pop()
-            return raw
+            return None
         if t == 0x49:  # 'I' EmptyQueryResponse
             if head is not None:
                 if head.kind == "Q":
                     head.stmt_index += 1
                 elif head.kind == "E":
                     self._pop()
-            return raw
+            return None
         if t == 0x45:  # 'E' ErrorResponse
-            return self._error(head, raw)
+            return self._error(head)
         if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
             while self.pending:
                 if self._pop().kind in ("S", "Q", "F"):
                     break
-            return raw
-        return raw  # notices, notifications, parameter status, COPY traffic, …
+            return None
+        return None  # notices, notifications, parameter status, COPY traffic, …
 
     def _current_layout(self, head: Entry | None) -> Layout | None:
         if head is None:
@@ -366,20 +378,20 @@ class ReadPath:
                 "(a view, a function or a statement shape the seat does not know); the session is closed "
                 "rather than pass untranslated rows")
 
-    def _error(self, head: Entry | None, raw: bytes) -> bytes:
+    def _error(self, head: Entry | None) -> bytes | None:
         if head is None:
-            return raw
+            return None
         if head.kind == "Q":
             if head.refusal is not None and head.stmt_index == head.poison_index:
                 return self._refusal_error(head.refusal)
-            return raw  # the Query entry ends at its ReadyForQuery
+            return None  # the Query entry ends at its ReadyForQuery
         # Extended protocol: the server skips everything up to the next Sync.
         failed = self._pop()
         while self.pending and self.pending[0].kind != "S":
             self._pop()
         if failed.refusal is not None:
             return self._refusal_error(failed.refusal)
-        return raw
+        return None
 
     def _refusal_error(self, refusal) -> bytes:
         code = ERRORS["statement_untranslatable"]
@@ -391,35 +403,38 @@ class ReadPath:
                                             "'Statements the seat refuses'")
 
     def _translate_row(self, body: bytes, layout: Layout) -> bytes:
-        """Strip hidden columns and map `type` by era, splicing the row's bytes."""
-        view = memoryview(body)
-        (n,) = _I16.unpack_from(body, 0)
+        """Strip hidden columns and map `type` by era, splicing the row's bytes (never decoding it)."""
+        unpack = _I32.unpack_from
+        offsets = []
         pos = 2
-        starts = []
-        for _ in range(n):
-            (length,) = _I32.unpack_from(body, pos)
-            starts.append((pos, length))
+        for _ in range(layout.ncols):
+            offsets.append(pos)
+            (length,) = unpack(body, pos)
             pos += 4 + (length if length > 0 else 0)
-        hpos, hlen = starts[layout.hidden[0]]
-        era = body[hpos + 4:hpos + 4 + hlen] if hlen > 0 else b""
-        if not era:
+        offsets.append(pos)
+        h = offsets[layout.hidden[0]]
+        (hlen,) = unpack(body, h)
+        if hlen <= 0:
             raise ReadPathError("the seat's era column was NULL")
+        era = body[h + 4:h + 4 + hlen]
         mapped = era == (self.map_era_bin if layout.era_binary else self.map_era)
-        pieces = []
-        for i, (p, length) in enumerate(starts):
-            if i in layout.hidden:
-                continue
-            end = p + 4 + (length if length > 0 else 0)
-            if mapped and i in layout.types and length > 0:
-                value = body[p + 4:end]
-                new = self.type_map.get(value)
-                if new is not None:
-                    pieces.append(_I32.pack(len(new)))
-                    pieces.append(new)
-                    continue
-            pieces.append(view[p:end])
+        out = [_I16.pack(layout.ncols - len(layout.hidden))]
+        last = 2
+        type_map = self.type_map
+        for i, is_type in (layout.cuts_mapped if mapped else layout.cuts_plain):
+            start, stop = offsets[i], offsets[i + 1]
+            out.append(body[last:start])
+            last = stop
+            if is_type:
+                new = type_map.get(body[start + 4:stop])
+                if new is None:
+                    out.append(body[start:stop])
+                else:
+                    out.append(_I32.pack(len(new)))
+                    out.append(new)
+        out.append(body[last:])
         if mapped:
             self.rows_translated += 1
-        out = _I16.pack(n - len(layout.hidden)) + b"".join(pieces)
-        return messages.message(b"D", out)
+        row = b"".join(out)
+        return b"D" + _I32.pack(len(row) + 4) + row
 

@@ -342,13 +342,16 @@ class Session:
             self.upstream.write(data)
             return
         reader = self.reader
+        out: list = []
         for item in self._client_splitter.feed(data, READ_FRONTEND.__contains__):
             if item[0] == RAW:
-                self.upstream.write(item[1])
+                out.append(item[1])
             else:
                 _, t, body = item
                 replacement = reader.on_client(t, body)
-                self.upstream.write(messages.message(bytes([t]), body) if replacement is None else replacement)
+                out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+        if out:
+            self.upstream.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _from_upstream(self, data: bytes) -> None:
         try:
@@ -384,20 +387,24 @@ class Session:
             self.client.write(data)
             return
         reader = self.reader
+        out: list = []
         try:
             for item in self._upstream_splitter.feed(data, lambda t: reader.inspecting):
                 if item[0] == RAW:
-                    self.client.write(item[1])
+                    out.append(item[1])
                 elif item[0] == HELD:
                     _, t, body = item
-                    out = reader.on_server(t, body, messages.message(bytes([t]), body))
-                    if out:
-                        self.client.write(out)
+                    replacement = reader.on_server(t, body)
+                    out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
                 else:
-                    reader.on_server(item[1], item[2], b"")
+                    reader.on_server(item[1], item[2])
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
+            self.client.write(b"".join(out))
             self._fail_client("OW007", f"result_untranslatable: {e}", reason="read path refused a result")
+            return
+        # one write per received chunk, however many messages were rewritten in it
+        self.client.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _send_claim(self) -> None:
         """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""

@@ -313,8 +313,24 @@ class StreamSplitter:
                 continue
             if not self._hdr:
                 # a message starts here: decide now whether it is held
-                self._held = bool(hold(data[pos]))
-                if self._held:
+                held = bool(hold(data[pos]))
+                if n - pos >= 5:
+                    t, length = _HEADER.unpack_from(data, pos)
+                    end = pos + 1 + length
+                    if end <= n and 4 <= length:
+                        # the common case: the whole message is in this chunk; slice, don't assemble
+                        if held:
+                            flush_raw(pos)
+                            out.append((HELD, t, data[pos + 5:end]))
+                        else:
+                            if raw_from is None:
+                                raw_from = pos
+                            if t in self.capture:
+                                out.append((SEEN, t, data[pos + 5:end]))
+                        pos = end
+                        continue
+                self._held = held
+                if held:
                     flush_raw(pos)
             take = min(5 - len(self._hdr), n - pos)
             if not self._held and raw_from is None:
