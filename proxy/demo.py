@@ -1,11 +1,15 @@
-"""`make demo`: a throwaway PostgreSQL with a host-shaped schema, the seat in front, the reader rule at work.
+"""`make demo`: a throwaway PostgreSQL with a host-shaped schema, the seat in front, both rules at work.
 
-The demo starts a cluster, creates the host's tables as an ordinary role, runs
-`openwop-seat migrate` as the superuser (the schema owner), starts
-`openwop-seat serve` with a config that gives `application_name` "v1-host"
-major 1 and "ops" major "raw" (everyone else gets the default, 2), seeds an
-era-2 run and an era-3 run directly in the database, and reads them through
-the seat as each major. It then shows two refusals and the host's append path.
+The demo starts a cluster, creates the host's tables owned by a role of their
+own (the host connects as another, ordinary role), makes a random claim
+secret, runs `openwop-seat migrate` as the superuser (the schema owner) with
+the secret in $OPENWOP_SEAT_CLAIM_SECRET, starts `openwop-seat serve` with the
+same secret and a config that gives `application_name` "v1-host" major 1 and
+"ops" major "raw" (everyone else gets the default, 2), seeds an era-2 run and
+an era-3 run directly in the database, and reads them through the seat as each
+major. It then shows two read refusals and the writer rule: a v2 host
+appending into the old era-2 run (stored in v1 spelling, read back in v2), a
+v2 host creating a new run (stamped era 3), and a v1 writer refused on it.
 
 Everything runs on loopback and is removed on exit (Ctrl-C and errors included).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,8 +32,18 @@ import asyncpg
 
 from .artifacts import load_artifacts
 from .devcluster import DevCluster, PostgresNotFound, free_port
+from .schema import CLAIM_SECRET_ENV
 
-HOST_ROLE = "app"  # the host's role: not a superuser, not the owner of openwop_seat
+HOST_ROLE = "app"  # the host's role: not a superuser, not the owner of openwop_seat, not the tables' owner
+TABLE_OWNER = "app_owner"  # owns runs and events, so the host's role cannot disable their triggers
+
+# The recommended role layout (README, "The writer rule"): a role that owns the host's tables and
+# a host role that may only read and write their rows.
+ROLES = f"""
+CREATE ROLE {TABLE_OWNER} NOLOGIN;
+CREATE ROLE {HOST_ROLE} LOGIN;
+GRANT CREATE ON SCHEMA public TO {TABLE_OWNER};
+"""
 
 HOST_SCHEMA = """
 CREATE TABLE runs (
@@ -40,6 +55,7 @@ CREATE TABLE events (
     node_id text, payload jsonb, timestamp timestamptz NOT NULL, causation_id text,
     UNIQUE (run_id, sequence));
 """
+GRANTS = f"GRANT SELECT, INSERT, UPDATE, DELETE ON runs, events TO {HOST_ROLE};"
 
 # The host's append: advisory xact lock, then a CTE computing the next sequence, RETURNING the row.
 APPEND = """
@@ -58,6 +74,11 @@ ERA2_TYPES = ["run.started", "agent.reasoning.delta", "run.resuming", "replay.di
               "example.thing-happened", "run.completed"]
 # The same events as a v2 host writes them: the v2 names come from the pinned codemap.
 ERA3_TYPES = [load_artifacts().v1_to_v2.get(t, t) for t in ERA2_TYPES]
+
+# The writer rule's part: a v1 name, and its v2 name from the pinned codemap (never spelled here).
+APPENDED_V1 = "agent.toolCalled"
+APPENDED_V2 = load_artifacts().v1_to_v2[APPENDED_V1]
+NEW_RUN = "run-new"
 
 # Who connects how: the seat's [[proxy.clients]] rules match application_name.
 READERS = {"raw": "ops", "v2": "host-v2", "v1": "v1-host"}
@@ -99,10 +120,10 @@ def _check_artifacts() -> None:
     print(f"spec artifacts: tag {a.tag}, digest {a.digest[:16]}…, {a.rows} codemap rows, {a.renamed_count} renamed")
 
 
-def _run_cli(*args: str) -> None:
+def _run_cli(env: dict[str, str], *args: str) -> None:
     """Run `python -m proxy ARGS` and show its output (migrate, like serve, is a separate process)."""
     out = subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60,
-                         check=False)
+                         check=False, env=env)
     shown = " ".join(a if " " not in a else f"'{a}'" for a in args)
     shown = shown.replace(os.path.dirname(args[args.index("--config") + 1]), "$DEMO_DIR") if "--config" in args \
         else shown
@@ -118,20 +139,30 @@ async def _connect(port: int, reader: str) -> asyncpg.Connection:
                                  server_settings={"application_name": READERS[reader]})
 
 
+async def _direct(cluster: DevCluster) -> asyncpg.Connection:
+    """A session straight to the database as the superuser, bypassing the seat (so: no claim, a v1 writer)."""
+    return await asyncpg.connect(host="127.0.0.1", port=cluster.port, user="postgres", database="postgres")
+
+
 async def _seed(cluster: DevCluster) -> None:
     """Write the two runs straight into the database, bypassing the seat."""
-    conn = await asyncpg.connect(host="127.0.0.1", port=cluster.port, user="postgres", database="postgres")
+    conn = await _direct(cluster)
     try:
         rows = []
-        for run, types in ((ERA2_RUN, ERA2_TYPES), (ERA3_RUN, ERA3_TYPES)):
-            await conn.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ($1, 'tenant-1', 'completed')",
-                               run)
+        for run, types, status in ((ERA2_RUN, ERA2_TYPES, "running"), (ERA3_RUN, ERA3_TYPES, "completed")):
+            await conn.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ($1, 'tenant-1', $2)",
+                               run, status)
             rows += [(f"{run}-{i}", run, i, t) for i, t in enumerate(types, 1)]
+        # The writer rule is in force here too: this session bypasses the seat, so it has no claim and
+        # is a v1 writer, which may append to era-2 runs only (an append to an era-3 run would be refused
+        # with OW005). So the era-3 run's rows go in first, while the run is still era 2, and the run is
+        # stamped afterwards with stamp_run, under the run's lock, as a backfill stamps a run. (The other
+        # way, SET session_replication_role = replica as the superuser, would switch off every trigger,
+        # the host's own included, as a restore does; keeping the rule on shows it is not in the way.)
         await conn.executemany(
             "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
             "VALUES ($1, $2, $3, $4, 'n1', '{\"k\": 1}', now())", rows)
-        # The era-3 stamp, as the writer rule will write it for runs a v2 host creates. The host's role cannot.
-        await conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES ($1, 3, 'demo')", ERA3_RUN)
+        await conn.execute("SELECT openwop_seat.stamp_run($1, 'demo')", ERA3_RUN)  # the host's role cannot
     finally:
         await conn.close()
 
@@ -173,7 +204,7 @@ def _show_error(e: asyncpg.PostgresError) -> None:
 
 
 async def _refusals(cluster: DevCluster, port: int) -> None:
-    direct = await asyncpg.connect(host="127.0.0.1", port=cluster.port, user="postgres", database="postgres")
+    direct = await _direct(cluster)
     try:
         await direct.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ('run-unmapped', 'tenant-1', 'x')")
         await direct.executemany(
@@ -223,39 +254,80 @@ async def _refusals(cluster: DevCluster, port: int) -> None:
         await v2.close()
 
 
-async def _host_append(port: int) -> None:
-    _section("the host's append path through the seat (v2 reader; advisory lock, CTE, INSERT … RETURNING)")
-    print("The writer rule is not there yet: a v2 host's appends are stored as sent. Here the demo")
-    print("appends the v1 spellings an era-2 run holds (what the writer rule will store); the RETURNING")
-    print("row already reads in v2 vocabulary.")
-    conn = await _connect(port, "v2")
+async def _stored(cluster: DevCluster, run: str, seq: int) -> tuple[str, int]:
+    """(the type as stored, the run's era), read directly in the database, bypassing the seat."""
+    conn = await _direct(cluster)
     try:
-        await conn.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ('run-demo', 'tenant-1', 'running')")
-        for i, (etype, payload) in enumerate([
-            ("run.started", '{"engineVersion": "1"}'),
-            ("agent.reasoning.delta", '{"text": "thinking..."}'),
-            ("node.completed", '{"nodeId": "n1"}'),
-        ]):
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1), 1)", "run-demo")
-                row = await conn.fetchrow(APPEND, "run-demo", f"evt-{i}", etype, "n1", payload, None)
-            print(f"  appended {row['event_id']} as sequence {row['sequence']}: sent {etype!r}, "
-                  f"RETURNING type {row['type']!r}")
-        print("\nlog page read through the seat (SELECT * … ORDER BY sequence LIMIT 100):")
-        for r in await conn.fetch(PAGE, "run-demo", 0, 100):
-            print(f"  #{r['sequence']:<2} {r['type']:<28} {r['payload']}")
-        print("\nand today's gap: a v2 spelling appended to the era-2 run is not a v1 type, so the read")
-        print("check on RETURNING refuses it (the INSERT fails with it):")
+        return (await conn.fetchval("SELECT type FROM events WHERE run_id = $1 AND sequence = $2", run, seq),
+                await conn.fetchval("SELECT openwop_seat.era_of($1)", run))
+    finally:
+        await conn.close()
+
+
+async def _append(conn: asyncpg.Connection, run: str, event_id: str, etype: str) -> asyncpg.Record:
+    """The host's append: BEGIN, advisory xact lock, CTE INSERT … RETURNING, COMMIT."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1), 1)", run)
+        return await conn.fetchrow(APPEND, run, event_id, etype, "n1", '{"tool": "search"}', None)
+
+
+def _show_append(run: str, etype: str, commits: bool = True) -> None:
+    print("  BEGIN")
+    print(f"  SELECT pg_advisory_xact_lock(hashtext($1), 1)                    $1 = {run!r}")
+    print(f"  WITH next AS (…) INSERT INTO events (…) SELECT … RETURNING …    "
+          f"$1 = {run!r}, $3 (type) = {etype!r}")
+    print("  COMMIT" if commits else "  COMMIT (not reached: the INSERT fails, and the driver sends ROLLBACK)")
+
+
+async def _writer_rule(cluster: DevCluster, port: int) -> None:
+    _section("the writer rule: a v2 host appending into an old run (stored v1, read v2), "
+             "and a v1 writer refused on a new run")
+    v2, v1 = await _connect(port, "v2"), await _connect(port, "v1")
+    try:
+        print("who is writing: the seat claimed each session's major right after authentication")
+        for name, conn in (("v2 host (host-v2)", v2), ("v1 host (v1-host)", v1)):
+            major = await conn.fetchval("SELECT openwop_seat.session_major()")
+            print(f"  {name}: openwop_seat.session_major() = {major}")
+
+        seq = await v2.fetchval("SELECT max(sequence) + 1 FROM events WHERE run_id = $1", ERA2_RUN)
+        print(f"\nv2 host appends {APPENDED_V2!r} (a v2 name) to the era-2 run {ERA2_RUN}, through the seat:")
+        _show_append(ERA2_RUN, APPENDED_V2)
+        row = await _append(v2, ERA2_RUN, f"{ERA2_RUN}-{seq}", APPENDED_V2)
+        stored, era = await _stored(cluster, ERA2_RUN, row["sequence"])
+        print(f"  RETURNING gave   sequence {row['sequence']}, type {row['type']!r}")
+        print(f"  stored (direct)  type {stored!r}: the v1 spelling, so the era-2 log stays one vocabulary")
+        print(f"  the run's era    {era} (still era 2: an append never stamps a run)")
+
+        print(f"\nv2 host creates a new run {NEW_RUN} through the seat and appends {ERA3_TYPES[1]!r}:")
+        await v2.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ($1, 'tenant-1', 'running')", NEW_RUN)
+        print(f"  INSERT INTO runs (run_id, …) VALUES ({NEW_RUN!r}, …)")
+        stamp = await v2.fetchrow("SELECT run_id, era, source FROM openwop_seat.run_era WHERE run_id = $1", NEW_RUN)
+        print(f"  openwop_seat.run_era: run_id={stamp['run_id']!r} era={stamp['era']} source={stamp['source']!r} "
+              f"(stamped by the trigger on runs, in the INSERT's transaction)")
+        row = await _append(v2, NEW_RUN, f"{NEW_RUN}-1", ERA3_TYPES[1])
+        stored, era = await _stored(cluster, NEW_RUN, row["sequence"])
+        print(f"  appended sequence {row['sequence']}: RETURNING type {row['type']!r}, stored {stored!r} "
+              f"(era {era}: v2 names as sent)")
+
+        print(f"\nv1 host (application_name v1-host, major 1) appends {APPENDED_V1!r} (a v1 name) to {NEW_RUN}:")
+        _show_append(NEW_RUN, APPENDED_V1, commits=False)
         try:
-            async with conn.transaction():
-                await conn.fetchrow(APPEND, "run-demo", "evt-v2", ERA3_TYPES[1], "n1", None, None)
+            await _append(v1, NEW_RUN, f"{NEW_RUN}-v1", APPENDED_V1)
+            print("  (unexpectedly succeeded)")
+        except asyncpg.PostgresError as e:
+            _show_error(e)
+        count = await v1.fetchval("SELECT count(*) FROM events WHERE run_id = $1", NEW_RUN)
+        print(f"  the transaction rolled back; {NEW_RUN} still has {count} event(s); the session goes on.")
+
+        print("\nand the claim cannot be made by a client (the classifier refuses it before it is sent):")
+        try:
+            await v1.execute("SELECT openwop_seat.claim('a-guess', 2)")
             print("  (unexpectedly succeeded)")
         except asyncpg.PostgresError as e:
             print(f"  SQLSTATE {e.sqlstate}: {e.message}")
-        count = await conn.fetchval("SELECT count(*) FROM events WHERE run_id = 'run-demo'")
-        print(f"  run-demo still has {count} events")
     finally:
-        await conn.close()
+        await v1.close()
+        await v2.close()
 
 
 async def _through_seat(cluster: DevCluster, port: int) -> None:
@@ -272,7 +344,7 @@ async def _through_seat(cluster: DevCluster, port: int) -> None:
     print('give application_name "ops" major "raw", "v1-host" major 1; "host-v2" gets default_major 2.')
     await _side_by_side(port)
     await _refusals(cluster, port)
-    await _host_append(port)
+    await _writer_rule(cluster, port)
 
 
 def _wait_listening(port: int, seat: subprocess.Popen, log_path: str) -> None:
@@ -301,9 +373,15 @@ def main() -> int:
         _check_artifacts()
         print("starting a throwaway PostgreSQL …")
         cluster.start()
-        cluster.psql(f"CREATE ROLE {HOST_ROLE} LOGIN; GRANT CREATE ON SCHEMA public TO {HOST_ROLE}")
-        cluster.psql(HOST_SCHEMA, user=HOST_ROLE)
-        print(f"host tables runs and events created by role {HOST_ROLE!r} (not a superuser)")
+        cluster.psql(ROLES)
+        cluster.psql(f"SET ROLE {TABLE_OWNER};" + HOST_SCHEMA + GRANTS)
+        print(f"host tables runs and events owned by role {TABLE_OWNER!r}; the host connects as {HOST_ROLE!r} "
+              f"(not a superuser, not their owner: it cannot disable their triggers)")
+
+        # The claim secret: migrate stores its salted SHA-256, serve presents it on every session. Random
+        # for each run of the demo, handed over in the environment, and never printed.
+        env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
+        env[CLAIM_SECRET_ENV] = secrets.token_hex(24)
 
         owner_dsn = cluster.dsn()  # the superuser: owns openwop_seat
         port = free_port()
@@ -312,8 +390,9 @@ def main() -> int:
             f.write(CONFIG.format(port=port, upstream=cluster.port, dsn=cluster.dsn(user=HOST_ROLE)))
 
         _section("installing the seat's schema (as the schema owner), then again: re-running is safe")
-        _run_cli("migrate", "--config", config_path, "--dsn", owner_dsn)
-        _run_cli("migrate", "--config", config_path, "--dsn", owner_dsn)
+        print(f"(with a random claim secret in ${CLAIM_SECRET_ENV})")
+        _run_cli(env, "migrate", "--config", config_path, "--dsn", owner_dsn)
+        _run_cli(env, "migrate", "--config", config_path, "--dsn", owner_dsn)
 
         _section("starting the seat")
         print(f"config ({os.path.basename(config_path)} in a temporary folder):")
@@ -322,9 +401,10 @@ def main() -> int:
         log_path = os.path.join(workdir, "seat.log")
         with open(log_path, "wb") as log_file:
             seat = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", config_path],
-                                    stdout=subprocess.DEVNULL, stderr=log_file)
+                                    stdout=subprocess.DEVNULL, stderr=log_file, env=env)
         _wait_listening(port, seat, log_path)
-        print("serve checked the schema layout and the artifact digest in the database, and is listening.")
+        print("serve checked the schema layout, the artifact digest and the writer rule's triggers in the")
+        print(f"database, and is listening; it has the claim secret (${CLAIM_SECRET_ENV}).")
 
         asyncio.run(_through_seat(cluster, port))
 

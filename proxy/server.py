@@ -102,6 +102,22 @@ async def load_read_context(config: Config):
     return ReadContext(database, events, classifiers, artifacts)
 
 
+async def check_claim_secret(config: Config, secret: str) -> None:
+    """Fail at start, not at every connection, when the secret is not the one migrate installed."""
+    import asyncpg
+
+    from . import schema
+
+    conn = await schema.connect(config.host.dsn)
+    try:
+        await conn.execute(schema.CLAIM_SQL, secret, 1)
+    except asyncpg.PostgresError as e:
+        raise schema.SchemaError(f"the claim secret cannot claim sessions in the host database: {e} "
+                                 "(is it the secret `openwop-seat migrate` installed?)") from None
+    finally:
+        await conn.close()
+
+
 class _ClientPeer(Peer):
     """A freshly accepted client socket: starts its session once connected."""
 
@@ -143,7 +159,10 @@ class SeatServer:
             self.claim_secret = load_claim_secret(self.config)
             if self.claim_secret is None:
                 log.warning("no claim secret ([host] claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET): "
-                            "major-2 sessions write as v1 writers (no era-3 stamps)")
+                            "every session writes as a v1 writer: no era-3 stamps, and appends to runs "
+                            "already stamped era 3 are refused")
+            else:
+                await check_claim_secret(self.config, self.claim_secret)
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
                                                   reuse_address=True, backlog=1024)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .wire import messages
 from .reader import ReadPath, ReadPathError
+from .schema import CLAIM_SQL as schema_claim_sql
 from .wire.codec import (
     FRONTEND_TYPES,
     HELD,
@@ -46,7 +47,7 @@ log = logging.getLogger("openwop_seat.session")
 
 _session_ids = itertools.count(1)
 
-CLAIM_SQL = b"SELECT openwop_seat.claim($1, $2::integer)"
+CLAIM_SQL = schema_claim_sql.encode()
 
 
 class UpstreamUnavailable(Exception):

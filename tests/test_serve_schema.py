@@ -68,3 +68,11 @@ def test_refuses_without_the_events_table(pg, host_db, tmp_path):
 def test_refuses_an_unreachable_host_database(pg, tmp_path):
     out = serve(pg, "no_such_database", tmp_path)
     assert out.returncode == 1 and "host.dsn" in out.stderr
+
+
+def test_refuses_a_claim_secret_other_than_the_installed_one(pg, host_db, tmp_path, monkeypatch):
+    migrate(pg, host_db)  # installs the test run's secret
+    monkeypatch.setenv("OPENWOP_SEAT_CLAIM_SECRET", "a-different-secret-0123456789")
+    out = serve(pg, host_db, tmp_path)
+    assert out.returncode == 1 and "claim secret" in out.stderr
+    assert "a-different-secret" not in out.stderr
