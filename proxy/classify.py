@@ -97,7 +97,7 @@ class Classifier:
     """Classifies statements for one reader major against one host layout, with an LRU cache."""
 
     def __init__(self, host: HostConfig, major: int, cache_size: int = 4096):
-        from .schema import era_sql, read_check_sql
+        from .schema import era_now_sql, era_sql, read_check_sql
 
         self.host = host
         self.major = major
@@ -110,6 +110,7 @@ class Classifier:
         self._needle = table.lower() if table == table.lower() else table
         self._fold = table == table.lower()
         self._era_sql = era_sql
+        self._era_now_sql = era_now_sql
         self._read_check_sql = read_check_sql
 
     # -- public
@@ -446,12 +447,14 @@ class Classifier:
             return self._touches(sub, ctx, columns_in=parts)
         return self._touches(sub, ctx)
 
-    def _hidden_target(self, source: _Source):
+    def _hidden_target(self, source: _Source, fresh: bool = False):
+        """The hidden era column for ``source``; ``fresh`` reads the era with a new snapshot (RETURNING)."""
         from pglast import ast, parse_sql
 
         if source.direct:
             q = _quote(source.name)
-            era = self._era_sql(self.host, f"{q}.{_quote(self.host.run_id_column)}")
+            run_id = f"{q}.{_quote(self.host.run_id_column)}"
+            era = self._era_now_sql(run_id) if fresh else self._era_sql(self.host, run_id)
             expr = self._read_check_sql(self.major, era, f"{q}.{_quote(self.host.type_column)}",
                                         f"{q}.{_quote(self.host.run_id_column)}", f"{q}.sequence")
         else:
@@ -502,7 +505,7 @@ class Classifier:
                 tainted.add(target.name or _colref_names(target.val)[-1])
         if not tainted:
             return None
-        stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source),)
+        stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source, fresh=True),)
         return frozenset(tainted)
 
 

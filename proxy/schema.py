@@ -427,7 +427,20 @@ RETURNS smallint LANGUAGE sql STABLE
 AS $ow$
 SELECT {era_sql(host, arg)}
 $ow$;
+-- The same, VOLATILE: under READ COMMITTED it reads with a fresh snapshot. An INSERT's RETURNING
+-- must see the era its append trigger saw after waiting for the run's lock (a stamp may have
+-- committed while it waited), not the era of the statement's own, older snapshot.
+CREATE OR REPLACE FUNCTION {SCHEMA}.era_now(run text)
+RETURNS smallint LANGUAGE sql VOLATILE
+AS $ow$
+SELECT {era_sql(host, arg)}
+$ow$;
 """
+
+
+def era_now_sql(run_id_expr: str) -> str:
+    """The era of a run read with a fresh snapshot (for RETURNING of appends; see era_now)."""
+    return f"{SCHEMA}.era_now(({run_id_expr})::text)"
 
 
 # --- the writer rule: claims, stamping, appends ------------------------------------------
@@ -850,6 +863,7 @@ PUBLIC_FUNCTIONS = (
     "read_v1(smallint, text, text, bigint)",
     "refuse_statement(text, text)",
     "era_of(text)",
+    "era_now(text)",
     "claim(text, integer)",
     "session_major()",
     "run_lock_key(text)",
