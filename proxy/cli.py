@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", metavar="HOST:PORT", help="override [proxy] listen")
     serve.add_argument("--upstream", metavar="HOST:PORT", help="override [proxy] upstream")
     serve.add_argument("--metrics-listen", metavar="HOST:PORT", help="override [metrics] listen")
+    # Set by the supervisor ([proxy] workers > 1) on the processes it starts; not for people.
+    serve.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(run=cmd_serve)
 
     config = commands.add_parser(
@@ -73,11 +76,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config).with_overrides(args.listen, args.upstream, args.metrics_listen)
     setup_logging(config.log_format, config.log_level)
+    if config.workers > 1 and args.worker is None:
+        from .supervisor import run_supervisor
+
+        passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
+        return run_supervisor(config, passed)
+    if args.worker is not None:
+        from .supervisor import install_worker_log_fields
+
+        install_worker_log_fields(args.worker)
 
     async def run() -> None:
         server = SeatServer(config)
         await server.start()
         server.install_signal_handlers()
+        if args.worker_fd is not None:
+            from .supervisor import attach_worker
+
+            supervisor_link = attach_worker(server, args.worker_fd)  # noqa: F841 - kept open while serving
         await server.serve_forever()
 
     import asyncpg

@@ -102,12 +102,16 @@ class Config:
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0
     buffer_limit: int = 1 << 20
+    workers: int = 1  # processes sharing the listen port (SO_REUSEPORT) under a supervisor when > 1
+    max_client_conn: int = 1000  # sessions past their startup packet; more are refused with 53300
+    client_idle_timeout: float = 0.0  # seconds; 0: off. Closes idle sessions (not in a transaction) with 57P05
     metrics_listen: HostPort | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
     log_level: str = "info"
     source: str | None = None  # the file it was read from
+    overrides: tuple[tuple[str, str], ...] = ()  # command-line overrides, re-applied by a reload
 
     @property
     def translates(self) -> bool:
@@ -124,6 +128,8 @@ class Config:
     def with_overrides(self, listen: str | None = None, upstream: str | None = None,
                        metrics_listen: str | None = None) -> "Config":
         changes: dict[str, Any] = {}
+        given = {"listen": listen, "upstream": upstream, "metrics_listen": metrics_listen}
+        changes["overrides"] = tuple((k, v) for k, v in given.items() if v)
         if listen:
             changes["listen"] = parse_hostport(listen, "--listen")
         if upstream:
@@ -154,6 +160,12 @@ def _number(value: Any, key: str, minimum: float) -> float:
     return float(value)
 
 
+def _integer(value: Any, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def _string(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
@@ -178,7 +190,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
-                   "startup_timeout", "buffer_limit"})
+                   "startup_timeout", "buffer_limit", "max_client_conn", "client_idle_timeout", "workers"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -194,6 +206,13 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         kwargs["startup_timeout"] = _number(proxy["startup_timeout"], "proxy.startup_timeout", 0.001)
     if "buffer_limit" in proxy:
         kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
+    if "workers" in proxy:  # an integer >= 1, or "auto": one per CPU
+        kwargs["workers"] = (os.cpu_count() or 1) if proxy["workers"] == "auto" else _integer(
+            proxy["workers"], "proxy.workers", 1)
+    if "max_client_conn" in proxy:
+        kwargs["max_client_conn"] = _integer(proxy["max_client_conn"], "proxy.max_client_conn", 1)
+    if "client_idle_timeout" in proxy:
+        kwargs["client_idle_timeout"] = _number(proxy["client_idle_timeout"], "proxy.client_idle_timeout", 0)
     rules = proxy.get("clients", [])
     if not isinstance(rules, list):
         raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")

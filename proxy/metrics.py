@@ -9,18 +9,52 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
 from . import __version__
+from .errors import BY_SQLSTATE, ERRORS
 
 if TYPE_CHECKING:
     from .server import SeatServer
 
 log = logging.getLogger("openwop_seat.metrics")
+
+
+# Upper bounds (seconds) of the latency histograms: fine enough to resolve the seat's own tens of microseconds.
+LATENCY_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+BY_SQLSTATE_OW004 = ERRORS["statement_untranslatable"].sqlstate
+
+# Statement classes and protocols of openwop_seat_statements_total (keys of Stats.statements).
+STATEMENT_CLASSES = ("passthrough", "event_read", "event_write", "refused")
+PROTOCOLS = ("simple", "extended")
+
+
+class Histogram:
+    """A plain list-of-counts histogram: observe() is a bisect and two additions, no lock, no labels."""
+
+    __slots__ = ("buckets", "counts", "sum")
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, n in zip(self.buckets + (float("inf"),), self.counts):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
 
 
 class Stats:
@@ -37,6 +71,16 @@ class Stats:
         self.refusals: Counter[str] = Counter()
         self.rows_translated: Counter[int] = Counter()  # by reader major
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
+        self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
+        # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).
+        self.connections_refused: Counter[str] = Counter()
+        self.upstream_refused: Counter[str] = Counter()  # failed upstream connections, by reason
+        # Shared with every session's read path (`ReadPath.attach`); raw sessions add theirs at close.
+        self.statements: Counter[tuple[str, str]] = Counter()  # by (class, protocol)
+        self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses relayed to clients, by SQLSTATE
+        self.seat_seconds = {"client": Histogram(), "upstream": Histogram()}  # seat's own time per chunk
+        self.statement_seconds = Histogram()  # Sync/Query forwarded -> its ReadyForQuery forwarded
+        self.parse_seconds = Histogram()  # classifier cache misses
 
     def count_refusal(self, sqlstate: str) -> None:
         self.refusals[sqlstate] += 1
@@ -49,8 +93,8 @@ class SeatCollector:
     def collect(self):
         server = self.server
         stats = server.stats
-        live = list(server.sessions)
-        yield InfoMetricFamily("openwop_seat_build", "Version of the running seat", value={"version": __version__})
+        live = [s for s in server.sessions if not s.closed]  # a closed session's counts are in Stats already
+        yield self._build_info()
         g = GaugeMetricFamily("openwop_seat_client_connections_open", "Client connections open now")
         g.add_metric([], len(live))
         yield g
@@ -85,9 +129,11 @@ class SeatCollector:
                 rows[s.reader.major] += s.reader.rows_translated
                 refused.update(s.reader.refusals)
         c = CounterMetricFamily("openwop_seat_rows_translated",
-                                "Event rows whose type the seat mapped, by reader major", labels=["major"])
-        for major in (1, 2):
-            c.add_metric([str(major)], rows[major])
+                                "Event rows whose type the seat mapped, by reader major, row era and direction",
+                                labels=["major", "era", "direction"])
+        # major 2 maps era-2 rows v1 -> v2; major 1 maps era-3 rows v2 -> v1 (ReadPath.map_era)
+        c.add_metric(["1", "3", "v2_to_v1"], rows[1])
+        c.add_metric(["2", "2", "v1_to_v2"], rows[2])
         yield c
         c = CounterMetricFamily("openwop_seat_statements_refused",
                                 "Statements refused as untranslatable, by kind", labels=["kind"])
@@ -107,6 +153,107 @@ class SeatCollector:
             for major, classifier in sorted(ctx.classifiers.items()):
                 g.add_metric([str(major)], classifier.size)
             yield g
+            g = GaugeMetricFamily("openwop_seat_parse_cache_capacity", "Configured plans per classifier cache",
+                                  labels=["major"])
+            for major, classifier in sorted(ctx.classifiers.items()):
+                g.add_metric([str(major)], classifier.cache_size)
+            yield g
+        yield from self._connections(stats)
+        yield from self._statements(stats, live, refused)
+        yield from self._latency(stats)
+        yield from self._limits(server.config)
+
+    def _build_info(self):
+        from .schema import LAYOUT_VERSION
+
+        ctx = self.server.read_context
+        artifacts = ctx.artifacts if ctx is not None else None
+        return InfoMetricFamily("openwop_seat_build", "Version of the running seat, its spec artifacts and layout",
+                                value={"version": __version__,
+                                       "artifact_tag": getattr(artifacts, "tag", "") or "",
+                                       "artifact_digest": getattr(artifacts, "digest", "") or "",
+                                       "layout_version": str(LAYOUT_VERSION)})
+
+    @staticmethod
+    def _connections(stats: Stats):
+        c = CounterMetricFamily("openwop_seat_upstream_connections_opened", "Upstream connections opened")
+        c.add_metric([], stats.upstream_connections)
+        yield c
+        for name, doc, counts in (
+                ("openwop_seat_client_connections_refused", "Client connections the seat turned away, by reason",
+                 stats.connections_refused),
+                ("openwop_seat_upstream_connections_refused", "Upstream connections that failed, by reason",
+                 stats.upstream_refused)):
+            c = CounterMetricFamily(name, doc, labels=["reason"])
+            for reason, n in sorted(counts.items()):
+                c.add_metric([reason], n)
+            yield c
+
+    @staticmethod
+    def _statements(stats: Stats, live: list, refused: Counter):
+        counts = Counter(stats.statements)
+        for s in live:
+            if s.reader is None:  # raw sessions count on the session, added to Stats when they end
+                counts["passthrough", "simple"] += s.raw_simple
+                counts["passthrough", "extended"] += s.raw_extended
+        c = CounterMetricFamily("openwop_seat_statements",
+                                "Statements sent by clients, by class and protocol (simple: per statement of a "
+                                "Query; extended: per Execute)", labels=["class", "protocol"])
+        for cls in STATEMENT_CLASSES:
+            for protocol in PROTOCOLS:
+                c.add_metric([cls, protocol], counts[cls, protocol])
+        yield c
+        c = CounterMetricFamily("openwop_seat_upstream_errors",
+                                "ErrorResponses from the upstream relayed to clients, by SQLSTATE class",
+                                labels=["class"])
+        classes: Counter[str] = Counter()
+        for sqlstate, n in stats.server_errors.items():
+            classes[sqlstate[:2]] += n
+        for cls, n in sorted(classes.items()):
+            c.add_metric([cls], n)
+        yield c
+        # Refusals by OpenWOP code: raised inside PostgreSQL (OW001, OW003, OW005, OW006), the seat's own
+        # statement refusals (OW004) and sessions it ends (OW007).
+        codes: Counter[str] = Counter({sqlstate: 0 for sqlstate in BY_SQLSTATE})
+        for source in (stats.server_errors, stats.refusals):
+            for sqlstate, n in source.items():
+                if sqlstate in BY_SQLSTATE:
+                    codes[sqlstate] += n
+        codes[BY_SQLSTATE_OW004] += sum(refused.values())
+        c = CounterMetricFamily("openwop_seat_refusals", "OpenWOP refusals relayed or raised, by code",
+                                labels=["code", "sqlstate"])
+        for sqlstate, n in sorted(codes.items()):
+            c.add_metric([BY_SQLSTATE[sqlstate].code, sqlstate], n)
+        yield c
+
+    @staticmethod
+    def _latency(stats: Stats):
+        h = HistogramMetricFamily("openwop_seat_processing_seconds",
+                                  "Time the seat spent on one received chunk (its own added latency), by the side "
+                                  "that sent it", labels=["from"])
+        for side, hist in stats.seat_seconds.items():
+            h.add_metric([side], hist.cumulative(), hist.sum)
+        yield h
+        for name, doc, hist in (
+                ("openwop_seat_statement_seconds",
+                 "Whole statements: a Sync, Query or FunctionCall forwarded to its ReadyForQuery forwarded",
+                 stats.statement_seconds),
+                ("openwop_seat_parse_seconds", "Classifier time on a parse cache miss", stats.parse_seconds)):
+            h = HistogramMetricFamily(name, doc)
+            h.add_metric([], hist.cumulative(), hist.sum)
+            yield h
+
+    @staticmethod
+    def _limits(config):
+        g = GaugeMetricFamily("openwop_seat_buffer_limit_bytes", "Configured write buffer limit per connection")
+        g.add_metric([], config.buffer_limit)
+        yield g
+        limit = getattr(config, "max_client_conn", None)  # [proxy] max_client_conn, where the config has it
+        if limit is not None:
+            g = GaugeMetricFamily("openwop_seat_max_client_connections",
+                                  "Configured client connection limit ([proxy] max_client_conn)")
+            g.add_metric([], limit)
+            yield g
 
 
 class MetricsHTTP:
@@ -116,6 +263,12 @@ class MetricsHTTP:
         self.server = server
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SeatCollector(server))
+        self.db_counters = None
+        if server.config.translates and server.config.host.dsn:
+            from .dbcounters import DatabaseCounters
+
+            self.db_counters = DatabaseCounters(server.config)
+            self.registry.register(self.db_counters)
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -139,6 +292,8 @@ class MetricsHTTP:
             if method not in ("GET", "HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"method not allowed\n"
             elif path == "/metrics":
+                if self.db_counters is not None:
+                    await self.db_counters.refresh()
                 status, ctype, body = "200 OK", "text/plain; version=0.0.4; charset=utf-8", generate_latest(
                     self.registry)
             elif path == "/healthz":

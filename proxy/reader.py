@@ -22,13 +22,14 @@ PostgreSQL error. The seat only swaps the poison's error for its own.
 from __future__ import annotations
 
 import struct
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
+from time import perf_counter
 
 import orjson
 
-from .classify import HIDDEN, REFUSE, Classifier, Plan
-from .errors import ERRORS
+from .classify import HIDDEN, PASS, REFUSE, Classifier, Plan
+from .errors import BY_SQLSTATE, ERRORS
 from .wire import messages
 
 _I16 = struct.Struct("!h")
@@ -38,6 +39,12 @@ _HIDDEN_B = HIDDEN.encode()
 
 # A statement that always fails at parse analysis, on any server, whatever the client bound.
 POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
+
+# Statement classes for the metrics: a statement the classifier left alone counts as an event write when it
+# starts with one of these keywords and names the events table soon after (no parse: a cheap approximation,
+# so `WITH … INSERT INTO events` or a leading comment counts as passthrough).
+_WRITE_HEADS = frozenset(("INSERT", "UPDATE", "DELETE", "COPY"))
+_CLASS = {"translate": "event_read", REFUSE: "refused"}
 
 
 class ReadPathError(Exception):
@@ -79,6 +86,7 @@ class Statement:
     plan: Plan
     layout: Layout | None = None  # from a Describe of the statement (formats unknown there)
     described: bool = False  # a Describe of it was sent: its layout arrives before any of its rows
+    cls: str = "passthrough"  # its class for the statement metrics, counted per Execute
 
 
 @dataclass
@@ -104,6 +112,7 @@ class Entry:
     stmt_index: int = 0  # for 'Q': statements completed so far
     layout: Layout | None = None  # for 'Q': the current result's layout
     watched: bool = False  # its answers must be looked at (rewritten or swallowed)
+    t0: float = 0.0  # for 'S', 'Q', 'F': when it was sent (statement latency)
 
 
 def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Layout, list[tuple[int, int]]]:
@@ -152,6 +161,38 @@ class ReadPath:
         self.active = 0  # pending entries whose answers the seat must inspect
         self.rows_translated = 0
         self.refusals: list[str] = []
+        # Metrics; `attach` swaps in the process-wide ones (plain additions either way).
+        self.statement_counts: Counter[tuple[str, str]] = Counter()  # (class, protocol)
+        self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses passed on, by SQLSTATE
+        self.statement_seconds = None  # a metrics.Histogram, or None
+        self.parse_seconds = None
+        self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
+
+    def attach(self, stats, on_refusal=None) -> None:
+        """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
+        self.statement_counts = stats.statements
+        self.server_errors = stats.server_errors
+        self.statement_seconds = stats.statement_seconds
+        self.parse_seconds = stats.parse_seconds
+        self.on_refusal = on_refusal
+
+    def _classify(self, sql: str) -> Plan:
+        classifier = self.classifier
+        misses = classifier.misses
+        start = perf_counter()
+        plan = classifier.classify(sql)
+        if classifier.misses != misses and self.parse_seconds is not None:
+            self.parse_seconds.observe(perf_counter() - start)
+        return plan
+
+    def _class_of(self, st) -> str:
+        if st.action != PASS:
+            return _CLASS[st.action]
+        sql = st.sql.lstrip()
+        if sql[:6].upper() in _WRITE_HEADS or sql[:4].upper() == "COPY":
+            if self.classifier.mentions_events(sql[:200]):
+                return "event_write"
+        return "passthrough"
 
     # ------------------------------------------------------------ client side
 
@@ -203,6 +244,8 @@ class ReadPath:
                 self._push(Entry("DP", name, portal=portal, injected=True), watch=True)
                 injected = messages.message(b"D", b"P" + name.encode() + b"\x00")
             self._push(Entry("E", name, portal=portal), watch=translated)
+            self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
+                                  "extended"] += 1
             return injected + messages.message(b"E", body) if injected else None
         if t == 0x43:  # 'C' Close
             kind, name = body[:1], body[1:-1].decode()
@@ -210,17 +253,20 @@ class ReadPath:
             self._push(Entry("C"), watch=False)
             return None
         if t == 0x53:  # 'S' Sync
-            self._push(Entry("S"), watch=False)
+            self._push(Entry("S", t0=perf_counter()), watch=False)
             return None
         if t == 0x46:  # 'F' FunctionCall
-            self._push(Entry("F"), watch=False)
+            self._push(Entry("F", t0=perf_counter()), watch=False)
             return None
         return None
 
     def _query(self, body: bytes) -> bytes | None:
         sql = body[:-1].decode("utf-8", "surrogateescape")
-        plan = self.classifier.classify(sql)
-        entry = Entry("Q", plan=plan)
+        plan = self._classify(sql)
+        entry = Entry("Q", plan=plan, t0=perf_counter())
+        counts = self.statement_counts
+        for st in plan.statements:
+            counts[self._class_of(st), "simple"] += 1
         if not plan.changed:
             self._push(entry, watch=False)
             return None
@@ -240,8 +286,10 @@ class ReadPath:
         name = body[:name_end].decode()
         sql_end = body.index(b"\x00", name_end + 1)
         sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
-        plan = self.classifier.classify(sql)
+        plan = self._classify(sql)
         st = Statement(plan)
+        if plan.statements:
+            st.cls = "refused" if plan.refused is not None else self._class_of(plan.statements[0])
         self.statements[name] = st
         if plan.refused is not None:
             self._push(Entry("P", name, statement=st, refusal=plan.refused), watch=True)
@@ -343,10 +391,19 @@ class ReadPath:
                     self._pop()
             return None
         if t == 0x45:  # 'E' ErrorResponse
-            return self._error(head)
+            replacement = self._error(head)
+            if replacement is None:  # the server's own error reaches the client
+                sqlstate = messages.parse_error_fields(body).get("C", "")
+                self.server_errors[sqlstate] += 1
+                if sqlstate in BY_SQLSTATE and self.on_refusal is not None:
+                    self.on_refusal(sqlstate, "")
+            return replacement
         if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
             while self.pending:
-                if self._pop().kind in ("S", "Q", "F"):
+                entry = self._pop()
+                if entry.kind in ("S", "Q", "F"):
+                    if self.statement_seconds is not None:
+                        self.statement_seconds.observe(perf_counter() - entry.t0)
                     break
             return None
         return None  # notices, notifications, parameter status, COPY traffic, …
@@ -396,6 +453,8 @@ class ReadPath:
     def _refusal_error(self, refusal) -> bytes:
         code = ERRORS["statement_untranslatable"]
         self.refusals.append(refusal.kind)
+        if self.on_refusal is not None:
+            self.on_refusal(code.sqlstate, refusal.kind)
         envelope = {"error": code.code, "message": refusal.detail, "details": {"kind": refusal.kind}}
         return messages.error_response(code.sqlstate, f"{code.code}: {refusal.detail}",
                                        detail=orjson.dumps(envelope).decode(),

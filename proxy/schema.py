@@ -210,9 +210,24 @@ COMMENT ON TABLE openwop_seat.claims IS
     'the major each seat session claimed, keyed by backend pid and start time; written only by openwop_seat.claim';
 REVOKE ALL ON TABLE openwop_seat.claims FROM PUBLIC;
 """),
+    Step(3, "add the writer rule's counters (database-wide, read by /metrics)", """
+CREATE SEQUENCE openwop_seat.runs_stamped_created;
+CREATE SEQUENCE openwop_seat.appends_translated;
+COMMENT ON SEQUENCE openwop_seat.runs_stamped_created IS
+    'counts runs stamped era 3 at creation by a v2 writer (nextval is not transactional: rolled-back stamps count)';
+COMMENT ON SEQUENCE openwop_seat.appends_translated IS
+    'counts v2 appends into era-2 runs stored under their v1 spelling (rolled-back appends count too)';
+GRANT SELECT ON SEQUENCE openwop_seat.runs_stamped_created, openwop_seat.appends_translated TO PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
+
+# Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
+WRITER_COUNTERS = {
+    "runs_stamped_created": "Runs stamped era 3 at creation by a v2 writer (database-wide)",
+    "appends_translated": "v2 appends into era-2 runs stored under their v1 spelling (database-wide)",
+}
 
 
 def _check_steps() -> None:
@@ -661,6 +676,7 @@ BEGIN
         v_other := {_case_sql("v_type", to_v1)};
         IF v_other IS NOT NULL THEN
             NEW.{quote_ident(host.type_column)} := v_other;
+            PERFORM pg_catalog.nextval('{SCHEMA}.appends_translated');
             RETURN NEW;
         END IF;
         IF v_type = ANY ({text_array_literal(identity)}) THEN
@@ -713,7 +729,9 @@ def _on_run_insert_sql(host: HostConfig) -> str:
     if host.era_column is None:
         # AFTER INSERT, only for major-2 sessions (the trigger's WHEN).
         body = f"""IF {key} IS NOT NULL THEN
-        PERFORM {SCHEMA}.stamp_run(({key})::text, 'created');
+        IF {SCHEMA}.stamp_run(({key})::text, 'created') THEN
+            PERFORM pg_catalog.nextval('{SCHEMA}.runs_stamped_created');
+        END IF;
     END IF;
     RETURN NULL;"""
     else:
@@ -722,6 +740,7 @@ def _on_run_insert_sql(host: HostConfig) -> str:
         PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));
     END IF;
     NEW.{quote_ident(host.era_column)} := 3;
+    PERFORM pg_catalog.nextval('{SCHEMA}.runs_stamped_created');
     RETURN NEW;"""
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_insert()

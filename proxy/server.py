@@ -7,9 +7,9 @@ import logging
 import signal
 import ssl
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, load_config
 from .metrics import MetricsHTTP, Stats
 from .reader import EventColumns, ReadPath
 from .session import Peer, Session
@@ -118,6 +118,50 @@ async def check_claim_secret(config: Config, secret: str) -> None:
         await conn.close()
 
 
+# Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
+RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
+                "workers": "proxy.workers"}
+_SECTIONED = {"tls": "tls", "host": "host"}
+_TOP = {"metrics_listen": "metrics.listen", "log_format": "log.format", "log_level": "log.level"}
+
+
+def config_keys(config: Config) -> dict[str, object]:
+    """The configuration as {"section.key": value}, the names of the TOML file."""
+    out: dict[str, object] = {}
+    for f in fields(config):
+        if f.name in ("source", "overrides"):
+            continue
+        value = getattr(config, f.name)
+        if f.name in _SECTIONED:
+            out.update((f"{_SECTIONED[f.name]}.{g.name}", getattr(value, g.name)) for g in fields(value))
+        else:
+            out[_TOP.get(f.name, f"proxy.{f.name}")] = value
+    return out
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    a, b = config_keys(old), config_keys(new)
+    return [k for k in a if a[k] != b[k]]
+
+
+def _reload_reason(e: Exception) -> str:
+    import asyncpg
+
+    from .artifacts import ArtifactError
+    from .schema import SchemaError
+
+    if isinstance(e, (ConfigError, SchemaError)):
+        return str(e)
+    if isinstance(e, ArtifactError):
+        return f"spec artifacts: {e}"
+    if isinstance(e, ssl.SSLError):
+        return f"tls: cannot load the certificate or key: {e.reason or e}"
+    if isinstance(e, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return f"cannot check the host database (host.dsn): {e}"
+    log.exception("unexpected error during reload")
+    return f"unexpected error: {type(e).__name__}: {e}"
+
+
 class _ClientPeer(Peer):
     """A freshly accepted client socket: starts its session once connected."""
 
@@ -144,6 +188,7 @@ class SeatServer:
         self._tasks: set[asyncio.Task] = set()
         self.read_context: ReadContext | None = None
         self.claim_secret: str | None = None  # None: sessions are not claimed, every writer is v1
+        self._reload_lock = asyncio.Lock()
 
     @property
     def port(self) -> int:
@@ -165,7 +210,9 @@ class SeatServer:
                 await check_claim_secret(self.config, self.claim_secret)
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
-                                                  reuse_address=True, backlog=1024)
+                                                  reuse_address=True, backlog=1024,
+                                                  # workers > 1: every worker listens on the port (supervisor.py)
+                                                  reuse_port=self.config.workers > 1)
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
             await self.metrics.start(m.host, m.port)
@@ -206,6 +253,31 @@ class SeatServer:
             writer.close()
         except (OSError, asyncio.TimeoutError) as e:
             return False, f"upstream {up} unreachable: {e}"
+        ctx = self.read_context
+        if ctx is not None:
+            # The host database still holds this seat's schema for these artifacts (`schema.verify`), checked on
+            # a short connection at most every 3 seconds so that scrapes do not hammer the database.
+            import asyncpg
+
+            from . import schema
+
+            loop = asyncio.get_running_loop()
+            key = (self.config.host.dsn, ctx.artifacts.digest)
+            cached = getattr(self, "_ready_cache", None)
+            if cached is not None and cached[0] == key and loop.time() - cached[1] < 3.0:
+                why = cached[2]
+            else:
+                try:
+                    await asyncio.wait_for(schema.verify(self.config.host.dsn, self.config, ctx.artifacts),
+                                           self.config.connect_timeout)
+                    why = ""
+                except schema.SchemaError as e:
+                    why = f"host database schema: {e}"
+                except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                    why = f"host database (host.dsn) unreachable: {e}"
+                self._ready_cache = (key, loop.time(), why)
+            if why:
+                return False, why
         return True, "ready"
 
     # ------------------------------------------------------------------ stopping
@@ -214,9 +286,66 @@ class SeatServer:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
         loop.add_signal_handler(signal.SIGINT, self.stop_now)
-        # Reload is not implemented yet; SIGHUP must at least not kill a seat full of sessions.
-        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
-            "SIGHUP received: configuration reload is not supported yet; running configuration unchanged"))
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        # The handler only starts the work: reading files and checking the database happen in a task.
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self) -> bool:
+        """SIGHUP: re-read the config file and the artifacts; swap them in for new sessions if valid.
+
+        Live sessions keep the config they started with. Nothing is swapped unless everything
+        checks out: the file parses and validates, TLS files load, and the host database's
+        schema matches the (re-read) artifacts. Returns whether the new configuration is in force.
+        """
+        async with self._reload_lock:
+            old = self.config
+            log.info("reloading", extra={"fields": {"config": old.source or "(defaults)"}})
+            try:
+                new = load_config(old.source).with_overrides(**dict(old.overrides))
+                restart = [key for name, key in RESTART_KEYS.items()
+                           if getattr(new, name, None) != getattr(old, name, None)]
+                if restart:
+                    log.warning("needs a restart: " + ", ".join(restart), extra={"fields": {
+                        "running": ", ".join(str(getattr(old, n)) for n, k in RESTART_KEYS.items() if k in restart),
+                        "configured": ", ".join(str(getattr(new, n)) for n, k in RESTART_KEYS.items()
+                                                if k in restart)}})
+                    new = replace(new, **{n: getattr(old, n) for n, k in RESTART_KEYS.items() if k in restart})
+                client_ctx, upstream_ctx = client_ssl_context(new), upstream_ssl_context(new)
+                read_context, claim_secret = None, None
+                if new.translates:
+                    from .schema import load_claim_secret
+
+                    read_context = await load_read_context(new)
+                    claim_secret = load_claim_secret(new)
+                    if claim_secret is not None:
+                        await check_claim_secret(new, claim_secret)
+            except Exception as e:  # whatever the reason, the running configuration stays
+                log.error("reload rejected: %s", _reload_reason(e), extra={"fields": {"config": old.source}})
+                return False
+            changed = changed_keys(old, new)
+            old_digest = getattr(self.read_context.artifacts, "digest", None) if self.read_context else None
+            new_digest = getattr(read_context.artifacts, "digest", None) if read_context else None
+            if old_digest != new_digest:
+                changed.append("artifacts")
+            if claim_secret != self.claim_secret:
+                changed.append("claim secret")
+            if claim_secret is None and new.translates and self.claim_secret is not None:
+                log.warning("no claim secret after reload: new sessions write as v1 writers")
+            self.config = new
+            self.client_ssl_context, self.upstream_ssl_context = client_ctx, upstream_ctx
+            self.read_context, self.claim_secret = read_context, claim_secret
+            if new.log_level != old.log_level:
+                logging.getLogger("openwop_seat").setLevel(new.log_level.upper())
+            log.info("reloaded", extra={"fields": {
+                "changed": ",".join(changed) or "nothing", "sessions": len(self.sessions),
+                "artifact_digest": new_digest or "-"}})
+            return True
 
     async def drain(self) -> None:
         """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close."""

@@ -15,9 +15,12 @@ import logging
 import ssl
 import struct
 import time
+from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING, Callable
 
 from .wire import messages
+from .errors import BY_SQLSTATE
 from .reader import ReadPath, ReadPathError
 from .schema import CLAIM_SQL as schema_claim_sql
 from .wire.codec import (
@@ -34,6 +37,16 @@ from .wire.codec import (
     parse_initial_packet,
 )
 from .wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+
+# Client messages that are each answered by exactly one ReadyForQuery (Query, Sync, FunctionCall):
+# counted when client_idle_timeout is on, to tell a session waiting for a result from an idle one.
+ANSWERED_FRONTEND = frozenset(b"QSF")
+
+# Without a read path, Query, Sync and FunctionCall are captured to count and time statements (metrics).
+RAW_COUNTED = frozenset(b"QSF")
+# Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
+REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
+                   "08P01": "protocol_violation", "57P01": "shutting_down"}
 
 # With a read path, the client messages it rewrites or accounts for are held whole…
 READ_FRONTEND = frozenset(b"QPBDECSF")
@@ -200,6 +213,10 @@ class Session:
         self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
         self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
         self.reader: ReadPath | None = None
+        self.raw_simple = self.raw_extended = 0  # statements of a session without a read path (metrics)
+        self._raw_sent: deque[float] = deque()  # …and when each Query/Sync/FunctionCall went upstream
+        self._seat_client = server.stats.seat_seconds["client"]  # histograms of the seat's own time per chunk
+        self._seat_upstream = server.stats.seat_seconds["upstream"]
         self._claim_secret: str | None = None  # set for major-2 sessions on the host database
         self._claiming = False  # the seat's own claim statement is in flight
         self._claim_buf = bytearray()
@@ -207,6 +224,11 @@ class Session:
         self._client_backlog: list[bytes] = []
         self._client_splitter: StreamSplitter | None = None
         self._upstream_splitter: StreamSplitter | None = None
+        # client_idle_timeout bookkeeping
+        self._last_client = self.started  # monotonic time of the last chunk from the client
+        self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
+        self._queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with the timeout on)
+        self._readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
         client.on_lost = self._client_lost
         client.on_eof = self._client_eof
 
@@ -221,6 +243,7 @@ class Session:
             self._fail_client(e.sqlstate, e.message)
         except UpstreamUnavailable as e:
             self.server.stats.upstream_connect_errors += 1
+            self.server.stats.upstream_refused[_upstream_reason(str(e))] += 1
             self._fail_client("08006", str(e))
         except (ConnectionError, ssl.SSLError) as e:
             self.close(f"client gone during handshake: {e}")
@@ -278,6 +301,7 @@ class Session:
             log.warning("cancel request for backend %s not forwarded: %s", packet.pid, e)
             self.close("cancel not forwarded")
             return
+        self.server.stats.upstream_connections += 1
         up.write(packet.raw)
         up.close()
         self.close("cancel forwarded")
@@ -287,9 +311,24 @@ class Session:
         spoof = _seat_settings_in_startup(self.params)
         if spoof:
             raise ProtocolViolation(spoof, sqlstate="42501")
+        limit = self.config.max_client_conn
+        if sum(1 for s in self.server.sessions if s.major is not None and not s.closed) >= limit:
+            # As PgBouncer does: answered after the startup packet, before any upstream connection.
+            log.warning("connection refused: too many client connections", extra={"fields": {
+                "client": self.client_addr, "user": self.params.get("user"), "max_client_conn": limit}})
+            self._fail_client("53300", f"too many client connections (max_client_conn {limit})",
+                              reason="max_client_conn reached")
+            return
         self.major = self.config.major_for(self.params)
+        if self.config.client_idle_timeout > 0:
+            self.client_walker.capture = FRONTEND_CAPTURE | ANSWERED_FRONTEND
+            asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
         self.reader = self.server.read_path_for(self.params, self.major)
+        if self.reader is None:
+            self.client_walker.capture = self.client_walker.capture | RAW_COUNTED
+        else:
+            self.reader.attach(self.server.stats, self._log_refusal)
         if self.reader is not None:
             self._client_splitter = StreamSplitter(frozenset())
             self._upstream_splitter = StreamSplitter(READ_BACKEND_SEEN)
@@ -299,6 +338,7 @@ class Session:
             self._claim_secret = self.server.claim_secret
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+        self.server.stats.upstream_connections += 1
         if self.closed:  # the client left while we were connecting
             self.upstream.close()
             return
@@ -324,6 +364,16 @@ class Session:
     # ------------------------------------------------------------------ relay
 
     def _from_client(self, data: bytes) -> None:
+        start = perf_counter()
+        self._relay_client(data)
+        self._seat_client.observe(perf_counter() - start)
+
+    def _from_upstream(self, data: bytes) -> None:
+        start = perf_counter()
+        self._relay_upstream(data)
+        self._seat_upstream.observe(perf_counter() - start)
+
+    def _relay_client(self, data: bytes) -> None:
         if self._claiming:  # the client speaks before its ReadyForQuery: keep it until the claim is done
             self._client_backlog.append(data)
             return
@@ -336,10 +386,15 @@ class Session:
             log.warning("session %s: client protocol violation: %s", self.id, e.message)
             self._fail_client(e.sqlstate, e.message)
             return
+        self._last_client = time.monotonic()
         for t, body, _ in captured:
             self.state.on_frontend(t, body)
+            if t != 0x58:  # with the idle timeout on, Query/Sync/FunctionCall are captured too
+                self._queries_sent += 1
         self.bytes_in += len(data)
         if self.reader is None:
+            if captured:
+                self._raw_frontend(captured)
             self.upstream.write(data)
             return
         reader = self.reader
@@ -354,7 +409,7 @@ class Session:
         if out:
             self.upstream.write(out[0] if len(out) == 1 else b"".join(out))
 
-    def _from_upstream(self, data: bytes) -> None:
+    def _relay_upstream(self, data: bytes) -> None:
         try:
             captured = self.upstream_walker.feed(data)
         except ProtocolViolation as e:
@@ -378,6 +433,11 @@ class Session:
                 claim_now = True
         for t, body, _ in captured:
             state.on_backend(t, body)
+            if self.reader is None and (t == 0x5A or t == 0x45):
+                self._raw_backend(t, body)
+            if t == 0x5A:
+                self._readies += 1
+                self._ready_at = time.monotonic()
         if claim_now:
             self.client.write(data)
             self.bytes_out += len(data)
@@ -491,10 +551,39 @@ class Session:
         self._fail_client("08006", f"connection to upstream {self.config.upstream} lost"
                           + (f": {exc}" if exc else ""), reason="upstream lost")
 
+    def _idle_check(self) -> None:
+        """client_idle_timeout: end the session if it has been idle that long, else look again later.
+
+        Idle means: authenticated, not inside a transaction (status 'I'), every Query/Sync/FunctionCall
+        answered by its ReadyForQuery (so a long-running statement is not idle), and nothing from the
+        client since. As PostgreSQL's idle_session_timeout, it does not apply inside a transaction.
+        """
+        if self.closed:
+            return
+        timeout = self.config.client_idle_timeout
+        now = time.monotonic()
+        since = max(self._last_client, self._ready_at)
+        idle = (self.state.phase is Phase.READY and not self.state.in_transaction and not self._claiming
+                and self._queries_sent < self._readies and self.client_walker.at_boundary)
+        if idle and now - since >= timeout:
+            if self.upstream is not None:
+                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
+            self._fail_client("57P05", "terminating connection due to idle-session timeout",
+                              reason="client_idle_timeout")
+            return
+        delay = since + timeout - now if idle else timeout
+        asyncio.get_running_loop().call_later(max(delay, 0.01), self._idle_check)
+
     def _fail_client(self, sqlstate: str, text: str, reason: str | None = None) -> None:
         """Send a FATAL ErrorResponse where the protocol allows one, then end the session."""
         if not self.closed and self.upstream_walker.at_boundary:
             self.client.write(messages.error_response(sqlstate, text, severity="FATAL"))
+        if not self.closed:
+            if self.upstream is None:  # turned away before it was relayed
+                self.server.stats.connections_refused[
+                    "startup_timeout" if reason == "startup timeout" else REFUSED_REASONS.get(sqlstate, sqlstate)] += 1
+            if sqlstate in BY_SQLSTATE:
+                self._log_refusal(sqlstate, "")
         self.server.stats.count_refusal(sqlstate)
         self.close(reason or f"{sqlstate} {text}")
 
@@ -522,11 +611,45 @@ class Session:
                 bytes_in=self.bytes_in, bytes_out=self.bytes_out)})
         self.server.stats.bytes_in += self.bytes_in
         self.server.stats.bytes_out += self.bytes_out
+        if self.raw_simple or self.raw_extended:
+            self.server.stats.statements["passthrough", "simple"] += self.raw_simple
+            self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.rows_translated[self.reader.major] += self.reader.rows_translated
             self.server.stats.statements_refused.update(self.reader.refusals)
         if not self.done.done():
             self.done.set_result(None)
+
+    # ------------------------------------------------------------------ metrics and refusal logs
+
+    def _raw_frontend(self, captured) -> None:
+        """A session without a read path: count Query (simple) and Sync (extended, one per batch), time them."""
+        now = perf_counter()
+        for t, _, _ in captured:
+            if t == 0x51:
+                self.raw_simple += 1
+            elif t == 0x53:
+                self.raw_extended += 1
+            elif t != 0x46:
+                continue
+            self._raw_sent.append(now)
+
+    def _raw_backend(self, t: int, body: bytes) -> None:
+        if t == 0x5A:
+            if self._raw_sent:
+                self.server.stats.statement_seconds.observe(perf_counter() - self._raw_sent.popleft())
+            return
+        sqlstate = messages.parse_error_fields(body).get("C", "")
+        self.server.stats.server_errors[sqlstate] += 1
+        if sqlstate in BY_SQLSTATE:
+            self._log_refusal(sqlstate, "")
+
+    def _log_refusal(self, sqlstate: str, kind: str) -> None:
+        """One line per OpenWOP refusal (never the statement's text or its parameters)."""
+        fields = self._log_fields(code=BY_SQLSTATE[sqlstate].code, sqlstate=sqlstate)
+        if kind:
+            fields["kind"] = kind
+        log.info("refusal", extra={"fields": fields})
 
     def _log_fields(self, **more) -> dict:
         fields = {
@@ -550,6 +673,15 @@ def _seat_settings_in_startup(params: dict[str, str]) -> str:
         if name == "options" and "openwop_seat." in value.lower():
             return "startup options set openwop_seat.* settings, which belong to the seat and cannot be set by a client"
     return ""
+
+
+def _upstream_reason(message: str) -> str:
+    """A short label for an UpstreamUnavailable message (metrics)."""
+    if message.startswith("timeout"):
+        return "timeout"
+    if "TLS" in message:
+        return "tls"
+    return "connect"
 
 
 def _set_reading(peer: Peer, on: bool) -> None:

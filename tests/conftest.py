@@ -165,6 +165,22 @@ def start_seat(pg, tmp_path_factory):
 
     def start(proxy: dict | None = None, tls: dict | None = None, log: dict | None = None,
               upstream_port: int | None = None, wait: bool = True, host: dict | None = None) -> Seat:
+        # A free port can be taken by another process before the seat binds it: try again with
+        # new ports then (and only then); any other early exit is the test's business.
+        for attempt in range(3):
+            seat = _start_once(proxy, tls, log, upstream_port, host)
+            started.append(seat)
+            if not wait:
+                return seat
+            try:
+                wait_listening(seat.port, seat.proc)
+                return seat
+            except RuntimeError:
+                if "in use" not in seat.log().lower() or attempt == 2:
+                    raise RuntimeError(f"the seat did not start; its log:\n{seat.log()}") from None
+        raise AssertionError("unreachable")
+
+    def _start_once(proxy, tls, log, upstream_port, host) -> Seat:
         d = tmp_path_factory.mktemp("seat")
         port, metrics_port = free_port(), free_port()
         sections = {
@@ -185,11 +201,7 @@ def start_seat(pg, tmp_path_factory):
         log_path = d / "seat.log"
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config_path)],
                                 stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), cwd=ROOT)
-        seat = Seat(proc, port, metrics_port, log_path, config_path)
-        started.append(seat)
-        if wait:
-            wait_listening(port, proc)
-        return seat
+        return Seat(proc, port, metrics_port, log_path, config_path)
 
     yield start
     for seat in started:

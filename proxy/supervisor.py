@@ -1,0 +1,418 @@
+"""`[proxy] workers = N` (N > 1): N seat processes share the listen port under one supervisor.
+
+Each worker is an ordinary `openwop-seat serve` process (same configuration, same code path)
+started with two hidden options, `--worker ID --worker-fd FD`. It binds the listen address with
+SO_REUSEPORT, so the kernel spreads new connections over the workers by a hash of the client's
+address and port. The seat keeps no per-session state outside its worker, and a CancelRequest is
+forwarded as is to the upstream (which owns the backend key), so a cancel may land on any worker.
+
+The supervisor owns no client connection. It
+- reserves the listen port (a bound, never listening SO_REUSEPORT socket: port 0 resolves once,
+  and the port stays ours while a worker restarts);
+- starts the workers and waits for each to report, over its end of a socket pair, that it is
+  listening and where its private metrics listener is (127.0.0.1, an ephemeral port);
+- restarts a worker that exits while the seat is not stopping (backoff when it keeps crashing);
+  when the supervisor itself dies, the workers see the socket pair close and drain;
+- forwards SIGTERM (drain), SIGINT (close now) and SIGHUP (reload) to every worker, and exits
+  once they all have: 0 when each exited 0;
+- serves `[metrics] listen` itself: /metrics is the sum over the workers of each series (info
+  series are not summed; counters of exited workers are kept as of their last scrape), plus its
+  own openwop_seat_workers* series; /healthz and /readyz are answered from the workers' answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from .config import Config, HostPort
+
+log = logging.getLogger("openwop_seat.supervisor")
+
+SCRAPE_TIMEOUT = 5.0
+RESTART_MIN_DELAY = 0.1
+RESTART_MAX_DELAY = 10.0
+STABLE_AFTER = 10.0  # a worker that ran this long resets the restart backoff
+
+
+# ------------------------------------------------------------------ the worker's side
+
+
+class _WorkerFields(logging.Filter):
+    """Adds the worker id and pid to every log line of a worker process."""
+
+    def __init__(self, worker: int):
+        super().__init__()
+        self.worker = worker
+        self.pid = os.getpid()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.fields = {**(getattr(record, "fields", None) or {}), "worker": self.worker, "pid": self.pid}
+        return True
+
+
+def install_worker_log_fields(worker: int) -> None:
+    for handler in logging.getLogger("openwop_seat").handlers:
+        handler.addFilter(_WorkerFields(worker))
+
+
+def attach_worker(server, fd: int) -> socket.socket:
+    """In a worker, once listening: tell the supervisor, and drain if the supervisor goes away."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(fileno=fd)
+    sock.sendall(orjson.dumps({"pid": os.getpid(), "metrics_port": server.metrics.port}) + b"\n")
+    sock.setblocking(False)
+
+    def readable() -> None:
+        try:
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(sock.fileno())
+            log.warning("supervisor gone: draining")
+            loop.create_task(server.drain())
+
+    loop.add_reader(sock.fileno(), readable)
+    return sock  # the caller keeps it referenced for the life of the worker
+
+
+# ------------------------------------------------------------------ the supervisor
+
+
+@dataclass
+class Worker:
+    id: int
+    proc: asyncio.subprocess.Process
+    sock: socket.socket
+    started: float = field(default_factory=time.monotonic)
+    metrics_port: int | None = None
+    counters: dict = field(default_factory=dict)  # counter samples as of the last scrape
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+class Supervisor:
+    def __init__(self, config: Config, worker_args: list[str]):
+        self.config = config
+        self.worker_args = worker_args  # serve options passed on to every worker (--config, --upstream)
+        self.count = config.workers
+        self.workers: dict[int, Worker] = {}
+        self.restarts = 0
+        self.retired: dict = {}  # counter samples of exited workers
+        self.stopping = False
+        self.listen: HostPort = config.listen
+        self._reserved: socket.socket | None = None
+        self._http: asyncio.AbstractServer | None = None
+        self._all_exited = asyncio.Event()
+        self._watchers: set[asyncio.Task] = set()
+        self.failed = False
+        self._stop_signal: signal.Signals = signal.SIGTERM
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _reserve_port(self) -> None:
+        host, port = self.config.listen.host, self.config.listen.port
+        family, type_, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+        if port:  # a plain bind first: never join the SO_REUSEPORT group of another seat on this port
+            with socket.socket(family, type_, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(addr)
+        sock = socket.socket(family, type_, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)  # never listen(): the kernel hands connections to listening sockets only
+        self._reserved = sock
+        self.listen = HostPort(host, sock.getsockname()[1])
+
+    async def _spawn(self, wid: int) -> tuple[Worker, bool]:
+        """Start worker `wid`; return it and whether it reported listening (False: it exited first)."""
+        parent, child = socket.socketpair()
+        fd = child.fileno()
+        cmd = [sys.executable, "-m", "proxy", "serve", *self.worker_args, "--listen", str(self.listen),
+               "--metrics-listen", "127.0.0.1:0", "--worker", str(wid), "--worker-fd", str(fd)]
+        try:
+            proc = await asyncio.create_subprocess_exec(*cmd, pass_fds=(fd,), stdin=asyncio.subprocess.DEVNULL)
+        finally:
+            child.close()
+        worker = Worker(wid, proc, parent)
+        self.workers[wid] = worker
+        parent.setblocking(False)
+        loop = asyncio.get_running_loop()
+        hello = loop.create_task(_read_line(loop, parent))
+        exited = loop.create_task(proc.wait())
+        await asyncio.wait({hello, exited}, return_when=asyncio.FIRST_COMPLETED)
+        line = hello.result() if hello.done() and hello.exception() is None else b""
+        if not line:
+            hello.cancel()
+            await exited
+            return worker, False
+        worker.metrics_port = orjson.loads(line)["metrics_port"]
+        log.info("worker started", extra={"fields": {"worker": wid, "pid": proc.pid}})
+        return worker, True
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        try:
+            self._reserve_port()
+        except OSError as e:
+            print(f"openwop-seat serve: cannot listen on {self.config.listen}: {e}", file=sys.stderr)
+            return 1
+        for sig, handler in ((signal.SIGTERM, lambda: self._stop(signal.SIGTERM)),
+                             (signal.SIGINT, lambda: self._stop(signal.SIGINT)),
+                             (signal.SIGHUP, self._reload)):
+            loop.add_signal_handler(sig, handler)
+        if self.config.metrics_listen is not None:
+            m = self.config.metrics_listen
+            try:
+                self._http = await asyncio.start_server(self._handle, m.host, m.port, reuse_address=True)
+            except OSError as e:
+                print(f"openwop-seat serve: cannot listen on {m} (metrics.listen): {e}", file=sys.stderr)
+                return 1
+        results = await asyncio.gather(*(self._spawn(i) for i in range(1, self.count + 1)))
+        failed = [w for w, ok in results if not ok]
+        if failed:  # a worker that cannot start (config, schema, database): the seat cannot start
+            self.stopping = True
+            for w in self.workers.values():
+                _signal(w, signal.SIGINT)
+            await asyncio.gather(*(w.proc.wait() for w in self.workers.values()))
+            await self._close()
+            code = failed[0].proc.returncode
+            return code if code and code > 0 else 1
+        for w in self.workers.values():
+            self._watch(w)
+            if self.stopping:  # signalled while the workers were starting
+                _signal(w, self._stop_signal)
+        log.info("listening", extra={"fields": {
+            "listen": str(self.listen), "workers": self.count,
+            "pids": ",".join(str(w.pid) for w in self.workers.values()),
+            "metrics": str(HostPort(self.config.metrics_listen.host, self._http.sockets[0].getsockname()[1]))
+            if self._http is not None else "off"}})
+        await self._all_exited.wait()
+        await self._close()
+        log.info("stopped")
+        return 1 if self.failed else 0
+
+    async def _close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            await self._http.wait_closed()
+        if self._reserved is not None:
+            self._reserved.close()
+        for w in self.workers.values():
+            w.sock.close()
+
+    def _watch(self, worker: Worker) -> None:
+        task = asyncio.get_running_loop().create_task(self._supervise(worker))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _supervise(self, worker: Worker) -> None:
+        delay = RESTART_MIN_DELAY / 2  # doubled before use while a worker keeps dying young
+        while True:
+            code = await worker.proc.wait()
+            worker.sock.close()
+            for key, value in worker.counters.items():
+                self.retired[key] = self.retired.get(key, 0.0) + value
+            worker.counters = {}
+            if self.stopping:
+                if code != 0:
+                    self.failed = True
+                    log.warning("worker exited", extra={"fields": {"worker": worker.id, "pid": worker.pid,
+                                                                   "code": code}})
+                self._check_all_exited()
+                return
+            ran = time.monotonic() - worker.started
+            delay = RESTART_MIN_DELAY if ran >= STABLE_AFTER else min(delay * 2, RESTART_MAX_DELAY)
+            log.warning("worker exited: restarting", extra={"fields": {
+                "worker": worker.id, "pid": worker.pid, "code": code, "restart_in_s": delay}})
+            await asyncio.sleep(delay)
+            while True:
+                if self.stopping:
+                    self._check_all_exited()
+                    return
+                self.restarts += 1
+                worker, ok = await self._spawn(worker.id)
+                if ok:
+                    break
+                delay = min(delay * 2, RESTART_MAX_DELAY)
+                log.warning("worker failed to start: retrying", extra={"fields": {
+                    "worker": worker.id, "code": worker.proc.returncode, "restart_in_s": delay}})
+                await asyncio.sleep(delay)
+            if self.stopping:  # it started while the seat began stopping: stop it too, then wait for it
+                _signal(worker, self._stop_signal)
+
+    def _check_all_exited(self) -> None:
+        if not any(w.alive for w in self.workers.values()):
+            self._all_exited.set()
+
+    def _stop(self, sig: signal.Signals) -> None:
+        self.stopping = True
+        self._stop_signal = sig
+        log.info("draining" if sig == signal.SIGTERM else "stopping", extra={"fields": {
+            "signal": sig.name, "workers": sum(w.alive for w in self.workers.values())}})
+        for w in self.workers.values():
+            _signal(w, sig)
+        if self._watchers:
+            self._check_all_exited()
+
+    def _reload(self) -> None:
+        log.info("SIGHUP received: forwarding to the workers ([proxy] workers itself is read at start only)")
+        for w in self.workers.values():
+            _signal(w, signal.SIGHUP)
+
+    # ---------------------------------------------------------------- metrics and health
+
+    def _live(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.alive and w.metrics_port is not None]
+
+    async def _ask_all(self, path: str) -> list[tuple[Worker, int, str]]:
+        live = self._live()
+        answers = await asyncio.gather(*(_http_get(w.metrics_port, path) for w in live), return_exceptions=True)
+        return [(w, *a) for w, a in zip(live, answers) if not isinstance(a, BaseException)]
+
+    async def metrics_text(self) -> bytes:
+        families: dict[str, list] = {}  # name -> [type, documentation, {(sample, labels): value}]
+        for worker, status, text in await self._ask_all("/metrics"):
+            if status != 200:
+                continue
+            counters = {}
+            for fam in text_string_to_metric_families(text):
+                entry = families.setdefault(fam.name, [fam.type, fam.documentation, {}])
+                for s in fam.samples:
+                    key = (s.name, tuple(sorted(s.labels.items())))
+                    if fam.name.endswith("_info"):
+                        entry[2][key] = s.value
+                    else:
+                        entry[2][key] = entry[2].get(key, 0.0) + s.value
+                    if fam.type == "counter":
+                        counters[(fam.name, fam.documentation, key)] = s.value
+            worker.counters = counters
+        for (name, doc, key), value in self.retired.items():
+            entry = families.setdefault(name, ["counter", doc, {}])
+            entry[2][key] = entry[2].get(key, 0.0) + value
+        out = []
+        for name, (type_, doc, samples) in families.items():
+            m = Metric(name, doc, type_)
+            for (sample, labels), value in samples.items():
+                m.add_sample(sample, dict(labels), value)
+            out.append(m)
+        for name, doc, type_, value in (
+                ("openwop_seat_workers", "Worker processes configured ([proxy] workers)", "gauge", self.count),
+                ("openwop_seat_workers_up", "Worker processes running and listening", "gauge", len(self._live())),
+                ("openwop_seat_worker_restarts", "Workers the supervisor restarted", "counter", self.restarts)):
+            m = Metric(name, doc, type_)
+            m.add_sample(name + ("_total" if type_ == "counter" else ""), {}, value)
+            out.append(m)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Fixed(out))
+        return generate_latest(registry)
+
+    async def healthz(self) -> tuple[bool, str]:
+        ok = sum(1 for _, status, _ in await self._ask_all("/healthz") if status == 200)
+        if ok == 0:
+            return False, "no worker answering"
+        return True, "ok" if ok == self.count else f"ok: {ok} of {self.count} workers answering"
+
+    async def readyz(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "not accepting connections"
+        answers = await self._ask_all("/readyz")
+        ready = sum(1 for _, status, _ in answers if status == 200)
+        if ready == 0:
+            reasons = [body.strip() for _, status, body in answers if status != 200]
+            return False, reasons[0] if reasons else "no worker answering"
+        return True, "ready" if ready == self.count else f"ready: {ready} of {self.count} workers"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            method, _, rest = request.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            path = rest.split(" ", 1)[0].split("?", 1)[0]
+            ctype = "text/plain"
+            if method not in ("GET", "HEAD"):
+                status, body = "405 Method Not Allowed", b"method not allowed\n"
+            elif path == "/metrics":
+                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                body = await self.metrics_text()
+            elif path in ("/healthz", "/readyz"):
+                ok, why = await (self.healthz() if path == "/healthz" else self.readyz())
+                status, body = "200 OK" if ok else "503 Service Unavailable", (why + "\n").encode()
+            else:
+                status, body = "404 Not Found", b"not found\n"
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n").encode()
+            writer.write(head if method == "HEAD" else head + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        except Exception:
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
+
+
+class _Fixed:
+    def __init__(self, metrics: list[Metric]):
+        self.metrics = metrics
+
+    def collect(self):
+        return iter(self.metrics)
+
+
+def _signal(worker: Worker, sig: int) -> None:
+    if worker.alive:
+        try:
+            worker.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    """The worker's one hello line, or b"" if it closed its end first."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await loop.sock_recv(sock, 4096)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+async def _http_get(port: int, path: str) -> tuple[int, str]:
+    async def get() -> tuple[int, str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            raw = await reader.read()
+        finally:
+            writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        return int(head.split(b" ", 2)[1]), body.decode()
+
+    return await asyncio.wait_for(get(), SCRAPE_TIMEOUT)
+
+
+def run_supervisor(config: Config, worker_args: list[str]) -> int:
+    """`serve` with [proxy] workers > 1: run the supervisor until its workers have stopped."""
+    return asyncio.run(Supervisor(config, worker_args).run())
