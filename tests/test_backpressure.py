@@ -34,6 +34,7 @@ def test_slow_client_stalls_the_upstream(start_seat, pg):
         assert time.monotonic() < deadline, f"backend never blocked on the seat (wait_event={waiting!r})"
         time.sleep(0.1)
     time.sleep(1)  # give a leaking seat time to grow
+    print(f"seat RSS growth while the client reads nothing: {(rss_bytes(seat.proc.pid) - baseline) / 1024:.0f} KiB")
     assert pg.psql("SELECT wait_event FROM pg_stat_activity WHERE application_name = 'slow-reader'").strip() \
         == "ClientWrite"
     assert rss_bytes(seat.proc.pid) - baseline < 64 * 1024 * 1024

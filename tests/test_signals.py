@@ -87,3 +87,22 @@ def test_sighup_reloads_without_stopping_the_seat(start_seat):
             time.sleep(0.05)
         assert seat.alive() and conn.execute("SELECT 1").fetchone() == (1,)
     assert "changed=nothing" in seat.log()  # more in test_reload_limits.py
+
+
+def test_sigterm_waits_for_an_open_transaction_and_metrics_answer_meanwhile(start_seat, pg, fresh_table):
+    import urllib.request
+
+    table = fresh_table("id int")
+    seat = start_seat(proxy={"shutdown_timeout": 30})
+    conn = psycopg.connect(seat.dsn())
+    conn.execute(f"INSERT INTO {table} VALUES (1)")  # a transaction is open
+    seat.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
+        assert r.status == 200 and b"openwop_seat_client_connections_open 1.0" in r.read()
+    assert seat.alive()
+    conn.execute(f"INSERT INTO {table} VALUES (2)")
+    conn.commit()
+    conn.close()
+    assert seat.proc.wait(15) == 0
+    assert pg.psql(f"SELECT count(*) FROM {table}").strip() == "2"
