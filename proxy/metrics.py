@@ -69,6 +69,7 @@ class Stats:
         self.bytes_in = 0
         self.bytes_out = 0
         self.refusals: Counter[str] = Counter()
+        self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
         self.rows_translated: Counter[int] = Counter()  # by reader major
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
         self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
@@ -117,6 +118,12 @@ class SeatCollector:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c
+        c = CounterMetricFamily("openwop_seat_privileged_sessions",
+                                "Sessions on the host database whose role is a superuser or owns openwop_seat "
+                                "(it can bypass the writer rule's guard)", labels=["role"])
+        for role in ("superuser", "owns openwop_seat"):
+            c.add_metric([role], stats.privileged_sessions[role])
+        yield c
         c = CounterMetricFamily("openwop_seat_session_errors", "Sessions ended by the seat with an error",
                                 labels=["sqlstate"])
         for sqlstate, n in sorted(stats.refusals.items()):

@@ -111,7 +111,10 @@ CLAIM_SECRET_MIN_LENGTH = 16
 # What the seat sends right after authentication, with the secret and the
 # session's major as bind parameters (never as literals: a literal would show
 # in pg_stat_activity and the server log).
-CLAIM_SQL = "SELECT openwop_seat.claim($1, $2)"
+# The seat's claim, with the secret and the major as bind parameters; it also asks whether the
+# session's role owns openwop_seat (such a role can bypass every in-database guard: warn about it).
+CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
+             "FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat'")
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
 # proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a

@@ -483,10 +483,12 @@ class Session:
         if not self.upstream_walker.at_boundary:
             return
         answer, self._claim_buf = bytes(self._claim_buf), bytearray()
-        error, done, pos = None, False, 0
+        error, done, pos, owns_schema = None, False, 0, False
         for t, body in messages.iter_messages(answer):
             pos += 5 + len(body)
-            if t == 0x45:
+            if t == 0x44:  # (claim, owns openwop_seat): the second column is 't' or 'f'
+                owns_schema = body.endswith(b"\x00\x00\x00\x01t")
+            elif t == 0x45:
                 error = messages.parse_error_fields(body)
             elif t == 0x5A:
                 done = True
@@ -501,6 +503,13 @@ class Session:
                               f"openwop-seat could not record this session's major: {error.get('M')}",
                               reason="claim failed")
             return
+        superuser = self.state.server_params.get("is_superuser") == "on"
+        if superuser or owns_schema:
+            # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
+            self.server.stats.privileged_sessions["superuser" if superuser else "owns openwop_seat"] += 1
+            log.warning("privileged role", extra={"fields": self._log_fields(
+                role="superuser" if superuser else "owner of openwop_seat",
+                why="this role can bypass the writer rule's guard; connect the host as a plain role")})
         self.client.write(self._held_ready)
         self.bytes_out += len(self._held_ready)
         if answer[pos:]:

@@ -35,3 +35,20 @@ def test_stamps_and_translated_appends_are_counted(start_seat, pg):
     assert metric(text, "openwop_seat_runs_stamped_created_total") == stamped + 1
     assert metric(text, "openwop_seat_appends_translated_total") == translated + len(renamed)
     assert counter(pg, "appends_translated") == translated + len(renamed)
+
+
+def test_privileged_roles_are_warned_about_and_counted(start_seat, pg):
+    role = f"owner_member_{uuid.uuid4().hex[:6]}"
+    pg.psql(f"CREATE ROLE {role} LOGIN; GRANT postgres TO {role}")  # a member of openwop_seat's owner
+    try:
+        seat = start_seat()
+        for user in ("host_user", "postgres", role):
+            with psycopg.connect(seat.dsn(user=user)) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        _, text = get(seat.metrics_port, "/metrics")
+        assert metric(text, 'openwop_seat_privileged_sessions_total{role="superuser"}') == 1
+        assert metric(text, 'openwop_seat_privileged_sessions_total{role="owns openwop_seat"}') == 1
+        log = seat.log()
+        assert log.count("privileged role") == 2 and "user=host_user" not in log.split("privileged role")[1]
+    finally:
+        pg.psql(f"DROP ROLE {role}")
