@@ -46,6 +46,25 @@ HBA = [
 ]
 
 
+REQUIRED_TOOLS = {
+    "psql": "sudo apt-get install -y postgresql-client",
+    "pgbench": "sudo apt-get install -y postgresql",
+    "openssl": "sudo apt-get install -y openssl",
+    "node": "sudo apt-get install -y nodejs npm",
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def required_tools():
+    """Every client the suite drives is required: a missing one fails the run with its install command."""
+    import shutil
+
+    missing = [f"{tool} ({hint})" for tool, hint in REQUIRED_TOOLS.items() if shutil.which(tool) is None]
+    if not (ROOT / "tests" / "node" / "node_modules" / "pg").is_dir():
+        missing.append("node-postgres (make test runs `npm ci --prefix tests/node`)")
+    assert not missing, "missing: " + ", ".join(missing)
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory) -> dict[str, str]:
     """A self-signed certificate for localhost / 127.0.0.1, and a second, unrelated one."""

@@ -287,10 +287,11 @@ class Direct:
 
 
 def _skip_unavailable(driver: str) -> None:
-    if driver == "node-postgres" and (NODE is None or not (NODE_DIR / "node_modules" / "pg").is_dir()):
-        pytest.skip("node or node-postgres is not installed (run `npm ci` in tests/node)")
-    if driver == "psql" and PSQL is None:
-        pytest.skip("psql is not installed")
+    """The drivers are required, not optional (conftest checks them once for the whole run)."""
+    if driver == "node-postgres":
+        assert NODE is not None and (NODE_DIR / "node_modules" / "pg").is_dir(), "node-postgres is required"
+    if driver == "psql":
+        assert PSQL is not None, "psql is required"
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,7 @@ NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "scenarios.js"
 NODE = shutil.which("node")
 
-pytestmark = [
-    pytest.mark.skipif(NODE is None, reason="node is not installed"),
-    pytest.mark.skipif(not (NODE_DIR / "node_modules" / "pg").is_dir(),
-                       reason="node-postgres not installed (run `npm ci` in tests/node)"),
-]
+# node and node-postgres are required: conftest fails the run with the install command if they are missing.
 
 DB = "app"
 HOST_USER = "host_user"

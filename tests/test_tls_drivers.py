@@ -33,8 +33,9 @@ from conftest import PASSWORD
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 NODE = shutil.which("node")
-needs_node = pytest.mark.skipif(NODE is None or not (NODE_DIR / "node_modules" / "pg").is_dir(),
-                                reason="node or node-postgres not installed (run `npm ci` in tests/node)")
+def needs_node(test):
+    """node and node-postgres are required (conftest checks them once for the whole run)."""
+    return test
 
 PASSWORDS = {"host_user": None, "tls_only": None, "md5_user": PASSWORD, "scram_user": PASSWORD}
 CLIENT_USERS = ["host_user", "md5_user", "scram_user"]

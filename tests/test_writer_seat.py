@@ -235,7 +235,9 @@ def node(request: dict) -> object:
     return json.loads(proc.stdout)
 
 
-needs_node = pytest.mark.skipif(not HAVE_NODE, reason="node or node-postgres is not installed (npm ci in tests/node)")
+def needs_node(test):
+    """node and node-postgres are required (conftest checks them once for the whole run)."""
+    return test
 
 
 def node_append(seat, major, run: str, types: list[str]) -> list[dict]:
