@@ -292,32 +292,41 @@ class MetricsHTTP:
             await self._listener.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, _, rest = request.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            if method not in ("GET", "HEAD"):
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"method not allowed\n"
-            elif path == "/metrics":
-                if self.db_counters is not None:
-                    await self.db_counters.refresh()
-                status, ctype, body = "200 OK", "text/plain; version=0.0.4; charset=utf-8", generate_latest(
-                    self.registry)
-            elif path == "/healthz":
-                status, ctype, body = "200 OK", "text/plain", b"ok\n"
-            elif path == "/readyz":
-                ready, why = await self.server.readiness()
-                status = "200 OK" if ready else "503 Service Unavailable"
-                ctype, body = "text/plain", (why + "\n").encode()
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n").encode()
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
+        await serve_http(reader, writer, self._route)
+
+    async def _route(self, path: str) -> tuple[str, str, bytes]:
+        if path == "/metrics":
+            if self.db_counters is not None:
+                await self.db_counters.refresh()
+            return "200 OK", PROMETHEUS_TEXT, generate_latest(self.registry)
+        if path == "/healthz":
+            return "200 OK", "text/plain", b"ok\n"
+        if path == "/readyz":
+            ready, why = await self.server.readiness()
+            return ("200 OK" if ready else "503 Service Unavailable"), "text/plain", (why + "\n").encode()
+        return "404 Not Found", "text/plain", b"not found\n"
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def serve_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, route) -> None:
+    """Answer one HTTP/1.1 GET or HEAD with ``await route(path) -> (status, content type, body)``."""
+    try:
+        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        method, _, rest = request.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            status, ctype, body = "405 Method Not Allowed", "text/plain", b"method not allowed\n"
+        else:
+            status, ctype, body = await route(path)
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        writer.write(head if method == "HEAD" else head + body)
+        await writer.drain()
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        pass
+    except Exception:
+        log.exception("metrics request failed")
+    finally:
+        writer.close()

@@ -37,6 +37,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .config import Config, HostPort
+from .metrics import PROMETHEUS_TEXT, serve_http
 
 log = logging.getLogger("openwop_seat.supervisor")
 
@@ -345,31 +346,15 @@ class Supervisor:
         return True, "ready" if ready == self.count else f"ready: {ready} of {self.count} workers"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, _, rest = request.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            ctype = "text/plain"
-            if method not in ("GET", "HEAD"):
-                status, body = "405 Method Not Allowed", b"method not allowed\n"
-            elif path == "/metrics":
-                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = await self.metrics_text()
-            elif path in ("/healthz", "/readyz"):
-                ok, why = await (self.healthz() if path == "/healthz" else self.readyz())
-                status, body = "200 OK" if ok else "503 Service Unavailable", (why + "\n").encode()
-            else:
-                status, body = "404 Not Found", b"not found\n"
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n").encode()
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
+        await serve_http(reader, writer, self._route)
+
+    async def _route(self, path: str) -> tuple[str, str, bytes]:
+        if path == "/metrics":
+            return "200 OK", PROMETHEUS_TEXT, await self.metrics_text()
+        if path in ("/healthz", "/readyz"):
+            ok, why = await (self.healthz() if path == "/healthz" else self.readyz())
+            return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", (why + "\n").encode()
+        return "404 Not Found", "text/plain", b"not found\n"
 
 
 class _Fixed:

@@ -16,8 +16,6 @@ import re
 import shutil
 import subprocess
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -86,12 +84,7 @@ def dashboard_exprs() -> list[tuple[str, str]]:
     return out
 
 
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+from test_metrics import get  # noqa: E402  (one HTTP helper for the suite)
 
 
 @pytest.fixture(scope="module")
