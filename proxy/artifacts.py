@@ -21,7 +21,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MANIFEST = "MANIFEST.json"
@@ -89,6 +89,8 @@ class Artifacts:
     renamed_count: int
     type_map_v1_to_v2: dict[bytes, bytes]
     type_map_v2_to_v1: dict[bytes, bytes] | None
+    # v2 type -> compiled payload shape (proxy.payloads), from schemas/v2; empty when the set has none
+    payload_shapes: dict = field(default_factory=dict)
 
     def is_vendor_type(self, t: str) -> bool:
         """True when ``t``'s first dot-segment is an org registered in declaration.json.
@@ -145,7 +147,19 @@ def load_artifacts(directory: str | None = None) -> Artifacts:
         renamed_count=len(renamed),
         type_map_v1_to_v2={v1.encode(): v1_to_v2[v1].encode() for v1 in renamed},
         type_map_v2_to_v1={v1_to_v2[v1].encode(): v1.encode() for v1 in renamed} if bijective else None,
+        payload_shapes=_payload_shapes(directory, files),
     )
+
+
+def _payload_shapes(directory: str, files: list[str]) -> dict:
+    if not any(rel.startswith("schemas/v2/") for rel in files):
+        return {}
+    from .payloads import PayloadSchemaError, compile_payload_schemas
+
+    try:
+        return compile_payload_schemas(directory)
+    except PayloadSchemaError as e:
+        raise ArtifactError(f"payload schemas: {e}") from None
 
 
 def check_report(a: Artifacts) -> str:

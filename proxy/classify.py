@@ -97,7 +97,7 @@ class Classifier:
     """Classifies statements for one reader major against one host layout, with an LRU cache."""
 
     def __init__(self, host: HostConfig, major: int, cache_size: int = 4096):
-        from .schema import era_now_sql, era_sql, read_check_sql
+        from .schema import era_now_sql, era_sql, read_check_sql, read_project_sql
 
         self.host = host
         self.major = major
@@ -112,6 +112,7 @@ class Classifier:
         self._era_sql = era_sql
         self._era_now_sql = era_now_sql
         self._read_check_sql = read_check_sql
+        self._read_project_sql = read_project_sql
 
     # -- public
 
@@ -259,7 +260,7 @@ class Classifier:
 
     @property
     def _event_columns(self) -> frozenset[str]:
-        return frozenset((self.host.type_column, "payload"))
+        return frozenset((self.host.type_column, self.host.payload_column))
 
     # ---- SELECT
 
@@ -289,16 +290,19 @@ class Classifier:
         outputs: list[tuple[str, bool]] = []  # (output name, carries an event column)
         tainted: set[str] = set()
         star_over_derived = False
+        payload_out = False  # a star or the payload column itself: the payload leaves this level
         for target in sel.targetList or ():
             kind, names = self._target(target.val, sources, ctx)
             if kind == "star":
                 tainted |= names
                 star_over_derived = star_over_derived or any(not s.direct for s in sources)
                 outputs.append(("*", True))
+                payload_out = True
             elif kind == "column":
                 out = target.name or _colref_names(target.val)[-1]
                 tainted.add(out)
                 outputs.append((out, True))
+                payload_out = payload_out or _colref_names(target.val)[-1] == self.host.payload_column
             else:
                 outputs.append((target.name or "", False))
         if not tainted:
@@ -326,7 +330,7 @@ class Classifier:
                                  "a result joining the events table with itself or with another event source")
         source = carrying[0]
         if source.direct or not star_over_derived:
-            sel.targetList = tuple(sel.targetList) + (self._hidden_target(source),)
+            sel.targetList = tuple(sel.targetList) + (self._hidden_target(source, payload=payload_out),)
         return frozenset(tainted)
 
     def _with(self, with_clause, ctx: _Ctx) -> None:
@@ -447,16 +451,22 @@ class Classifier:
             return self._touches(sub, ctx, columns_in=parts)
         return self._touches(sub, ctx)
 
-    def _hidden_target(self, source: _Source, fresh: bool = False):
-        """The hidden era column for ``source``; ``fresh`` reads the era with a new snapshot (RETURNING)."""
+    def _hidden_target(self, source: _Source, fresh: bool = False, payload: bool = False):
+        """The hidden era column for ``source``; ``fresh`` reads the era with a new snapshot (RETURNING).
+
+        When a major-2 result outputs the events table's payload, the hidden column is text and carries the
+        projected payload too (``read_v2p``; see proxy.projection); otherwise it is the smallint era."""
         from pglast import ast, parse_sql
 
         if source.direct:
             q = _quote(source.name)
             run_id = f"{q}.{_quote(self.host.run_id_column)}"
             era = self._era_now_sql(run_id) if fresh else self._era_sql(self.host, run_id)
-            expr = self._read_check_sql(self.major, era, f"{q}.{_quote(self.host.type_column)}",
-                                        f"{q}.{_quote(self.host.run_id_column)}", f"{q}.sequence")
+            if payload and self.major == 2:
+                expr = self._read_project_sql(self.host, era, q)
+            else:
+                expr = self._read_check_sql(self.major, era, f"{q}.{_quote(self.host.type_column)}",
+                                            f"{q}.{_quote(self.host.run_id_column)}", f"{q}.sequence")
         else:
             expr = f"{_quote(source.name)}.{HIDDEN}"
         node = parse_sql(f"SELECT {expr}")[0].stmt.targetList[0].val
@@ -497,15 +507,19 @@ class Classifier:
                 self._no_event_columns(target.val, [source], ctx, "an assignment from")
         returning = stmt.returningClause.exprs if stmt.returningClause is not None else ()
         tainted: set[str] = set()
+        payload_out = False
         for target in returning:
             kind, names = self._target(target.val, [source], ctx)
             if kind == "star":
                 tainted |= names
+                payload_out = True
             elif kind == "column":
                 tainted.add(target.name or _colref_names(target.val)[-1])
+                payload_out = payload_out or _colref_names(target.val)[-1] == self.host.payload_column
         if not tainted:
             return None
-        stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source, fresh=True),)
+        stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source, fresh=True,
+                                                                             payload=payload_out),)
         return frozenset(tainted)
 
 

@@ -76,10 +76,19 @@ class HostConfig:
     runs_table: str = "runs"
     run_id_column: str = "run_id"
     type_column: str = "type"
+    payload_column: str = "payload"  # jsonb: projected for major-2 readers of era-2 rows
+    # Optional columns the projection reads (None: the table has none): eventId in refusals, the fill of a
+    # required nodeId, and the run's tenant for run.started's legacy Subject (a column of runs_table).
+    event_id_column: str | None = "event_id"
+    node_id_column: str | None = "node_id"
+    tenant_column: str | None = "tenant_id"
     era_column: str | None = None  # a nullable column of runs_table to use as the era store instead of run_era
     dsn: str | None = None  # how the seat itself reaches the host database (schema checks); its dbname is translated
     claim_secret_file: str | None = None  # the secret of openwop_seat.claim (else $OPENWOP_SEAT_CLAIM_SECRET)
     maintenance_role: str | None = None  # the one role that may UPDATE events.type/run_id (None: nobody)
+
+
+_OPTIONAL_COLUMNS = ("event_id_column", "node_id_column", "tenant_column")
 
 
 def _identifier(value: Any, key: str, qualified: bool) -> str:
@@ -247,9 +256,13 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
 
     host = _take(data.get("host", {}), "host",
                  {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
-                  "claim_secret_file", "maintenance_role"})
+                  "claim_secret_file", "maintenance_role", "payload_column", *_OPTIONAL_COLUMNS})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
-                   for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column") if k in host}
+                   for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
+                             "payload_column") if k in host}
+    for k in _OPTIONAL_COLUMNS:  # "" says the table has no such column
+        if k in host:
+            host_kwargs[k] = None if host[k] == "" else _identifier(host[k], f"host.{k}", qualified=False)
     if "dsn" in host:
         host_kwargs["dsn"] = _string(host["dsn"], "host.dsn")
     if "claim_secret_file" in host:  # read (and checked) by schema.load_claim_secret, relative to the config file

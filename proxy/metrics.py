@@ -79,12 +79,36 @@ class Stats:
         # Shared with every session's read path (`ReadPath.attach`); raw sessions add theirs at close.
         self.statements: Counter[tuple[str, str]] = Counter()  # by (class, protocol)
         self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses relayed to clients, by SQLSTATE
+        self.payloads: Counter[tuple[str, str, str]] = Counter()  # (projected|boxed|missing, v2 type, key)
         self.seat_seconds = {"client": Histogram(), "upstream": Histogram()}  # seat's own time per chunk
         self.statement_seconds = Histogram()  # Sync/Query forwarded -> its ReadyForQuery forwarded
         self.parse_seconds = Histogram()  # classifier cache misses
 
     def count_refusal(self, sqlstate: str) -> None:
         self.refusals[sqlstate] += 1
+
+
+def payload_families(counts):
+    """The payload projection's counters (issue #5): payloads projected, keys boxed, required keys missing."""
+    projected = CounterMetricFamily("openwop_seat_payloads_projected",
+                                    "Era-2 payloads the projection changed for major-2 readers, by v2 type",
+                                    labels=["type"])
+    boxed = CounterMetricFamily("openwop_seat_payload_keys_boxed",
+                                "Keys without a seat carried under x-v1 in a hatched definition, by v2 type",
+                                labels=["type"])
+    missing = CounterMetricFamily("openwop_seat_payload_required_missing",
+                                  "Projected rows still missing a key the v2 definition requires, by type and key",
+                                  labels=["type", "key"])
+    for (what, v2type, key), n in sorted(counts.items()):
+        if what == "projected":
+            projected.add_metric([v2type], n)
+        elif what == "boxed":
+            boxed.add_metric([v2type], n)
+        else:
+            missing.add_metric([v2type, key], n)
+    yield projected
+    yield boxed
+    yield missing
 
 
 class SeatCollector:
@@ -142,6 +166,7 @@ class SeatCollector:
         c.add_metric(["1", "3", "v2_to_v1"], rows[1])
         c.add_metric(["2", "2", "v1_to_v2"], rows[2])
         yield c
+        yield from payload_families(stats.payloads)
         c = CounterMetricFamily("openwop_seat_statements_refused",
                                 "Statements refused as untranslatable, by kind", labels=["kind"])
         for kind, n in sorted(refused.items()):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 import orjson
@@ -36,6 +36,9 @@ _I16 = struct.Struct("!h")
 _U16 = struct.Struct("!H")
 _I32 = struct.Struct("!i")
 _HIDDEN_B = HIDDEN.encode()
+_TEXT_OID = 25
+_META = b"\x1e"  # read_v2p: era, projected payload, then counts after this separator (proxy.projection)
+_JSONB_VERSION = b"\x01"
 
 # A statement that always fails at parse analysis, on any server, whatever the client bound.
 POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
@@ -59,6 +62,7 @@ class EventColumns:
     type_attnum: int
     # Views (and materialized views) that read events.type: their rows cannot be translated.
     derived_oids: frozenset[int] = frozenset()
+    payload_attnum: int = 0  # 0: unknown (no payload column is recognised)
 
 
 @dataclass
@@ -70,6 +74,9 @@ class Layout:
     ncols: int  # as the server sends them, hidden included
     era_binary: bool = False
     derived: bool = False  # some column comes from a view over events.type
+    payloads: tuple[int, ...] = ()  # columns that are the events table's payload
+    hidden_text: bool = False  # the hidden column is read_v2p's text (era, projected payload, counts)
+    payload_binary: tuple[bool, ...] = ()  # per payload column: sent in binary (jsonb version byte first)
 
     @property
     def translated(self) -> bool:
@@ -77,8 +84,11 @@ class Layout:
 
     def __post_init__(self) -> None:
         # The columns a row changes, in order, as (index, is a type column); hidden ones are dropped.
-        self.cuts_mapped = sorted([(i, False) for i in self.hidden] + [(i, True) for i in self.types])
-        self.cuts_plain = [(i, False) for i in sorted(self.hidden)]
+        # The columns a row changes, in order, as (index, what): 0 hidden (dropped), 1 type, 2 payload.
+        self.cuts_mapped = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types])
+        self.cuts_projected = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types]
+                                     + [(i, 2) for i in self.payloads])
+        self.cuts_plain = [(i, 0) for i in sorted(self.hidden)]
 
 
 @dataclass
@@ -119,24 +129,33 @@ def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Lay
     """The layout of a RowDescription and the (start, end) byte span of each field in ``body``."""
     (n,) = _I16.unpack_from(body, 0)
     pos = 2
-    spans, hidden, types = [], [], []
-    binary_hidden = derived = False
+    spans, hidden, types, payloads = [], [], [], []
+    binary_hidden = derived = hidden_text = False
     for i in range(n):
         end = body.index(b"\x00", pos)
         name = body[pos:end]
-        table_oid, attnum = struct.unpack_from("!Ih", body, end + 1)
+        table_oid, attnum, type_oid = struct.unpack_from("!IhI", body, end + 1)
         fmt = _I16.unpack_from(body, end + 17)[0]
         field_end = end + 19
         spans.append((pos, field_end))
         if name == _HIDDEN_B:
             hidden.append(i)
             binary_hidden = binary_hidden or fmt == 1
+            hidden_text = hidden_text or type_oid == _TEXT_OID
         elif events is not None and table_oid == events.table_oid and attnum == events.type_attnum:
             types.append(i)
+        elif events is not None and table_oid == events.table_oid and attnum == events.payload_attnum:
+            payloads.append(i)
         elif events is not None and table_oid in events.derived_oids:
             derived = True
         pos = field_end
-    return Layout(tuple(hidden), tuple(types), n, binary_hidden, derived), spans
+    return Layout(tuple(hidden), tuple(types), n, binary_hidden and not hidden_text, derived, tuple(payloads),
+                  hidden_text, tuple(fmt == 1 for fmt in _payload_formats(body, spans, payloads))), spans
+
+
+def _payload_formats(body: bytes, spans, payloads) -> list[int]:
+    """The format codes RowDescription states for the payload columns (0 in a Describe's answer)."""
+    return [_I16.unpack_from(body, spans[i][1] - 2)[0] for i in payloads]
 
 
 def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
@@ -164,6 +183,8 @@ class ReadPath:
         # Metrics; `attach` swaps in the process-wide ones (plain additions either way).
         self.statement_counts: Counter[tuple[str, str]] = Counter()  # (class, protocol)
         self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses passed on, by SQLSTATE
+        # Payload projection: (what, v2 type, key) for what in projected / boxed (keys) / missing (required)
+        self.payload_counts: Counter[tuple[str, str, str]] = Counter()
         self.statement_seconds = None  # a metrics.Histogram, or None
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
@@ -172,6 +193,7 @@ class ReadPath:
         """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
         self.statement_counts = stats.statements
         self.server_errors = stats.server_errors
+        self.payload_counts = stats.payloads
         self.statement_seconds = stats.statement_seconds
         self.parse_seconds = stats.parse_seconds
         self.on_refusal = on_refusal
@@ -422,10 +444,13 @@ class ReadPath:
 
     def _set_portal_layout(self, portal: Portal, layout: Layout) -> None:
         fmts = portal.result_formats
+
+        def binary(i: int) -> bool:
+            return (fmts[0] == 1) if len(fmts) == 1 else (len(fmts) > i and fmts[i] == 1)
+
         if layout.hidden:
-            i = layout.hidden[0]
-            binary = (fmts[0] == 1) if len(fmts) == 1 else (len(fmts) > i and fmts[i] == 1)
-            layout = Layout(layout.hidden, layout.types, layout.ncols, binary)
+            layout = replace(layout, era_binary=binary(layout.hidden[0]) and not layout.hidden_text,
+                             payload_binary=tuple(binary(i) for i in layout.payloads))
         portal.layout = layout
 
     def _check_leak(self, layout: Layout) -> None:
@@ -434,6 +459,11 @@ class ReadPath:
                 "a result carries the events table's type column without the seat's era column "
                 "(a view, a function or a statement shape the seat does not know); the session is closed "
                 "rather than pass untranslated rows")
+        if layout.payloads and self.major == 2 and not layout.hidden_text:
+            raise ReadPathError(
+                "a result carries the events table's payload column without the seat's projection "
+                "(a view, a function or a statement shape the seat does not know); the session is closed "
+                "rather than pass unprojected payloads")
 
     def _error(self, head: Entry | None) -> bytes | None:
         if head is None:
@@ -461,6 +491,22 @@ class ReadPath:
                                        hint="the statement was not run; see the openwop-seat README, "
                                             "'Statements the seat refuses'")
 
+    def _projection(self, rest: bytes) -> bytes:
+        """The projected payload in read_v2p's text after the era (b"" when unchanged); counts its metrics."""
+        cut = rest.find(_META)
+        if cut < 0:
+            return rest
+        payload, meta = rest[:cut], rest[cut + 1:]
+        boxed, v2type, missing = meta.decode().split("\x1e")
+        counts = self.payload_counts
+        if payload:
+            counts["projected", v2type, ""] += 1
+        if boxed != "0":
+            counts["boxed", v2type, ""] += int(boxed)
+        for key in missing.split(",") if missing else ():
+            counts["missing", v2type, key] += 1
+        return payload
+
     def _translate_row(self, body: bytes, layout: Layout) -> bytes:
         """Strip hidden columns and map `type` by era, splicing the row's bytes (never decoding it)."""
         unpack = _I32.unpack_from
@@ -475,22 +521,36 @@ class ReadPath:
         (hlen,) = unpack(body, h)
         if hlen <= 0:
             raise ReadPathError("the seat's era column was NULL")
-        era = body[h + 4:h + 4 + hlen]
-        mapped = era == (self.map_era_bin if layout.era_binary else self.map_era)
+        projected = b""
+        if layout.hidden_text:
+            era = body[h + 4:h + 5]
+            if hlen > 1:
+                projected = self._projection(body[h + 5:h + 4 + hlen])
+            mapped = era == self.map_era
+        else:
+            era = body[h + 4:h + 4 + hlen]
+            mapped = era == (self.map_era_bin if layout.era_binary else self.map_era)
         out = [_I16.pack(layout.ncols - len(layout.hidden))]
         last = 2
         type_map = self.type_map
-        for i, is_type in (layout.cuts_mapped if mapped else layout.cuts_plain):
+        cuts = (layout.cuts_projected if projected else layout.cuts_mapped) if mapped else layout.cuts_plain
+        p = 0
+        for i, what in cuts:
             start, stop = offsets[i], offsets[i + 1]
             out.append(body[last:start])
             last = stop
-            if is_type:
+            if what == 1:
                 new = type_map.get(body[start + 4:stop])
                 if new is None:
                     out.append(body[start:stop])
                 else:
                     out.append(_I32.pack(len(new)))
                     out.append(new)
+            elif what == 2:
+                value = _JSONB_VERSION + projected if layout.payload_binary[p] else projected
+                p += 1
+                out.append(_I32.pack(len(value)))
+                out.append(value)
         out.append(body[last:])
         if mapped:
             self.rows_translated += 1

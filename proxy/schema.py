@@ -301,6 +301,25 @@ def era_sql(host: HostConfig, run_id_expr: str) -> str:
             f"FROM {quote_qualified(host.runs_table)} {a} WHERE {key} {EQ} ({run_id_expr})), 2::smallint)")
 
 
+def read_project_sql(host: HostConfig, era_expr: str, alias: str) -> str:
+    """The per-row check *and payload projection* of a major-2 read that outputs the payload column of the
+    events table under ``alias`` (quoted): text, see :mod:`proxy.projection`."""
+    def col(name: str | None) -> str:
+        return f"({alias}.{quote_ident(name)})::text" if name else "NULL::text"
+
+    run = f"{alias}.{quote_ident(host.run_id_column)}"
+    tenant = "NULL::text"
+    if host.tenant_column:
+        r = "openwop_seat_tenant"
+        # Only run.started needs it: the CASE keeps the lookup off every other row.
+        tenant = (f"CASE WHEN {alias}.{quote_ident(host.type_column)} {EQ} 'run.started' THEN "
+                  f"(SELECT ({r}.{quote_ident(host.tenant_column)})::text FROM {quote_qualified(host.runs_table)} {r} "
+                  f"WHERE {r}.{quote_ident(host.run_id_column)} {EQ} {run} LIMIT 1) END")
+    return (f"{SCHEMA}.read_v2p({era_expr}, {col(host.type_column)}, "
+            f"({alias}.{quote_ident(host.payload_column)})::jsonb, ({run})::text, ({alias}.sequence)::bigint, "
+            f"{col(host.event_id_column)}, {col(host.node_id_column)}, {tenant})")
+
+
 def read_check_sql(major: int, era_expr: str, type_expr: str, run_id_expr: str, seq_expr: str) -> str:
     """The per-row check of a translated read: yields the row's era, or fails the statement."""
     if major == 2:
@@ -883,6 +902,12 @@ PUBLIC_FUNCTIONS = (
     "refuse_row(text, text, text, bigint)",
     "read_v2(smallint, text, text, bigint)",
     "read_v1(smallint, text, text, bigint)",
+    "read_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
+    "payload_shapes()",
+    "renamed_types()",
+    "map_nested_types(jsonb)",
+    "project_obj(text, jsonb, text)",
+    "project_v2(text, jsonb, text, text, text)",
     "refuse_statement(text, text)",
     "era_of(text)",
     "era_now(text)",
@@ -911,7 +936,11 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
     """
     grants = "\n".join([f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{f} TO PUBLIC;" for f in PUBLIC_FUNCTIONS]
                        + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
+    from .projection import projection_sql, read_v2p_sql
+
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
+                    projection_sql(SCHEMA, artifacts, getattr(artifacts, "payload_shapes", {})),
+                    read_v2p_sql(SCHEMA, artifacts, ERRORS["payload_unprojectable"].sqlstate),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
                     writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
 

@@ -91,15 +91,38 @@ async def load_read_context(config: Config):
             "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
             "AND NOT a.attisdropped", schema.quote_qualified(host.events_table), host.type_column)
         derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"]) if row is not None else []
+        columns = {}
+        for table in (host.events_table, host.runs_table):
+            columns[table] = {r["attname"]: r["attnum"] for r in await conn.fetch(
+                "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+                "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", schema.quote_qualified(table))}
     finally:
         await conn.close()
     if row is None:
         raise schema.SchemaError(
             f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
             f"{database!r}")
+    host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major) for major in (1, 2)}
-    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived))
+    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived),
+                          columns[config.host.events_table].get(host.payload_column, 0))
+    for key in absent:
+        log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
+                    "'Payload projection')", key, getattr(config.host, key))
     return ReadContext(database, events, classifiers, artifacts)
+
+
+def resolve_columns(host, event_columns: dict, run_columns: dict):
+    """``host`` with the optional projection columns the tables do not have set to None, and their keys."""
+    from dataclasses import replace
+
+    if host.payload_column not in event_columns:
+        from . import schema
+        raise schema.SchemaError(f"host.payload_column {host.payload_column!r}: no such column in "
+                                 f"{host.events_table!r}")
+    absent = [k for k, cols in (("event_id_column", event_columns), ("node_id_column", event_columns),
+                                ("tenant_column", run_columns)) if getattr(host, k) and getattr(host, k) not in cols]
+    return replace(host, **{k: None for k in absent}), absent
 
 
 async def check_claim_secret(config: Config, secret: str) -> None:

@@ -121,7 +121,7 @@ def test_builders():
 
 def test_generated_sql_comes_from_the_artifacts():
     fake = dataclasses.replace(ARTIFACTS, v1_types=frozenset({"only.this-one"}), vendor_orgs=frozenset({"acme", "vendor"}),
-                               reserved_orgs=frozenset({"vendor"}))
+                               reserved_orgs=frozenset({"vendor"}), payload_shapes={})
     sql = schema.artifact_objects_sql(fake, HostConfig())
     assert "'{\"only.this-one\"}'::text[]" in sql
     assert "'{\"acme\"}'::text[]" in sql  # reserved orgs are not vendor prefixes

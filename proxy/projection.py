@@ -1,0 +1,422 @@
+"""Payload projection for major-2 readers of era-2 rows, generated as SQL from the compiled v2 shapes.
+
+The projection runs *inside the database*, in the reading statement itself,
+for the same reasons the era check does (see :mod:`proxy.schema`): a row that
+cannot be projected fails the statement exactly as a PostgreSQL error would
+(transaction, pipeline and ReadyForQuery as PostgreSQL leaves them), and the
+run's tenant, needed for the legacy Subject, is read in the statement's own
+snapshot.  The seat's Python only splices the projected bytes into the row.
+
+What is generated here is data plus one generic engine, not per-type code:
+
+* ``payload_shapes()`` returns the compiled shape graph of
+  :mod:`proxy.payloads` as one jsonb constant (types → shape ids; per shape:
+  declared keys with their nested/item shapes, required keys, open / closed /
+  closed-and-hatched, union branches, ``kind``-style discriminators).
+* ``project_obj(shape, value, path)`` walks one object against one shape:
+  a declared key stays (its nested object is walked against its own shape);
+  a key the shape's own patterns admit stays; in an open shape any key stays;
+  in a closed, hatched shape the other keys are boxed under ``"x-v1"``; in a
+  closed shape without the hatch they are *unseated* (their dotted paths are
+  returned).  The hatch belongs to each shape: a nested closed object without
+  it refuses even ``x-`` keys (spec digest §2.2 step 5).
+* ``project_v2(type, payload, node, run, tenant)`` applies the value
+  transformations the spec names, then the walk, then fills required
+  ``nodeId``/``runId`` from the row's own columns; it reports the unseated
+  keys, the number of boxed keys and the required keys still missing.
+* ``read_v2p(...)`` is the per-row entry point the classifier puts in the
+  hidden column: the era check of ``read_v2``, then the projection; it raises
+  ``payload_unprojectable`` or returns ``<era>[<projected jsonb>][\\x1e<boxed>\\x1e<type>\\x1e<missing,…>]``
+  as text (see :mod:`proxy.reader`).
+
+Serialisation.  The projected payload is a jsonb value and reaches the client
+as PostgreSQL prints jsonb (``jsonb_out``): keys in jsonb's storage order
+(shorter keys first, then bytewise), ``", "`` and ``": "`` separators,
+numbers and strings as jsonb prints them, and, in binary format, the jsonb
+version byte 1 before that text.  That is the only order a jsonb column can
+hold, so a projected payload re-appended elsewhere (a fork) reads back with
+the same bytes.  A payload the projection leaves equal is not sent again:
+the row keeps the server's original bytes.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from .payloads import HATCH_PATTERN, ObjectShape
+
+CARRIER = "x-v1"  # the one key, admitted by the hatch, that holds a hatched object's unseated keys
+LEGACY_ISSUER = "urn:openwop:legacy"
+LEGACY_SUBJECT_ID = "legacy"
+# RFC 0186 §A.3: the stored approval.requested keys with a named seat outside ApprovalData's own names.
+APPROVAL_RENAMES = {"message": "description"}
+APPROVAL_TOP = {"timeout": "timeoutMs"}
+FILLED_FROM_COLUMNS = ("nodeId", "runId")
+META_SEPARATOR = "\x1e"  # never in jsonb_out text (control characters are escaped there)
+
+
+def shape_table(shapes: dict[str, ObjectShape]) -> dict:
+    """The shape graph as plain data: ``{"types": {v2type: id}, "shapes": {id: {...}}}``.
+
+    Per shape: ``k`` declared keys in schema order, each ``[nested id | null, items id | null]``;
+    ``m`` ``"o"`` open, ``"h"`` closed with the hatch, ``"c"`` closed; ``r`` required keys; ``p``
+    patterns other than the hatch (none in the pinned set); ``u`` union branch ids; ``x``
+    discriminators ``{property: [sibling key, {value: id}]}``.
+    """
+    ids: dict[int, str] = {}
+    table: dict[str, dict] = {}
+
+    def visit(shape: ObjectShape) -> str:
+        sid = ids.get(id(shape))
+        if sid is not None:
+            return sid
+        sid = ids[id(shape)] = str(len(ids))
+        entry: dict = {}
+        table[sid] = entry  # before the children: the graph can be cyclic
+        entry["k"] = {k: [visit(shape.nested[k]) if k in shape.nested else None,
+                          visit(shape.items[k]) if k in shape.items else None] for k in shape.declared}
+        entry["m"] = "o" if shape.open else ("h" if shape.hatched else "c")
+        entry["r"] = sorted(shape.required)
+        others = [p for p in shape.patterns if p != HATCH_PATTERN]
+        if others:
+            entry["p"] = others
+        if shape.union:
+            entry["u"] = [visit(b) for b in shape.union]
+        if shape.discriminated:
+            entry["x"] = {prop: [key, {value: visit(s) for value, s in bound.items()}]
+                          for prop, (key, bound) in shape.discriminated.items()}
+        return sid
+
+    types = {t: visit(s) for t, s in sorted(shapes.items())}
+    return {"types": types, "shapes": table}
+
+
+def approval_data_keys(shapes: dict[str, ObjectShape]) -> tuple[str, ...]:
+    """The keys ApprovalData declares (the ``data`` bound to ``kind: "approval"`` of approval.requested)."""
+    shape = shapes.get("approval.requested")
+    if shape is None or "data" not in shape.discriminated:
+        return ()
+    key, bound = shape.discriminated["data"]
+    approval = bound.get("approval")
+    return approval.declared if approval is not None else ()
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _array(values) -> str:
+    return "ARRAY[" + ", ".join(_lit(v) for v in values) + "]::text[]" if values else "'{}'::text[]"
+
+
+def projection_sql(schema: str, artifacts, shapes: dict[str, ObjectShape]) -> str:
+    """The DDL of the projection functions (CREATE OR REPLACE; idempotent)."""
+    table = orjson.dumps(shape_table(shapes)).decode()
+    renamed = orjson.dumps({v1: artifacts.v1_to_v2[v1] for v1 in sorted(artifacts.renamed)}).decode()
+    hatch = _lit(HATCH_PATTERN)
+    renames = " ".join(f"WHEN k = {_lit(a)} THEN {_lit(b)}" for a, b in APPROVAL_RENAMES.items())
+    approval_keys = _array(approval_data_keys(shapes))
+    top_keys = _array(APPROVAL_TOP)
+    top = " ".join(f"WHEN {_lit(a)} THEN {_lit(b)}" for a, b in APPROVAL_TOP.items())
+    s = schema
+    return f"""
+CREATE OR REPLACE FUNCTION {s}.payload_shapes() RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ow$ SELECT {_lit(table)}::jsonb $ow$;
+
+CREATE OR REPLACE FUNCTION {s}.renamed_types() RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ow$ SELECT {_lit(renamed)}::jsonb $ow$;
+
+-- A value under a `type` key, at any depth, that is a renamed v1 event type is mapped like the row's type.
+CREATE OR REPLACE FUNCTION {s}.map_nested_types(v jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    k text;
+    x jsonb;
+    y jsonb;
+    out jsonb := v;
+    i integer;
+BEGIN
+    IF jsonb_typeof(v) = 'object' THEN
+        FOR k, x IN SELECT e.key, e.value FROM jsonb_each(v) e LOOP
+            IF k = 'type' AND jsonb_typeof(x) = 'string' THEN
+                y := {s}.renamed_types() -> (x #>> '{{}}');
+                IF y IS NOT NULL THEN
+                    out := out || jsonb_build_object(k, y);
+                END IF;
+            ELSIF jsonb_typeof(x) IN ('object', 'array') THEN
+                y := {s}.map_nested_types(x);
+                IF y <> x THEN
+                    out := out || jsonb_build_object(k, y);
+                END IF;
+            END IF;
+        END LOOP;
+    ELSIF jsonb_typeof(v) = 'array' THEN
+        FOR i IN 0 .. jsonb_array_length(v) - 1 LOOP
+            x := v -> i;
+            IF jsonb_typeof(x) IN ('object', 'array') THEN
+                y := {s}.map_nested_types(x);
+                IF y <> x THEN
+                    out := jsonb_set(out, ARRAY[i::text], y);
+                END IF;
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN out;
+END
+$ow$;
+
+-- One object against one shape (module docstring of proxy.projection).
+CREATE OR REPLACE FUNCTION {s}.project_obj(sid text, v jsonb, path text,
+                                          OUT val jsonb, OUT unseated text[], OUT boxed integer)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    sh jsonb := {s}.payload_shapes() -> 'shapes' -> sid;
+    decl jsonb := sh -> 'k';
+    mode text := sh ->> 'm';
+    k text;
+    x jsonb;
+    spec jsonb;
+    child text;
+    items text;
+    box jsonb := '{{}}'::jsonb;
+    sub record;
+    i integer;
+    b text;
+    first boolean := true;
+    arr jsonb;
+BEGIN
+    val := v;
+    unseated := '{{}}';
+    boxed := 0;
+    IF jsonb_typeof(v) IS DISTINCT FROM 'object' THEN
+        RETURN;  -- not an object: the schema's business, not the projection's
+    END IF;
+    IF sh ? 'u' THEN
+        -- A union: the first branch that seats every key; else the first branch's verdict.
+        FOR b IN SELECT jsonb_array_elements_text(sh -> 'u') LOOP
+            SELECT * INTO sub FROM {s}.project_obj(b, v, path);
+            IF cardinality(sub.unseated) = 0 THEN
+                val := sub.val; boxed := sub.boxed;
+                RETURN;
+            END IF;
+            IF first THEN
+                first := false;
+                unseated := sub.unseated;
+            END IF;
+        END LOOP;
+        RETURN;
+    END IF;
+    FOR k, x IN SELECT e.key, e.value FROM jsonb_each(v) e LOOP
+        spec := decl -> k;
+        IF spec IS NOT NULL THEN
+            child := spec ->> 0;
+            items := spec ->> 1;
+            IF sh ? 'x' AND (sh -> 'x') ? k THEN
+                -- the shape of this property is bound to a sibling's value (suspend-request's data by kind)
+                child := COALESCE(sh -> 'x' -> k -> 1 ->> (v ->> (sh -> 'x' -> k ->> 0)), child);
+            END IF;
+            IF child IS NOT NULL AND jsonb_typeof(x) = 'object' THEN
+                SELECT * INTO sub FROM {s}.project_obj(child, x, path || k || '.');
+                IF sub.val <> x THEN
+                    val := val || jsonb_build_object(k, sub.val);
+                END IF;
+                unseated := unseated || sub.unseated;
+                boxed := boxed + sub.boxed;
+            ELSIF items IS NOT NULL AND jsonb_typeof(x) = 'array' THEN
+                arr := x;
+                FOR i IN 0 .. jsonb_array_length(x) - 1 LOOP
+                    SELECT * INTO sub FROM {s}.project_obj(items, x -> i, path || k || '[' || i || '].');
+                    IF sub.val <> x -> i THEN
+                        arr := jsonb_set(arr, ARRAY[i::text], sub.val);
+                    END IF;
+                    unseated := unseated || sub.unseated;
+                    boxed := boxed + sub.boxed;
+                END LOOP;
+                IF arr <> x THEN
+                    val := val || jsonb_build_object(k, arr);
+                END IF;
+            END IF;
+        ELSIF mode = 'o' THEN
+            NULL;
+        ELSIF mode = 'h' AND k ~ {hatch} THEN
+            NULL;
+        ELSIF sh ? 'p' AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(sh -> 'p') p WHERE k ~ p) THEN
+            NULL;
+        ELSIF mode = 'h' THEN
+            box := box || jsonb_build_object(k, x);
+            val := val - k;
+        ELSE
+            unseated := unseated || (path || k);
+        END IF;
+    END LOOP;
+    IF box <> '{{}}'::jsonb THEN
+        IF v ? {_lit(CARRIER)} THEN
+            -- the carrier is taken (by the host itself): refuse rather than merge into a value we did not write
+            FOR k IN SELECT jsonb_object_keys(box) LOOP
+                unseated := unseated || (path || k);
+            END LOOP;
+        ELSE
+            val := val || jsonb_build_object({_lit(CARRIER)}, box);
+            boxed := boxed + (SELECT count(*) FROM jsonb_object_keys(box))::integer;
+        END IF;
+    END IF;
+END
+$ow$;
+
+-- The named transformations, the walk, and the fill from the row's own columns, for one v2 type.
+CREATE OR REPLACE FUNCTION {s}.project_v2(t2 text, p jsonb, node text, run text, tenant text,
+                                         OUT val jsonb, OUT unseated text[], OUT boxed integer,
+                                         OUT missing text[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    sid text := {s}.payload_shapes() -> 'types' ->> t2;
+    req jsonb;
+    pre text[] := '{{}}';
+    x jsonb;
+    o jsonb;
+    who text;
+    subject_tenant text;
+    data jsonb;
+    rest jsonb;
+    k text;
+    seat text;
+    sub record;
+BEGIN
+    val := p;
+    unseated := '{{}}';
+    boxed := 0;
+    missing := '{{}}';
+    IF sid IS NULL OR jsonb_typeof(p) IS DISTINCT FROM 'object' THEN
+        RETURN;  -- a vendor type (no definition) or a non-object payload: carried unchanged
+    END IF;
+    IF jsonb_path_exists(p, 'lax $.**.type') THEN
+        val := {s}.map_nested_types(val);
+    END IF;
+    IF t2 = 'run.started' THEN
+        -- versioning.md §2.1: engineVersion is an integer; a string of digits is that integer.
+        x := val -> 'engineVersion';
+        IF jsonb_typeof(x) = 'string' THEN
+            IF (x #>> '{{}}') ~ '^(0|[1-9][0-9]*)$' THEN
+                val := val || jsonb_build_object('engineVersion', (x #>> '{{}}')::numeric);
+            ELSE
+                pre := pre || 'engineVersion'::text;
+            END IF;
+        END IF;
+        -- identity.md §1.2: the owner block carries a Subject; a stored owner without one gets the legacy Subject.
+        o := val -> 'owner';
+        IF o IS NULL THEN
+            IF tenant IS NOT NULL THEN
+                val := val || jsonb_build_object('owner', jsonb_build_object('tenant', tenant,
+                    'subject', jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', {_lit(LEGACY_SUBJECT_ID)},
+                                                  'tenant', tenant, 'lane', 'api-key', 'kind', 'user')));
+            END IF;
+        ELSIF jsonb_typeof(o) = 'object' AND NOT o ? 'subject'
+              AND (NOT o ? 'principal' OR jsonb_typeof(o -> 'principal') = 'string') THEN
+            subject_tenant := COALESCE(tenant, o ->> 'tenant');
+            IF subject_tenant IS NOT NULL THEN
+                who := COALESCE(o ->> 'principal', {_lit(LEGACY_SUBJECT_ID)});
+                val := val || jsonb_build_object('owner', (o - 'principal') || jsonb_build_object('subject',
+                    jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', who,
+                                       'tenant', subject_tenant, 'lane', 'api-key', 'kind', 'user')));
+            END IF;
+        END IF;
+    ELSIF t2 = 'approval.requested' AND NOT val ? 'data' AND NOT val ? 'kind' THEN
+        -- RFC 0186 §A.3: a stored v1 approval.requested seats into the interrupt request's ApprovalData.
+        data := '{{}}'::jsonb;
+        rest := '{{}}'::jsonb;
+        FOR k, x IN SELECT e.key, e.value FROM jsonb_each(val) e LOOP
+            seat := CASE {renames} WHEN k = ANY ({approval_keys}) THEN k END;
+            IF k = ANY ({top_keys}) THEN
+                seat := CASE k {top} END;
+                IF val ? seat THEN
+                    pre := pre || k;  -- two stored keys for one seat
+                ELSE
+                    rest := rest || jsonb_build_object(seat, x);
+                END IF;
+            ELSIF seat IS NULL THEN
+                rest := rest || jsonb_build_object(k, x);  -- no seat in ApprovalData: the walk decides
+            ELSIF seat <> k AND val ? seat THEN
+                pre := pre || k;  -- two stored keys for one seat
+            ELSE
+                data := data || jsonb_build_object(seat, x);
+            END IF;
+        END LOOP;
+        val := rest || jsonb_build_object('kind', 'approval', 'data', data);
+    END IF;
+    SELECT * INTO sub FROM {s}.project_obj(sid, val, '');
+    val := sub.val;
+    unseated := pre || sub.unseated;
+    boxed := sub.boxed;
+    req := {s}.payload_shapes() -> 'shapes' -> sid -> 'r';
+    IF req ? 'nodeId' AND NOT val ? 'nodeId' AND node IS NOT NULL THEN
+        val := val || jsonb_build_object('nodeId', node);
+    END IF;
+    IF req ? 'runId' AND NOT val ? 'runId' AND run IS NOT NULL THEN
+        val := val || jsonb_build_object('runId', run);
+    END IF;
+    SELECT COALESCE(array_agg(r ORDER BY r), '{{}}') INTO missing
+      FROM jsonb_array_elements_text(req) r WHERE NOT val ? r;
+END
+$ow$;
+"""
+
+
+def read_v2p_sql(schema: str, artifacts, sqlstate: str) -> str:
+    """The per-row entry point of a major-2 read that outputs payloads (see the module docstring)."""
+    forward = "\n".join(f"        WHEN {_lit(v1)} THEN {_lit(artifacts.v1_to_v2[v1])}"
+                        for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
+    s = schema
+    return f"""
+CREATE OR REPLACE FUNCTION {s}.read_v2p(era smallint, t text, p jsonb, run text, seq bigint,
+                                       eid text, node text, tenant text)
+RETURNS text LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    e smallint := {s}.read_v2(era, t, run, seq);
+    t2 text;
+    r record;
+    out text;
+    sentence text;
+BEGIN
+    IF e = 3 OR p IS NULL THEN
+        RETURN e::text;
+    END IF;
+    t2 := CASE t
+{forward}
+        ELSE t END;
+    SELECT * INTO r FROM {s}.project_v2(t2, p, node, run, tenant);
+    IF cardinality(r.unseated) > 0 THEN
+        sentence := format('the payload of %s in era-2 run %s at sequence %s holds %s, which the v2 '
+                           'definition can neither carry nor seat', t2, quote_nullable(run),
+                           coalesce(seq::text, 'unknown'), array_to_string(r.unseated, ', '));
+        RAISE EXCEPTION USING
+            ERRCODE = {_lit(sqlstate)},
+            MESSAGE = 'payload_unprojectable: ' || sentence,
+            DETAIL = jsonb_build_object(
+                'error', 'payload_unprojectable',
+                'message', sentence,
+                'details', jsonb_build_object('type', t2, 'keys', to_jsonb(r.unseated), 'eventId', eid,
+                                              'sequence', seq, 'runId', run))::text,
+            HINT = 'the row is stored untouched; see the openwop-seat README, "Payload projection"';
+    END IF;
+    out := '2';
+    IF r.val <> p THEN
+        out := out || r.val::text;
+    ELSIF cardinality(r.missing) = 0 THEN
+        RETURN out;  -- unchanged and complete: the row keeps its bytes and counts nothing
+    END IF;
+    out := out || {_lit(META_SEPARATOR)} || r.boxed || {_lit(META_SEPARATOR)} || t2
+           || {_lit(META_SEPARATOR)} || array_to_string(r.missing, ',');
+    RETURN out;
+END
+$ow$;
+"""

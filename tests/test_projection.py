@@ -1,0 +1,238 @@
+"""Payload projection (issue #4): the frozen payload-projection-v1 fixtures through the seat, with real drivers.
+
+Each fixture case is one era-2 run of one event, stored directly (no seat: a v1 writer). A major-2 reader
+through the seat must read the expected type and the expected payload *bytes* (expected-major2.json, which
+is PostgreSQL's own jsonb text of the hand-written expectation in cases.json), or the expected refusal.
+A major-1 reader reads every payload as stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import asyncpg
+import psycopg
+import pytest
+from psycopg.adapt import Loader
+from psycopg.types.json import Jsonb
+
+FIXTURES = Path(__file__).parent / "fixtures" / "payload-projection-v1"
+CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
+EXPECTED = json.loads((FIXTURES / "expected-major2.json").read_text())
+NODE_DIR = Path(__file__).parent / "node"
+PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+SQLSTATE = "OW002"
+
+
+def run_id(case: dict) -> str:
+    return f"pp1.{case['name']}"
+
+
+def stored_payload_text(pg, case: dict) -> str:
+    return pg.psql(f"SELECT payload::text FROM events WHERE run_id = '{run_id(case)}'").strip()
+
+
+class TextJsonb(Loader):
+    def load(self, data):
+        return bytes(data).decode()
+
+
+@pytest.fixture(scope="module")
+def loaded(pg):
+    """The fixture runs, stored directly (era 2: no run_era row), replacing any earlier copy."""
+    ids = [run_id(c) for c in CASES]
+    with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("DELETE FROM events WHERE run_id = ANY(%s)", (ids,))
+            conn.execute("DELETE FROM runs WHERE run_id = ANY(%s)", (ids,))
+            conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = ANY(%s)", (ids,))
+            for c in CASES:
+                e = c["event"]
+                if c["tenantId"] is not None:
+                    conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, %s)", (run_id(c), c["tenantId"]))
+                conn.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                             "VALUES (%s, %s, %s, %s, %s, %s, '2026-09-03T08:00:00Z')",
+                             (f"ev.{run_id(c)}", run_id(c), e["sequence"], e["type"], e["nodeId"], Jsonb(e["payload"])))
+    return ids
+
+
+@pytest.fixture(scope="module")
+def pp_seat(start_seat):
+    return start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
+
+
+# ---------------------------------------------------------------- readers: {run_id: ("ok", type, text) | ("error", ...)}
+
+
+def read_asyncpg(url: str, app: str | None, ids: list[str]) -> dict:
+    async def go():
+        conn = await asyncpg.connect(url, server_settings={"application_name": app} if app else {})
+        out = {}
+        try:
+            stmt = await conn.prepare(PAGE)  # binary results: jsonb arrives with its version byte
+            for rid in ids:
+                try:
+                    rows = await stmt.fetch(rid, -1, 1000)
+                    out[rid] = ("ok", rows[0]["type"], rows[0]["payload"])
+                except asyncpg.PostgresError as e:
+                    out[rid] = ("error", e.sqlstate, str(e), e.detail)
+        finally:
+            await conn.close()
+        return out
+
+    return asyncio.run(go())
+
+
+def read_psycopg(dsn: str, app: str | None, ids: list[str]) -> dict:
+    out = {}
+    with psycopg.connect(dsn, autocommit=True, application_name=app or "") as conn:
+        conn.adapters.register_loader("jsonb", TextJsonb)
+        for rid in ids:
+            try:
+                row = conn.execute(PAGE.replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
+                                   (rid, -1, 1000)).fetchone()
+                out[rid] = ("ok", row[3], row[5])
+            except psycopg.Error as e:
+                out[rid] = ("error", e.sqlstate, e.diag.message_primary, e.diag.message_detail)
+    return out
+
+
+def read_node(url: str, app: str | None, ids: list[str]) -> dict:
+    request = {"mode": "page", "url": url, "applicationName": app, "runs": ids}
+    proc = subprocess.run(["node", str(NODE_DIR / "golden.js")], input=json.dumps(request), cwd=NODE_DIR,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = {}
+    for rid, got in json.loads(proc.stdout).items():
+        if "error" in got:
+            e = got["error"]
+            out[rid] = ("error", e["code"], e["message"], e["detail"])
+        else:
+            row = dict(zip(got["fields"], got["rows"][0]))
+            out[rid] = ("ok", row["type"], row["payload"])
+    return out
+
+
+READERS = {"asyncpg-binary": read_asyncpg, "psycopg-text": read_psycopg, "node-postgres-text": read_node}
+
+
+def _connect_args(reader: str, seat, app):
+    return (seat.url() if reader != "psycopg-text" else seat.dsn()), app
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_expected_bytes_are_postgres_text_of_the_hand_written_expectations(pg):
+    """expected-major2.json holds exactly what PostgreSQL prints for each expectation in cases.json."""
+    assert [c["name"] for c in CASES] == list(EXPECTED)
+    with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as conn:
+        for c in CASES:
+            want, exp = EXPECTED[c["name"]], c["expect"]
+            if "error" in exp:
+                assert want == {"error": exp["error"], "type": exp["type"], "keys": exp["keys"]}, c["name"]
+                continue
+            payload = json.dumps(exp["payload"]).replace("<run>", run_id(c))
+            text = conn.execute("SELECT %s::jsonb::text", (payload,)).fetchone()[0]
+            assert want == {"type": exp["type"], "payloadText": text}, c["name"]
+            if not exp["changed"]:
+                stored = conn.execute("SELECT %s::jsonb::text", (json.dumps(c["event"]["payload"]),)).fetchone()[0]
+                assert stored == text, f"{c['name']}: an unchanged case must expect the stored bytes"
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_major_2_reads_the_expected_projection_bytes_or_refusal(loaded, pp_seat, reader):
+    url, app = _connect_args(reader, pp_seat, None)
+    got = READERS[reader](url, app, loaded)
+    for c in CASES:
+        rid, want = run_id(c), EXPECTED[c["name"]]
+        result = got[rid]
+        where = f"{reader} {c['name']}"
+        if "error" in want:
+            assert result[0] == "error", f"{where}: read {result}"
+            _, sqlstate, message, detail = result
+            assert sqlstate == SQLSTATE and message.startswith("payload_unprojectable: "), where
+            envelope = json.loads(detail)
+            assert envelope["error"] == "payload_unprojectable"
+            assert envelope["details"] == {"type": want["type"], "keys": want["keys"], "eventId": f"ev.{rid}",
+                                           "sequence": c["event"]["sequence"], "runId": rid}, where
+            for key in want["keys"]:
+                assert key in message, f"{where}: the message names {key}"
+        else:
+            assert result[0] == "ok", f"{where}: {result}"
+            assert result[1] == want["type"], where
+            assert result[2] == want["payloadText"], f"{where}: payload bytes differ"
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_major_1_reads_every_payload_as_stored(loaded, pp_seat, pg, reader):
+    url, app = _connect_args(reader, pp_seat, "v1-host")
+    got = READERS[reader](url, app, loaded)
+    for c in CASES:
+        result = got[run_id(c)]
+        assert result[0] == "ok", f"{reader} {c['name']}: {result}"
+        assert result[1] == c["event"]["type"]
+        assert result[2] == stored_payload_text(pg, c), f"{reader} {c['name']}"
+
+
+def test_unchanged_payloads_keep_the_servers_bytes(loaded, pp_seat, pg):
+    """A payload the projection leaves equal is the stored text, byte for byte (not re-serialised)."""
+    got = read_psycopg(pp_seat.dsn(), None, loaded)
+    unchanged = [c for c in CASES if "error" not in c["expect"] and not c["expect"]["changed"]]
+    assert len(unchanged) >= 8
+    for c in unchanged:
+        assert got[run_id(c)][2] == stored_payload_text(pg, c), c["name"]
+
+
+def test_numbers_and_strings_are_jsonb_s_own_in_projected_payloads(pg, pp_seat):
+    """A projected payload is PostgreSQL's jsonb text: 1.50 keeps its scale, big integers their digits."""
+    rid = "pp1.numbers"
+    stored = '{"name": "x", "next": 1.50, "value": 123456789012345678901234567890, "s": "\\u00e9\\n"}'
+    pg.psql(f"DELETE FROM events WHERE run_id = '{rid}'; INSERT INTO events (event_id, run_id, sequence, type, "
+            f"payload, timestamp) VALUES ('ev.{rid}', '{rid}', 1, 'variable.changed', '{stored}', now())")
+    got = read_psycopg(pp_seat.dsn(), None, [rid])[rid]
+    assert got[0] == "ok", got
+    assert got[2] == ('{"name": "x", "next": 1.50, '
+                      '"x-v1": {"s": "é\\n", "value": 123456789012345678901234567890}}')
+
+
+def test_a_refused_row_leaves_the_transaction_as_postgres_would(loaded, pp_seat):
+    with psycopg.connect(pp_seat.dsn()) as conn:
+        conn.execute("SELECT 1")
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("SELECT * FROM events WHERE run_id = %s", ("pp1.variable-changed-carrier-taken",))
+        assert e.value.sqlstate == SQLSTATE
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute("SELECT 1")
+        conn.rollback()
+        assert conn.execute("SELECT type FROM events WHERE run_id = %s",
+                            ("pp1.variable-changed-carrier-taken",)).fetchone() == ("variable.changed",)
+
+
+def test_projection_metrics_count_projected_boxed_and_missing(loaded, start_seat):
+    seat = start_seat()  # its own counters
+    ok = [c for c in CASES if "error" not in c["expect"]]
+    read_psycopg(seat.dsn(), None, [run_id(c) for c in ok])
+    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+
+    def value(name: str, **labels) -> float:
+        for m in re.finditer(rf"^{name}{{(.*)}} (\S+)$", text, re.MULTILINE):
+            if dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) == labels:
+                return float(m.group(2))
+        return 0.0
+
+    for v2type in {c["expect"]["type"] for c in ok}:
+        cases = [c for c in ok if c["expect"]["type"] == v2type]
+        assert value("openwop_seat_payloads_projected_total", type=v2type) == \
+            sum(c["expect"]["changed"] for c in cases), v2type
+        assert value("openwop_seat_payload_keys_boxed_total", type=v2type) == \
+            sum(c["expect"].get("boxed", 0) for c in cases), v2type
+        for key in {k for c in cases for k in c["expect"]["missing"]}:
+            assert value("openwop_seat_payload_required_missing_total", type=v2type, key=key) == \
+                sum(key in c["expect"]["missing"] for c in cases), (v2type, key)
