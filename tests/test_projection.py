@@ -236,3 +236,39 @@ def test_projection_metrics_count_projected_boxed_and_missing(loaded, start_seat
         for key in {k for c in cases for k in c["expect"]["missing"]}:
             assert value("openwop_seat_payload_required_missing_total", type=v2type, key=key) == \
                 sum(key in c["expect"]["missing"] for c in cases), (v2type, key)
+
+
+def test_fork_of_a_projected_prefix_reads_back_byte_equal(pg, pp_seat):
+    """Fork as the host does it: read the parent (era 2) as major 2, append each event to a new run through the
+    seat (stamped era 3), read the child: type, sequence and payload bytes equal the parent's projected read."""
+    parent, child = "pp1.fork-parent", "pp1.fork-child"
+    ok = [c for c in CASES if "error" not in c["expect"] and c["event"]["type"] != "run.started"]
+    started = next(c for c in CASES if c["name"] == "run-started-without-owner")
+    with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as conn, conn.transaction():
+        for rid in (parent, child):
+            conn.execute("DELETE FROM events WHERE run_id = %s", (rid,))
+            conn.execute("DELETE FROM runs WHERE run_id = %s", (rid,))
+            conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = %s", (rid,))
+        conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (parent,))
+        for seq, c in enumerate([started] + ok):
+            e = c["event"]
+            conn.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                         "VALUES (%s, %s, %s, %s, %s, %s, now())",
+                         (f"ev.{parent}.{seq}", parent, seq, e["type"], e["nodeId"], Jsonb(e["payload"])))
+    page = "SELECT sequence, type, payload FROM events WHERE run_id = %s ORDER BY sequence"
+    with psycopg.connect(pp_seat.dsn(), autocommit=True) as conn:
+        conn.adapters.register_loader("jsonb", TextJsonb)
+        prefix = conn.execute(page, (parent,)).fetchall()
+        assert len(prefix) == len(ok) + 1
+        assert '"subjectId": "legacy"' in prefix[0][2]  # the legacy Subject is in the prefix the fork copies
+        with conn.transaction():
+            conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (child,))
+            for seq, t, payload in prefix:
+                conn.execute("INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) "
+                             "VALUES (%s, %s, %s, %s, %s::jsonb, now())", (f"ev.{child}.{seq}", child, seq, t, payload))
+        copy = conn.execute(page, (child,)).fetchall()
+    assert pg.psql(f"SELECT era FROM openwop_seat.run_era WHERE run_id = '{child}'").strip() == "3"
+    assert copy == prefix
+    # and the child is stored in v2 vocabulary, its payloads as read (nothing left to project)
+    stored = pg.psql(f"SELECT string_agg(type, ',' ORDER BY sequence) FROM events WHERE run_id = '{child}'").strip()
+    assert stored.split(",") == [t for _, t, _ in prefix]
