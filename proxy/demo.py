@@ -161,7 +161,7 @@ async def _seed(cluster: DevCluster) -> None:
         # the host's own included, as a restore does; keeping the rule on shows it is not in the way.)
         await conn.executemany(
             "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
-            "VALUES ($1, $2, $3, $4, 'n1', '{\"k\": 1}', now())", rows)
+            "VALUES ($1, $2, $3, $4, 'n1', '{}', now())", rows)
         await conn.execute("SELECT openwop_seat.stamp_run($1, 'demo')", ERA3_RUN)  # the host's role cannot
     finally:
         await conn.close()
@@ -180,17 +180,60 @@ async def _side_by_side(port: int) -> None:
             for raw, v2, v1 in zip(got["raw"], got["v2"], got["v1"]):
                 seen = [row["type"] if row["type"] == raw["type"] else f"{row['type']} *" for row in (v2, v1)]
                 print(f"  {run:<9} {raw['sequence']:>3}  {raw['type']:<{w}} {seen[0]:<{w}} {seen[1]}")
-                for row in (v2, v1):
-                    others_equal &= [v for k, v in row.items() if k != "type"] == \
-                        [v for k, v in raw.items() if k != "type"]
+                for row in (v2, v1):  # payloads: the next section
+                    others_equal &= [v for k, v in row.items() if k not in ("type", "payload")] == \
+                        [v for k, v in raw.items() if k not in ("type", "payload")]
         print("\n  * = the seat changed the type on the way out. Era 2 is stored in v1 vocabulary: the v2")
         print("  reader gets it through the codemap, the v1 reader as stored. Era 3 is stored in v2: the v1")
         print("  reader gets it through the inverted codemap. Identity rows and the registered vendor type")
         print("  (example.*) read the same everywhere. The hidden era column never shows.")
-        print("  every other column equal for all three readers:", "yes" if others_equal else "NO")
+        print("  every other column but the payload equal for all three readers:", "yes" if others_equal else "NO")
     finally:
         for c in conns.values():
             await c.close()
+
+
+PAYLOAD_ROWS = [  # (run, sequence, type, stored payload)
+    ("run-payloads", 1, "run.started", '{"workflowId": "wf-demo", "engineVersion": "7"}'),
+    ("run-payloads", 2, "variable.changed", '{"name": "total", "value": 2}'),
+    ("run-payloads", 3, "agent.toolCalled", '{"agentId": "a-1", "toolName": "echo", "callId": "c-1"}'),
+    ("run-unseatable", 1, "provider.usage",
+     '{"provider": "p", "model": "m", "inputTokens": 1, "outputTokens": 1, "latencyMs": 30}'),
+]
+
+
+async def _payloads(cluster: DevCluster, port: int) -> None:
+    direct = await _direct(cluster)
+    try:
+        for run in ("run-payloads", "run-unseatable"):
+            await direct.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ($1, 'tenant-1', 'x')", run)
+        await direct.executemany(
+            "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+            "VALUES ($1, $2, $3, $4, 'n1', $5::jsonb, now())",
+            [(f"{run}-{seq}", run, seq, t, payload) for run, seq, t, payload in PAYLOAD_ROWS])
+    finally:
+        await direct.close()
+    _section("payload projection: era-2 run 'run-payloads' (tenant 'tenant-1'), stored vs read by a v2 reader")
+    v2, raw = await _connect(port, "v2"), await _connect(port, "raw")
+    try:
+        stored = await raw.fetch(PAGE, "run-payloads", 0, 100)
+        read = await v2.fetch(PAGE, "run-payloads", 0, 100)
+        for s_row, r_row in zip(stored, read):
+            print(f"  {s_row['sequence']}  {s_row['type']} (v2 reads {r_row['type']})\n     stored  {s_row['payload']}")
+            mark = "(unchanged: the server's own bytes)" if r_row["payload"] == s_row["payload"] else ""
+            print(f"     v2 read {r_row['payload']} {mark}")
+        print("  run.started: engineVersion \"7\" is read as 7, and the owner block carries the legacy Subject")
+        print("  (issuer urn:openwop:legacy) with the run's tenant, read in the same statement. variable.changed")
+        print("  has no seat for 'value' in its closed, hatched definition: it is boxed under \"x-v1\", never dropped.")
+        _section("an unseatable key: provider.usage is closed without the hatch, and the row holds 'latencyMs'")
+        try:
+            await v2.fetch(PAGE, "run-unseatable", 0, 100)
+            print("  (unexpectedly succeeded)")
+        except asyncpg.PostgresError as e:
+            _show_error(e)
+    finally:
+        await v2.close()
+        await raw.close()
 
 
 def _show_error(e: asyncpg.PostgresError) -> None:
@@ -343,6 +386,7 @@ async def _through_seat(cluster: DevCluster, port: int) -> None:
     print("read through the seat with the same statement by three clients; the [[proxy.clients]] rules")
     print('give application_name "ops" major "raw", "v1-host" major 1; "host-v2" gets default_major 2.')
     await _side_by_side(port)
+    await _payloads(cluster, port)
     await _refusals(cluster, port)
     await _writer_rule(cluster, port)
 

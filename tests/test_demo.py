@@ -1,0 +1,20 @@
+"""`make demo` (python -m proxy.demo) runs end to end and shows what it says it shows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_demo_shows_translation_projection_and_refusals():
+    proc = subprocess.run([sys.executable, "-m", "proxy.demo"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "agent.reasoning-delta *" in out
+    # a projected payload with the legacy Subject and a boxed key, and an unprojectable row refused
+    assert '"issuer": "urn:openwop:legacy", "tenant": "tenant-1", "subjectId": "legacy"' in out
+    assert '"engineVersion": 7}' in out
+    assert '{"name": "total", "x-v1": {"value": 2}}' in out
+    assert "SQLSTATE OW002" in out and '"keys": ["latencyMs"]' in out
+    assert "SQLSTATE OW001" in out
