@@ -903,6 +903,8 @@ PUBLIC_FUNCTIONS = (
     "read_v2(smallint, text, text, bigint)",
     "read_v1(smallint, text, text, bigint)",
     "read_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
+    "fast_v2(text, jsonb)",
+    "project_row(text, jsonb, text, bigint, text, text, text)",
     "payload_shapes()",
     "renamed_types()",
     "map_nested_types(jsonb)",
