@@ -88,6 +88,14 @@ class HostConfig:
     maintenance_role: str | None = None  # the one role that may UPDATE events.type/run_id (None: nobody)
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask, not the whole machine)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 _OPTIONAL_COLUMNS = ("event_id_column", "node_id_column", "tenant_column")
 
 
@@ -111,7 +119,8 @@ class Config:
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0
     buffer_limit: int = 1 << 20
-    workers: int = 1  # processes sharing the listen port (SO_REUSEPORT) under a supervisor when > 1
+    # processes sharing the listen port (SO_REUSEPORT) under a supervisor when > 1; default one per CPU
+    workers: int = field(default_factory=lambda: cpu_count())
     max_client_conn: int = 1000  # sessions past their startup packet; more are refused with 53300
     client_idle_timeout: float = 0.0  # seconds; 0: off. Closes idle sessions (not in a transaction) with 57P05
     metrics_listen: HostPort | None = None
@@ -216,7 +225,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "buffer_limit" in proxy:
         kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
     if "workers" in proxy:  # an integer >= 1, or "auto": one per CPU
-        kwargs["workers"] = (os.cpu_count() or 1) if proxy["workers"] == "auto" else _integer(
+        kwargs["workers"] = cpu_count() if proxy["workers"] == "auto" else _integer(
             proxy["workers"], "proxy.workers", 1)
     if "max_client_conn" in proxy:
         kwargs["max_client_conn"] = _integer(proxy["max_client_conn"], "proxy.max_client_conn", 1)

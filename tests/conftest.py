@@ -204,7 +204,7 @@ def start_seat(pg, tmp_path_factory):
         port, metrics_port = free_port(), free_port()
         sections = {
             "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{upstream_port or pg.port}",
-                      "shutdown_timeout": 5, **(proxy or {})},
+                      "shutdown_timeout": 5, "workers": 1, **(proxy or {})},  # one process unless a test asks
             "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
         }
         sections["host"] = {"dsn": pg.dsn(), **(host or {})} if upstream_port is None else (host or {})

@@ -96,8 +96,10 @@ def select_one(conn: RawConn, value: int = 1) -> None:
 
 def test_workers_key():
     assert parse_config({"proxy": {"workers": 3}}).workers == 3
-    assert parse_config({}).workers == 1
-    assert parse_config({"proxy": {"workers": "auto"}}).workers == (os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0))
+    assert parse_config({}).workers == cpus  # the default is one worker per CPU this process may use
+    assert parse_config({"proxy": {"workers": "auto"}}).workers == cpus
+    assert parse_config({"proxy": {"workers": 1}}).workers == 1
     for bad in (0, -1, 1.5, True, "many"):
         with pytest.raises(ConfigError, match="proxy.workers"):
             parse_config({"proxy": {"workers": bad}})
