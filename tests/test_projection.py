@@ -272,3 +272,23 @@ def test_fork_of_a_projected_prefix_reads_back_byte_equal(pg, pp_seat):
     # and the child is stored in v2 vocabulary, its payloads as read (nothing left to project)
     stored = pg.psql(f"SELECT string_agg(type, ',' ORDER BY sequence) FROM events WHERE run_id = '{child}'").strip()
     assert stored.split(",") == [t for _, t, _ in prefix]
+
+
+def test_an_append_whose_returned_payload_cannot_be_seated_fails_and_stores_nothing(pg, pp_seat):
+    """RETURNING is a read: a major-2 append to an era-2 run returns the projected row, and a payload its
+    v2 definition cannot seat fails the append (OW002) instead of being stored for every later read to fail."""
+    rid = "pp1.append-era2"
+    pg.psql(f"DELETE FROM events WHERE run_id = '{rid}'; DELETE FROM runs WHERE run_id = '{rid}'; "
+            f"INSERT INTO runs (run_id, tenant_id) VALUES ('{rid}', 'acme')")
+    append = ("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+              "VALUES (%s, %s, %s, %s, 'n-1', %s::jsonb, now()) RETURNING *")
+    with psycopg.connect(pp_seat.dsn(), autocommit=True) as conn:
+        conn.adapters.register_loader("jsonb", TextJsonb)
+        row = conn.execute(append, (f"ev.{rid}.1", rid, 1, "variable.changed", '{"name": "n", "value": 1}')).fetchone()
+        assert row[5] == '{"name": "n", "x-v1": {"value": 1}}'  # returned as a major-2 page would read it
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(append, (f"ev.{rid}.2", rid, 2, "provider.usage",
+                                  '{"provider": "p", "model": "m", "inputTokens": 1, "outputTokens": 1, "latencyMs": 3}'))
+        assert e.value.sqlstate == SQLSTATE
+        assert json.loads(e.value.diag.message_detail)["details"]["keys"] == ["latencyMs"]
+    assert pg.psql(f"SELECT string_agg(sequence::text, ',') FROM events WHERE run_id = '{rid}'").strip() == "1"
