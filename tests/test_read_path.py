@@ -23,18 +23,21 @@ def read_seat(start_seat):
 
 @pytest.fixture
 def runs(pg):
-    """An era-2 run holding every renamed v1 type, and an era-3 run in v2 vocabulary."""
+    """An era-2 run holding every renamed v1 type, and an era-3 run in v2 vocabulary.
+
+    Era-2 payloads are `{}`, which payload projection (issue #4) never boxes or refuses; era-3 payloads are
+    `{"k": 1}`, an undeclared key that a projection would box or refuse, so an era-3 read shows it untouched."""
     import uuid
     tag = uuid.uuid4().hex[:8]
     era2, era3 = f"run2-{tag}", f"run3-{tag}"
     rows = []
     for i, t in enumerate(RENAMED + ["run.started", "example.thing-happened"]):
-        rows.append((f"e2-{tag}-{i}", era2, i, t))
+        rows.append((f"e2-{tag}-{i}", era2, i, t, "{}"))
     for i, t in enumerate(RENAMED):
-        rows.append((f"e3-{tag}-{i}", era3, i, A.v1_to_v2[t]))
+        rows.append((f"e3-{tag}-{i}", era3, i, A.v1_to_v2[t], '{"k": 1}'))
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, 'n1', '{\"k\": 1}', now(), NULL)", rows)
+            cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, 'n1', %s::jsonb, now(), NULL)", rows)
         conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (era3,))
     yield era2, era3
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
@@ -59,10 +62,21 @@ def test_major_2_reads_era_2_translated_and_era_3_untouched(read_seat, pg, runs,
     dcols, direct = page(pg.dsn(), era2, binary)
     assert cols == dcols  # the hidden era column never shows
     assert [r[3] for r in rows] == [A.v1_to_v2[t] for t in RENAMED] + ["run.started", "example.thing-happened"]
-    # every other column byte for byte
-    assert [r[:3] + r[4:] for r in rows] == [r[:3] + r[4:] for r in direct]
-    _, rows3 = page(read_seat.dsn(), era3, binary)
+    # every other column but the payload byte for byte
+    assert [r[:3] + r[4:5] + r[6:] for r in rows] == [r[:3] + r[4:5] + r[6:] for r in direct]
+    # the stored `{}` payloads read projected: at most a required nodeId/runId filled from the row's columns
+    filled = set()
+    for r, d in zip(rows, direct):
+        assert d[5] == {}
+        assert set(r[5]) <= {"nodeId", "runId"} and r[5] == {k: {"nodeId": r[4], "runId": r[1]}[k] for k in r[5]}, r
+        filled |= set(r[5])
+    assert filled == {"nodeId", "runId"}  # e.g. model.capability-substituted and run.dead-lettered require them
+    # era 3: every column as stored, the payload with its undeclared key included
+    cols3, rows3 = page(read_seat.dsn(), era3, binary)
+    dcols3, direct3 = page(pg.dsn(), era3, binary)
+    assert cols3 == dcols3
     assert [r[3] for r in rows3] == [A.v1_to_v2[t] for t in RENAMED]
+    assert rows3 == direct3 and all(r[5] == {"k": 1} for r in rows3)
 
 
 def test_major_1_maps_era_3_back_and_leaves_era_2(read_seat, runs):

@@ -220,9 +220,13 @@ APPEND = ("INSERT INTO events (event_id, run_id, sequence, type, payload, \"time
           "VALUES (%s, %s, %s, %s, %s::jsonb, now()) RETURNING *")
 
 
-def append(conn, run: str, seq: int, etype: str) -> tuple:
-    """One append; returns the RETURNING row (every column of events)."""
-    rows = conn.q(APPEND, f"{run}-{seq}", run, seq, etype, json.dumps({"seq": seq, "note": "\u00e9 \u2713"}))
+def append(conn, run: str, seq: int, etype: str, payload=None) -> tuple:
+    """One append; returns the RETURNING row (every column of events).
+
+    The default payload has keys no v2 definition declares: fine where RETURNING is not projected (era 3,
+    major 1, raw), but a major-2 append to an era-2 run reads it back projected, so those pass their own."""
+    payload = {"seq": seq, "note": "\u00e9 \u2713"} if payload is None else payload
+    rows = conn.q(APPEND, f"{run}-{seq}", run, seq, etype, json.dumps(payload))
     assert len(rows) == 1
     return rows[0]
 
@@ -240,8 +244,9 @@ def needs_node(test):
     return test
 
 
-def node_append(seat, major, run: str, types: list[str]) -> list[dict]:
-    evs = [{"eventId": f"{run}-n{i}", "type": t, "nodeId": None, "payload": {"i": i},
+def node_append(seat, major, run: str, types: list[str], payload=None) -> list[dict]:
+    """The host's append of ``types``; each payload is ``payload``, or {"i": i} (see append() on why)."""
+    evs = [{"eventId": f"{run}-n{i}", "type": t, "nodeId": None, "payload": {"i": i} if payload is None else payload,
             "timestamp": "2024-01-02T03:04:05.000Z", "causationId": None} for i, t in enumerate(types)]
     return node({"mode": "append", "url": seat.url(HOST), "applicationName": APPS[major], "runId": run,
                  "events": evs})
@@ -369,16 +374,20 @@ def test_update_of_runs_never_changes_an_era(wseat, pg, driver):
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_major2_append_to_era2_stores_the_v1_spelling(wseat, pg, driver):
+    """The payload is `{}`: RETURNING of a major-2 append to an era-2 run reads it as a major-2 page does,
+    projected (issue #4), and no v2 definition boxes or refuses an empty object (at most run.started gains the
+    owner block of the run's tenant, a required runId is filled from the row); this test is about types."""
     run = era2_run(pg)
     sent = V2_RENAMED + [UNCHANGED, VENDOR]
     conn = via(wseat, driver)
     try:
-        returned = [append(conn, run, seq, t) for seq, t in enumerate(sent)]
+        returned = [append(conn, run, seq, t, {}) for seq, t in enumerate(sent)]
     finally:
         conn.close()
     assert [r[3] for r in returned] == sent  # RETURNING reads the v2 names back
     assert [r[:3] for r in returned] == [(f"{run}-{i}", run, i) for i in range(len(sent))]
     assert stored(pg, run) == RENAMED + [UNCHANGED, VENDOR]
+    assert sql1(pg, "SELECT DISTINCT payload FROM events WHERE run_id = %s", run) == [({},)]  # stored as sent
     assert "agent.reasoning.delta" in stored(pg, run)
     assert era_rows(pg, run) == []  # an append does not promote the run
 
@@ -597,10 +606,12 @@ def _try(fn):
 
 @needs_node
 def test_node_host_append_as_major2_into_era2(wseat, pg):
-    """BEGIN; SELECT pg_advisory_xact_lock(hashtext($1), 1); the next-sequence CTE … RETURNING *; COMMIT."""
+    """BEGIN; SELECT pg_advisory_xact_lock(hashtext($1), 1); the next-sequence CTE … RETURNING *; COMMIT.
+
+    The payloads are `{}` (see test_major2_append_to_era2_stores_the_v1_spelling): RETURNING is projected."""
     run = era2_run(pg)
     sent = ["agent.reasoning-delta"] + V2_RENAMED + [UNCHANGED, VENDOR, "agent.reasoning.delta", UNKNOWN]
-    out = node_append(wseat, 2, run, sent)
+    out = node_append(wseat, 2, run, sent, {})
     ok, bad = out[:-2], out[-2:]
     assert [o.get("error") for o in ok] == [None] * len(ok), ok
     returned = [dict(zip(o["fields"], o["row"])) for o in ok]
@@ -613,6 +624,7 @@ def test_node_host_append_as_major2_into_era2(wseat, pg):
         assert_envelope(Failed(e["code"], e["message"], e["detail"], None), "event_type_unmapped", etype, run,
                         len(ok) + 1)
     assert stored(pg, run) == ["agent.reasoning.delta"] + RENAMED + [UNCHANGED, VENDOR]
+    assert sql1(pg, "SELECT DISTINCT payload FROM events WHERE run_id = %s", run) == [({},)]  # stored as sent
     assert era_rows(pg, run) == []  # still era 2
     assert sql1(pg, "SELECT openwop_seat.era_of(%s)", run) == [(2,)]
 
@@ -622,20 +634,26 @@ def test_node_host_append_as_major2_into_era2(wseat, pg):
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_fork_of_an_era2_parent_is_an_era3_child_in_v2_names(wseat, pg, driver):
+    """The parent's payloads are `{}`, which the major-2 read projects (issue #4) without boxing or refusing:
+    unchanged, but for run.started, which gains the legacy owner block of the run's tenant. The fork copies
+    the payloads as read, so the era-3 child stores them projected and reads them back as the parent reads."""
     parent, child = era2_run(pg), rid("child")
     history = RENAMED[:12] + [UNCHANGED, VENDOR] + RENAMED[12:20]
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO events (event_id, run_id, sequence, type, payload, \"timestamp\") "
-                            "VALUES (%s, %s, %s, %s, %s, now())",
-                            [(f"{parent}-{i}", parent, i, t, json.dumps({"i": i, "s": "x\u00e9", "n": [i, None]}))
-                             for i, t in enumerate(history)])
+                            "VALUES (%s, %s, %s, %s, '{}', now())",
+                            [(f"{parent}-{i}", parent, i, t) for i, t in enumerate(history)])
     prefix = 16
     page = "SELECT type, sequence, payload FROM events WHERE run_id = %s AND sequence < %s ORDER BY sequence"
     conn = via(wseat, driver)
     try:
         read = conn.q(page, parent, prefix)
         assert [r[0] for r in read] == [A.v1_to_v2.get(t, t) for t in history[:prefix]]  # translated
+        legacy = {"tenant": "t", "subject": {"issuer": "urn:openwop:legacy", "subjectId": "legacy", "tenant": "t",
+                                             "lane": "api-key", "kind": "user"}}
+        assert [json.loads(p) if isinstance(p, str) else p for _, _, p in read] == \
+            [{"owner": legacy} if t == UNCHANGED else {} for t in history[:prefix]]  # projected
         conn.q("BEGIN")
         conn.q("INSERT INTO runs (run_id, tenant_id, parent_run_id) VALUES (%s, 't', %s)", child, parent)
         for etype, seq, payload in read:
@@ -649,6 +667,10 @@ def test_fork_of_an_era2_parent_is_an_era3_child_in_v2_names(wseat, pg, driver):
     assert era_rows(pg, child) == [(3, "created")]
     assert stored(pg, child) == [A.v1_to_v2.get(t, t) for t in history[:prefix]]  # v2 names as is
     assert again == read
+    # the child stores the payloads as read (projected); the parent keeps its own
+    assert [p for (p,) in sql1(pg, "SELECT payload FROM events WHERE run_id = %s ORDER BY sequence", child)] == \
+        [json.loads(p) if isinstance(p, str) else p for _, _, p in read]
+    assert sql1(pg, "SELECT DISTINCT payload FROM events WHERE run_id = %s", parent) == [({},)]
     # byte for byte: the server's text of (type, sequence, payload), both read through the seat
     with psycopg.connect(wseat.dsn(user=HOST)) as conn:
         raw = []

@@ -4,10 +4,12 @@
 //   node golden.js < request.json
 //
 // The request is one JSON document:
-//   {"mode": "page", "url": ..., "applicationName": ... | null, "runs": [runId, ...]}
+//   {"mode": "page", "url": ..., "applicationName": ... | null, "runs": [runId, ...], "sql"?: ...}
 //     reads each run with the host's page shape (an unnamed prepared statement:
 //     Parse/Bind/Describe/Execute/Sync), all on one connection, and prints
 //     {runId: {"fields": [name, ...], "rows": [[text, ...], ...]} | {"error": {...}}}.
+//     "sql" (optional) replaces the page statement (PAGE_SQL); it takes the same
+//     three parameters (run id, sequence after, limit).
 //   {"mode": "append", "url": ..., "applicationName": ..., "runId": ..., "events": [ev, ...]}
 //     appends each event with the host's append path (BEGIN; advisory lock;
 //     the next-sequence CTE with RETURNING *; COMMIT), and prints
@@ -57,7 +59,7 @@ async function page(req) {
     const out = {};
     for (const runId of req.runs) {
       try {
-        const res = await client.query({ text: PAGE_SQL, values: [runId, -1, 1000], types: RAW, rowMode: 'array' });
+        const res = await client.query({ text: req.sql || PAGE_SQL, values: [runId, -1, 1000], types: RAW, rowMode: 'array' });
         out[runId] = result(res);
       } catch (err) {
         out[runId] = { error: errorShape(err) };
