@@ -25,9 +25,12 @@ What is generated here is data plus one generic engine, not per-type code:
   ``nodeId``/``runId`` from the row's own columns; it reports the unseated
   keys, the number of boxed keys and the required keys still missing.
 * ``read_v2p(...)`` is the per-row entry point the classifier puts in the
-  hidden column: the era check of ``read_v2``, then the projection; it raises
-  ``payload_unprojectable`` or returns ``<era>[<projected jsonb>][\\x1e<boxed>\\x1e<type>\\x1e<missing,…>]``
-  as text (see :mod:`proxy.reader`).
+  hidden column, an inlined SQL expression: the era check of ``read_v2``, then
+  ``fast_v2`` (a generated per-type test that the payload needs nothing), and
+  only otherwise ``project_row`` (plpgsql), which raises ``payload_unprojectable``
+  or returns ``<era>[<projected jsonb>][\\x1e<boxed>\\x1e<type>\\x1e<missing,…>]`` as
+  text; the part after the era is present when the payload changed or a
+  required key is missing (see :mod:`proxy.reader`).
 
 Serialisation.  The projected payload is a jsonb value and reaches the client
 as PostgreSQL prints jsonb (``jsonb_out``): keys in jsonb's storage order
