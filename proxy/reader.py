@@ -63,6 +63,8 @@ class EventColumns:
     # Views (and materialized views) that read events.type: their rows cannot be translated.
     derived_oids: frozenset[int] = frozenset()
     payload_attnum: int = 0  # 0: unknown (no payload column is recognised)
+    # Views that read events.payload: their payloads cannot be projected (major 2 only).
+    derived_payload_oids: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -77,13 +79,13 @@ class Layout:
     payloads: tuple[int, ...] = ()  # columns that are the events table's payload
     hidden_text: bool = False  # the hidden column is read_v2p's text (era, projected payload, counts)
     payload_binary: tuple[bool, ...] = ()  # per payload column: sent in binary (jsonb version byte first)
+    derived_payload: bool = False  # some column comes from a view over events.payload
 
     @property
     def translated(self) -> bool:
         return bool(self.hidden)
 
     def __post_init__(self) -> None:
-        # The columns a row changes, in order, as (index, is a type column); hidden ones are dropped.
         # The columns a row changes, in order, as (index, what): 0 hidden (dropped), 1 type, 2 payload.
         self.cuts_mapped = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types])
         self.cuts_projected = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types]
@@ -129,8 +131,8 @@ def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Lay
     """The layout of a RowDescription and the (start, end) byte span of each field in ``body``."""
     (n,) = _I16.unpack_from(body, 0)
     pos = 2
-    spans, hidden, types, payloads = [], [], [], []
-    binary_hidden = derived = hidden_text = False
+    spans, hidden, types, payloads, payload_formats = [], [], [], [], []
+    binary_hidden = derived = hidden_text = derived_payload = False
     for i in range(n):
         end = body.index(b"\x00", pos)
         name = body[pos:end]
@@ -146,16 +148,14 @@ def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Lay
             types.append(i)
         elif events is not None and table_oid == events.table_oid and attnum == events.payload_attnum:
             payloads.append(i)
+            payload_formats.append(fmt == 1)  # 0 in a statement Describe's answer: the portal's formats decide
         elif events is not None and table_oid in events.derived_oids:
             derived = True
+        if events is not None and table_oid in events.derived_payload_oids:
+            derived_payload = True
         pos = field_end
     return Layout(tuple(hidden), tuple(types), n, binary_hidden and not hidden_text, derived, tuple(payloads),
-                  hidden_text, tuple(fmt == 1 for fmt in _payload_formats(body, spans, payloads))), spans
-
-
-def _payload_formats(body: bytes, spans, payloads) -> list[int]:
-    """The format codes RowDescription states for the payload columns (0 in a Describe's answer)."""
-    return [_I16.unpack_from(body, spans[i][1] - 2)[0] for i in payloads]
+                  hidden_text, tuple(payload_formats), derived_payload), spans
 
 
 def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
@@ -459,7 +459,7 @@ class ReadPath:
                 "a result carries the events table's type column without the seat's era column "
                 "(a view, a function or a statement shape the seat does not know); the session is closed "
                 "rather than pass untranslated rows")
-        if layout.payloads and self.major == 2 and not layout.hidden_text:
+        if self.major == 2 and ((layout.payloads and not layout.hidden_text) or layout.derived_payload):
             raise ReadPathError(
                 "a result carries the events table's payload column without the seat's projection "
                 "(a view, a function or a statement shape the seat does not know); the session is closed "

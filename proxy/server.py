@@ -90,12 +90,17 @@ async def load_read_context(config: Config):
             "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
             "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
             "AND NOT a.attisdropped", schema.quote_qualified(host.events_table), host.type_column)
-        derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"]) if row is not None else []
         columns = {}
         for table in (host.events_table, host.runs_table):
             columns[table] = {r["attname"]: r["attnum"] for r in await conn.fetch(
                 "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
                 "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", schema.quote_qualified(table))}
+        derived = derived_payload = []
+        if row is not None:
+            derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"])
+            payload_attnum = columns[host.events_table].get(host.payload_column)
+            if payload_attnum is not None:
+                derived_payload = await conn.fetch(DERIVED_RELATIONS, row["oid"], payload_attnum)
     finally:
         await conn.close()
     if row is None:
@@ -104,8 +109,8 @@ async def load_read_context(config: Config):
             f"{database!r}")
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major) for major in (1, 2)}
-    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived),
-                          columns[config.host.events_table].get(host.payload_column, 0))
+    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived), payload_attnum,
+                          frozenset(r["oid"] for r in derived_payload))
     for key in absent:
         log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
                     "'Payload projection')", key, getattr(config.host, key))

@@ -60,11 +60,32 @@ def test_client_rules_first_match_wins():
     ({"tls": {"upstream_sslmode": "verify-full"}}, "tls.upstream_ca_file: required"),
     ({"tls": {"cert_file": "/nonexistent/cert.pem"}}, "tls.cert_file: no such file"),
     ({"log": {"format": "xml"}}, "log.format"),
+    ({"host": {"payload_column": "pay load"}}, "host.payload_column: expected a column name"),
+    ({"host": {"payload_column": ""}}, "host.payload_column"),
+    ({"host": {"tenant_column": "runs.tenant"}}, "host.tenant_column: expected a column name"),
+    ({"host": {"node_id_column": 7}}, "host.node_id_column"),
 ])
 def test_invalid_config_names_the_key(data, text):
     with pytest.raises(ConfigError) as e:
         parse_config(data)
     assert text in str(e.value)
+
+
+def test_optional_projection_columns():
+    host = parse_config({"host": {"event_id_column": "", "tenant_column": "org"}}).host
+    assert (host.event_id_column, host.node_id_column, host.tenant_column) == (None, "node_id", "org")
+
+
+def test_projection_columns_are_checked_against_the_tables():
+    from proxy.schema import SchemaError
+    from proxy.server import resolve_columns
+
+    host = parse_config({"host": {"payload_column": "body"}}).host
+    with pytest.raises(SchemaError, match="host.payload_column 'body': no such column"):
+        resolve_columns(host, {"payload": 6, "event_id": 1}, {"tenant_id": 2})
+    resolved, absent = resolve_columns(parse_config({}).host, {"payload": 6, "event_id": 1}, {})
+    assert absent == ["node_id_column", "tenant_column"]
+    assert (resolved.event_id_column, resolved.node_id_column, resolved.tenant_column) == ("event_id", None, None)
 
 
 def test_ipv6_hostport():

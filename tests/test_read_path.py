@@ -187,6 +187,25 @@ def test_a_view_over_events_closes_the_session_instead_of_leaking(start_seat, pg
         pg.psql("DROP VIEW events_view2; DROP VIEW events_view")
 
 
+def test_a_view_over_events_payload_closes_a_major_2_session_instead_of_leaking(start_seat, pg, runs):
+    """A view that reads events.payload but not type: its payloads would reach a v2 reader unprojected."""
+    era2, _ = runs
+    pg.psql("CREATE VIEW payload_view AS SELECT run_id, payload FROM events; GRANT SELECT ON payload_view TO PUBLIC")
+    try:
+        seat = start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
+        with psycopg.connect(seat.dsn(), autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as e:
+                conn.execute("SELECT payload FROM payload_view WHERE run_id = %s", (era2,)).fetchall()
+            assert e.value.sqlstate == "OW007" and "projection" in str(e.value)
+        with psycopg.connect(seat.dsn(), autocommit=True, application_name="v1-host") as conn:
+            # a v1 reader reads payloads as stored anyway: the view is fine for it
+            direct = pg.psql(f"SELECT count(*) FROM events WHERE run_id = '{era2}'").strip()
+            got = conn.execute("SELECT payload FROM payload_view WHERE run_id = %s", (era2,)).fetchall()
+            assert len(got) == int(direct) > 0
+    finally:
+        pg.psql("DROP VIEW payload_view")
+
+
 def test_refusal_inside_a_pipeline_discards_up_to_sync(read_seat, fresh_table):
     table = fresh_table("id int")
     with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
