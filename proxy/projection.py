@@ -112,8 +112,9 @@ def _array(values) -> str:
     return "ARRAY[" + ", ".join(_lit(v) for v in values) + "]::text[]" if values else "'{}'::text[]"
 
 
-def projection_sql(schema: str, artifacts, shapes: dict[str, ObjectShape]) -> str:
+def projection_sql(schema: str, artifacts) -> str:
     """The DDL of the projection functions (CREATE OR REPLACE; idempotent)."""
+    shapes = artifacts.payload_shapes
     graph = shape_table(shapes)
     # One flat object, so each lookup is one `->` on the constant (a nested `-> 'shapes'` would copy the
     # whole shape table out for every row): "t:<type>" -> shape id, "<id>" -> shape.
@@ -402,7 +403,7 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str) -> str:
     plpgsql projection ``project_row``, which costs tens of microseconds per row."""
     forward = "\n".join(f"        WHEN {_lit(v1)} THEN {_lit(artifacts.v1_to_v2[v1])}"
                         for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
-    shapes = getattr(artifacts, "payload_shapes", {})
+    shapes = artifacts.payload_shapes
     fast = "\n".join(f"    WHEN {_lit(v1)} THEN {_fast_condition(shapes[v2])}"
                      for v1, v2 in sorted(artifacts.v1_to_v2.items())
                      if v2 in shapes and v2 not in TRANSFORMED) or "    WHEN NULL THEN false"

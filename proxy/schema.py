@@ -941,7 +941,7 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
     from .projection import projection_sql, read_v2p_sql
 
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
-                    projection_sql(SCHEMA, artifacts, getattr(artifacts, "payload_shapes", {})),
+                    projection_sql(SCHEMA, artifacts),
                     read_v2p_sql(SCHEMA, artifacts, ERRORS["payload_unprojectable"].sqlstate),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
                     writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
