@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,10 @@ class HostConfig:
     dsn: str | None = None  # how the seat itself reaches the host database (schema checks); its dbname is translated
     claim_secret_file: str | None = None  # the secret of openwop_seat.claim (else $OPENWOP_SEAT_CLAIM_SECRET)
     maintenance_role: str | None = None  # the one role that may UPDATE events.type/run_id (None: nobody)
+    # The host's own per-run append lock, as an SQL expression over `run_id` (the run's id as text), e.g.
+    # "pg_advisory_xact_lock(hashtext(run_id), 1)". The cutover tools take it before they write to a run, so
+    # they serialise with the host's appends as the host's appends do with each other (None: the host has none).
+    append_lock: str | None = None
 
 
 def cpu_count() -> int:
@@ -265,7 +270,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
 
     host = _take(data.get("host", {}), "host",
                  {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
-                  "claim_secret_file", "maintenance_role", "payload_column", *_OPTIONAL_COLUMNS})
+                  "claim_secret_file", "maintenance_role", "payload_column", "append_lock", *_OPTIONAL_COLUMNS})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
                    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
                              "payload_column") if k in host}
@@ -279,6 +284,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         host_kwargs["claim_secret_file"] = os.path.join(os.path.dirname(source), path) if source else path
     if "maintenance_role" in host:
         host_kwargs["maintenance_role"] = _string(host["maintenance_role"], "host.maintenance_role")
+    if "append_lock" in host:
+        host_kwargs["append_lock"] = _append_lock(host["append_lock"])
     kwargs["host"] = HostConfig(**host_kwargs)
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
@@ -287,6 +294,15 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "level" in log:
         kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
     return Config(**kwargs)
+
+
+def _append_lock(value: Any) -> str:
+    """An SQL expression naming `run_id`; checked to be one expression, not a statement list."""
+    text = _string(value, "host.append_lock").strip()
+    if not text or ";" in text or not re.search(r"\brun_id\b", text):
+        raise ConfigError("host.append_lock: expected one SQL expression over run_id, such as "
+                          f"\"pg_advisory_xact_lock(hashtext(run_id), 1)\", got {text!r}")
+    return text
 
 
 def load_config(path: str | None) -> Config:

@@ -587,6 +587,18 @@ def stamp_run_sql(run_expr: str, source_expr: str) -> str:
     return f"SELECT {SCHEMA}.stamp_run(({run_expr})::text, ({source_expr})::text)"
 
 
+def host_append_lock_sql(host: HostConfig) -> str | None:
+    """SQL taking the host's own per-run append lock (``[host] append_lock``) for the run bound as $1, or None.
+
+    The configured expression names ``run_id``; it is evaluated over a one-row
+    subquery that binds that name to $1 (text), so the expression is used as
+    written, with no text substitution.
+    """
+    if host.append_lock is None:
+        return None
+    return f"SELECT ({host.append_lock}) FROM (SELECT $1::text AS run_id) AS openwop_seat_run"
+
+
 def _codemap_rows(artifacts) -> dict[str, str]:
     # v1_types is the set of v1_to_v2's keys; filtering by it keeps a set whose
     # vocabulary was narrowed (by a test) one vocabulary.

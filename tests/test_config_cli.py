@@ -155,3 +155,17 @@ def test_env_config_and_flag_overrides_and_major_logged(pg, tmp_path):
 def test_serve_needs_host_dsn_unless_every_major_is_raw(tmp_path):
     out = cli("serve", "--listen", "127.0.0.1:0")
     assert out.returncode == 2 and "host.dsn: required" in out.stderr
+
+
+def test_append_lock_is_one_expression_over_run_id():
+    from proxy.config import ConfigError, parse_config
+    from proxy.schema import host_append_lock_sql
+
+    config = parse_config({"host": {"append_lock": " pg_advisory_xact_lock(hashtext(run_id), 1) "}})
+    assert config.host.append_lock == "pg_advisory_xact_lock(hashtext(run_id), 1)"
+    assert host_append_lock_sql(config.host) == (
+        "SELECT (pg_advisory_xact_lock(hashtext(run_id), 1)) FROM (SELECT $1::text AS run_id) AS openwop_seat_run")
+    assert host_append_lock_sql(parse_config({}).host) is None
+    for bad in ("", "pg_advisory_xact_lock(42)", "pg_advisory_xact_lock(hashtext(run_id)); DROP TABLE events", 7):
+        with pytest.raises(ConfigError, match="host.append_lock"):
+            parse_config({"host": {"append_lock": bad}})
