@@ -292,3 +292,17 @@ def test_an_append_whose_returned_payload_cannot_be_seated_fails_and_stores_noth
         assert e.value.sqlstate == SQLSTATE
         assert json.loads(e.value.diag.message_detail)["details"]["keys"] == ["latencyMs"]
     assert pg.psql(f"SELECT string_agg(sequence::text, ',') FROM events WHERE run_id = '{rid}'").strip() == "1"
+
+
+def test_fast_path_is_planned_once_per_session_not_per_statement(pg, loaded):
+    """read_v2p is inlined into the statement, but its per-type fast test is a plpgsql call: an inlined
+    SQL body is parsed again at every planning, and that body (a branch per v1 type) cost milliseconds
+    per unprepared statement. The plan shows the call, and no inlined per-type branch."""
+    from proxy.classify import Classifier
+    from proxy.config import HostConfig
+
+    sql = Classifier(HostConfig(), 2).classify(
+        "SELECT * FROM events WHERE run_id = 'pp1.provider-usage' ORDER BY sequence").text
+    plan = pg.psql(f"EXPLAIN (VERBOSE) {sql}")
+    assert "openwop_seat.fast_v2(events.type, events.payload)" in plan, plan
+    assert "read_v2p" not in plan and "agent.toolCalled'::text THEN" not in plan, plan
