@@ -12,6 +12,17 @@ statement produced it, so it can:
   never re-encoding the row);
 - present a refused statement's error at the place PostgreSQL would have.
 
+Most statements on a host database never touch the events table, so the FIFO
+is kept only while some answer must be looked at. While nothing owed is
+watched ("quiet"), the read path keeps just the ReadyForQuery each
+Sync/Query/FunctionCall is owed (for latency) and the kinds of the extended
+messages since the last Sync; the session then relays the server's answers
+without framing them for the read path, looking only at RowDescriptions (for
+the leak check) and ReadyForQuery. The first message that touches a translated
+or refused statement turns the quiet bookkeeping into FIFO entries (one
+``Zq`` entry standing for the quiet answers still owed, then the open group's
+messages) and the FIFO takes over until it drains.
+
 Refusals never depend on the seat alone: a row the reader rule cannot read
 fails inside the server (the hidden column's check raises), and a refused
 statement is replaced by a *poison* statement that fails on the server, so the
@@ -109,11 +120,11 @@ class Portal:
     described: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """A response the server owes, in order."""
 
-    kind: str  # 'P', 'B', 'DS', 'DP', 'E', 'C', 'S', 'Q', 'F'
+    kind: str  # 'P', 'B', 'DS', 'DP', 'E', 'C', 'S', 'Q', 'F'; 'Zq': the quiet answers owed before it
     name: str = ""
     statement: Statement | None = None
     portal: Portal | None = None
@@ -125,6 +136,10 @@ class Entry:
     layout: Layout | None = None  # for 'Q': the current result's layout
     watched: bool = False  # its answers must be looked at (rewritten or swallowed)
     t0: float = 0.0  # for 'S', 'Q', 'F': when it was sent (statement latency)
+
+
+# Extended-protocol messages of a quiet group, by type byte: the FIFO entry each one owes.
+_QUIET_KINDS = {0x50: "P", 0x42: "B", 0x45: "E", 0x43: "C"}
 
 
 def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Layout, list[tuple[int, int]]]:
@@ -175,6 +190,14 @@ class ReadPath:
         self.map_era = b"2" if major == 2 else b"3"  # rows of this era are mapped for this reader
         self.map_era_bin = b"\x00\x02" if major == 2 else b"\x00\x03"
         self.pending: deque[Entry] = deque()
+        # Quiet bookkeeping (nothing owed is watched): when each quiet Sync/Query/FunctionCall was sent,
+        # oldest first (one ReadyForQuery owed each), and the FIFO kinds of the open extended group.
+        self.quiet_sent: deque[float] = deque()
+        self.quiet_group: list[str] = []
+        # The 4-byte table OIDs a RowDescription field must carry to come from the events table or a view
+        # over it: a RowDescription holding none of them cannot leak (a substring test, no parsing).
+        self._leak_oids = () if events is None else tuple(
+            struct.pack("!I", oid) for oid in {events.table_oid, *events.derived_oids, *events.derived_payload_oids})
         self.statements: dict[str, Statement] = {}
         self.portals: dict[str, Portal] = {}
         self.active = 0  # pending entries whose answers the seat must inspect
@@ -234,8 +257,99 @@ class ReadPath:
             self.active -= 1
         return entry
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing the server owes is in the FIFO: its answers need no framing by the read path."""
+        return not self.pending
+
     def on_client(self, t: int, body: bytes) -> bytes | None:
         """Account for one client message; returns replacement bytes, or None to forward it as is."""
+        if not self.pending and self._quiet_client(t, body):
+            return None
+        return self._on_client(t, body)
+
+    def _quiet_client(self, t: int, body: bytes) -> bool:
+        """Quiet bookkeeping of one client message; False when it needs the FIFO (it touches a translated
+        or refused statement, or a group the quiet bookkeeping cannot follow), which then takes over."""
+        if t == 0x53:  # 'S' Sync
+            self.quiet_sent.append(perf_counter())
+            self.quiet_group.clear()
+            return True
+        if t == 0x50:  # 'P'
+            name_end = body.index(b"\x00")
+            sql = body[name_end + 1:body.index(b"\x00", name_end + 1)].decode("utf-8", "surrogateescape")
+            plan = self._classify(sql)
+            if plan.changed or plan.refused is not None:
+                return self._unquiet()
+            name = body[:name_end].decode()
+            cls = self._class_of(plan.statements[0]) if plan.statements else "passthrough"
+            if cls == "passthrough":
+                if self.statements:
+                    self.statements.pop(name, None)
+            else:
+                self.statements[name] = Statement(plan, cls=cls)
+        elif t == 0x42:  # 'B'
+            portal_end = body.index(b"\x00")
+            st = self.statements.get(body[portal_end + 1:body.index(b"\x00", portal_end + 1)].decode()) \
+                if self.statements else None
+            if st is not None:
+                if st.plan.translated:
+                    return self._unquiet()
+                self.portals[body[:portal_end].decode()] = Portal(st, ())
+            elif self.portals:
+                self.portals.pop(body[:portal_end].decode(), None)
+        elif t == 0x45:  # 'E'
+            portal = self.portals.get(body[:body.index(b"\x00")].decode()) if self.portals else None
+            st = portal.statement if portal is not None else None
+            if st is not None and st.plan.translated:
+                return self._unquiet()
+            self.statement_counts[st.cls if st is not None else "passthrough", "extended"] += 1
+        elif t == 0x44:  # 'D'
+            name = body[1:-1].decode()
+            if body[:1] == b"S":
+                st = self.statements.get(name) if self.statements else None
+                kind = "DS"
+            else:
+                portal = self.portals.get(name) if self.portals else None
+                st = portal.statement if portal is not None else None
+                kind = "DP"
+            if st is not None and st.plan.translated:
+                return self._unquiet()
+            self.quiet_group.append(kind)
+            return True
+        elif t == 0x43:  # 'C' Close
+            (self.statements if body[:1] == b"S" else self.portals).pop(body[1:-1].decode(), None)
+        elif t == 0x51:  # 'Q'
+            if self.quiet_group:
+                return self._unquiet()
+            plan = self._classify(body[:-1].decode("utf-8", "surrogateescape"))
+            if plan.changed:
+                return self._unquiet()
+            counts = self.statement_counts
+            for st in plan.statements:
+                counts[self._class_of(st), "simple"] += 1
+            self.quiet_sent.append(perf_counter())
+            return True
+        elif t == 0x46:  # 'F' FunctionCall
+            if self.quiet_group:
+                return self._unquiet()
+            self.quiet_sent.append(perf_counter())
+            return True
+        else:  # Flush, Terminate, COPY traffic: nothing owed
+            return True
+        self.quiet_group.append(_QUIET_KINDS[t])
+        return True
+
+    def _unquiet(self) -> bool:
+        """Hand the quiet bookkeeping to the FIFO: the answers still owed, then the open group's messages."""
+        if self.quiet_sent:
+            self.pending.append(Entry("Zq"))
+        for kind in self.quiet_group:
+            self.pending.append(Entry(kind))
+        self.quiet_group.clear()
+        return False
+
+    def _on_client(self, t: int, body: bytes) -> bytes | None:
         if t == 0x51:  # 'Q'
             return self._query(body)
         if t == 0x50:  # 'P'
@@ -353,17 +467,51 @@ class ReadPath:
 
     # ------------------------------------------------------------ server side
 
+    def on_server_quiet(self, t: int, body: bytes) -> None:
+        """A server message while the read path is quiet (only RowDescription, ReadyForQuery and
+        ErrorResponse are shown): the leak check, statement latency and the server's errors."""
+        if t == 0x54:  # 'T'
+            if self._may_leak(body):
+                self._check_leak(parse_row_description(body, self.events)[0])
+        elif t == 0x5A:  # 'Z'
+            if self.quiet_sent:
+                sent = self.quiet_sent.popleft()
+                if self.statement_seconds is not None:
+                    self.statement_seconds.observe(perf_counter() - sent)
+        elif t == 0x45:  # 'E'
+            self._server_error(body)
+
+    def _may_leak(self, body: bytes) -> bool:
+        for oid in self._leak_oids:
+            if oid in body:
+                return True
+        return False
+
     def on_server(self, t: int, body: bytes) -> bytes | None:
         """Account for one server message: None to forward it as it is, else the bytes to send instead
         (b"" to swallow it)."""
         pending = self.pending
         head = pending[0] if pending else None
+        if head is not None and head.kind == "Zq":  # answers to quiet groups, owed before the FIFO's
+            if t == 0x5A:
+                self.on_server_quiet(t, body)
+                if not self.quiet_sent:
+                    self._pop()
+            elif t == 0x54 or t == 0x45:
+                self.on_server_quiet(t, body)
+            return None
         if t == 0x44:  # 'D' DataRow
             layout = self._current_layout(head)
             if layout is not None and layout.translated:
                 return self._translate_row(body, layout)
             return None
         if t == 0x54:  # 'T'
+            if head is None or not head.watched:  # a passthrough result: only the leak check
+                if self._may_leak(body):
+                    self._check_leak(parse_row_description(body, self.events)[0])
+                if head is not None and (head.kind == "DS" or head.kind == "DP"):
+                    self._pop()
+                return None
             layout, spans = parse_row_description(body, self.events)
             self._check_leak(layout)
             if head is None:
@@ -415,10 +563,7 @@ class ReadPath:
         if t == 0x45:  # 'E' ErrorResponse
             replacement = self._error(head)
             if replacement is None:  # the server's own error reaches the client
-                sqlstate = messages.parse_error_fields(body).get("C", "")
-                self.server_errors[sqlstate] += 1
-                if sqlstate in BY_SQLSTATE and self.on_refusal is not None:
-                    self.on_refusal(sqlstate, "")
+                self._server_error(body)
             return replacement
         if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
             while self.pending:
@@ -429,6 +574,12 @@ class ReadPath:
                     break
             return None
         return None  # notices, notifications, parameter status, COPY traffic, …
+
+    def _server_error(self, body: bytes) -> None:
+        sqlstate = messages.parse_error_fields(body).get("C", "")
+        self.server_errors[sqlstate] += 1
+        if sqlstate in BY_SQLSTATE and self.on_refusal is not None:
+            self.on_refusal(sqlstate, "")
 
     def _current_layout(self, head: Entry | None) -> Layout | None:
         if head is None:

@@ -27,6 +27,7 @@ from .wire.codec import (
     FRONTEND_TYPES,
     HELD,
     RAW,
+    EditFramer,
     StreamSplitter,
     CancelRequest,
     GSSENCRequest,
@@ -48,10 +49,12 @@ RAW_COUNTED = frozenset(b"QSF")
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
                    "08P01": "protocol_violation", "57P01": "shutting_down"}
 
-# With a read path, the client messages it rewrites or accounts for are held whole…
-READ_FRONTEND = frozenset(b"QPBDECSF")
-# …and the backend messages it needs for its bookkeeping are seen as they pass.
+# With a read path, the client messages it rewrites or accounts for (and Terminate, for the session state)…
+READ_FRONTEND = frozenset(b"QPBDECSFX")
+# …the backend messages it needs for its bookkeeping while its FIFO is in use…
 READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
+# …and while it is quiet: the session state's, and RowDescription for the leak check.
+QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
 
 if TYPE_CHECKING:
     from .server import SeatServer
@@ -222,8 +225,9 @@ class Session:
         self._claim_buf = bytearray()
         self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
         self._client_backlog: list[bytes] = []
-        self._client_splitter: StreamSplitter | None = None
-        self._upstream_splitter: StreamSplitter | None = None
+        self._client_framer: EditFramer | None = None  # with a read path: frames the client's stream…
+        self._upstream_splitter: StreamSplitter | None = None  # …and the server's, once authenticated
+        self._split_upstream = False  # the server's stream goes through the splitter alone from here on
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
@@ -330,8 +334,8 @@ class Session:
         else:
             self.reader.attach(self.server.stats, self._log_refusal)
         if self.reader is not None:
-            self._client_splitter = StreamSplitter(frozenset())
-            self._upstream_splitter = StreamSplitter(READ_BACKEND_SEEN)
+            self._client_framer = EditFramer(READ_FRONTEND, FRONTEND_TYPES)
+            self._upstream_splitter = StreamSplitter()
         if self.server.on_host_database(self.params):
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
@@ -377,14 +381,15 @@ class Session:
         if self._claiming:  # the client speaks before its ReadyForQuery: keep it until the claim is done
             self._client_backlog.append(data)
             return
+        if self.reader is not None:
+            self._relay_client_read(data)
+            return
         try:
             captured = self.client_walker.feed(data)
         except ProtocolViolation as e:
             if e.valid_upto and self.upstream is not None:
                 self.upstream.write(data[:e.valid_upto])
-            self.server.stats.protocol_violations += 1
-            log.warning("session %s: client protocol violation: %s", self.id, e.message)
-            self._fail_client(e.sqlstate, e.message)
+            self._client_violation(e)
             return
         self._last_client = time.monotonic()
         for t, body, _ in captured:
@@ -392,31 +397,62 @@ class Session:
             if t != 0x58:  # with the idle timeout on, Query/Sync/FunctionCall are captured too
                 self._queries_sent += 1
         self.bytes_in += len(data)
-        if self.reader is None:
-            if captured:
-                self._raw_frontend(captured)
-            self.upstream.write(data)
-            return
+        if captured:
+            self._raw_frontend(captured)
+        self.upstream.write(data)
+
+    def _relay_client_read(self, data: bytes) -> None:
+        """A session with a read path: one pass frames the chunk, the read path sees each message it
+        accounts for, and the chunk goes on as it arrived unless a message in it was replaced."""
+        framer = self._client_framer
+        items, lo, hi = framer.feed(data)
+        self._last_client = time.monotonic()
+        self.bytes_in += len(data)
         reader = self.reader
-        out: list = []
-        for item in self._client_splitter.feed(data, READ_FRONTEND.__contains__):
-            if item[0] == RAW:
-                out.append(item[1])
-            else:
-                _, t, body = item
-                replacement = reader.on_client(t, body)
-                out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+        parts: list | None = None
+        last = lo
+        for t, body, start, end in items:
+            if t == 0x58:  # 'X'
+                self.state.on_frontend(t, body)
+                continue
+            if t == 0x51 or t == 0x53 or t == 0x46:
+                self._queries_sent += 1
+            replacement = reader.on_client(t, body)
+            if start < 0:  # a held message, completed now: it comes before the chunk's span
+                if parts is None:
+                    parts = []
+                parts.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+            elif replacement is not None:
+                if parts is None:
+                    parts = []
+                parts.append(data[last:start])
+                parts.append(replacement)
+                last = end
+        if parts is None:
+            out = data if lo == 0 and hi == len(data) else data[lo:hi]
+        else:
+            parts.append(data[last:hi])
+            out = b"".join(parts)
         if out:
-            self.upstream.write(out[0] if len(out) == 1 else b"".join(out))
+            self.upstream.write(out)
+        if framer.violation is not None:
+            self._client_violation(framer.violation)
+
+    def _client_violation(self, e: ProtocolViolation) -> None:
+        self.server.stats.protocol_violations += 1
+        log.warning("session %s: client protocol violation: %s", self.id, e.message)
+        self._fail_client(e.sqlstate, e.message)
 
     def _relay_upstream(self, data: bytes) -> None:
+        if self._split_upstream:
+            self._relay_upstream_read(data)
+            return
         try:
             captured = self.upstream_walker.feed(data)
         except ProtocolViolation as e:
             if e.valid_upto:
                 self.client.write(data[:e.valid_upto])
-            log.error("session %s: upstream protocol violation: %s", self.id, e.message)
-            self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
+            self._upstream_violation(e)
             return
         if self._claiming:
             self._claim_answer(data)
@@ -447,25 +483,58 @@ class Session:
         if self.reader is None:
             self.client.write(data)
             return
+        # Authenticated, not claiming, at a message boundary: from here on the splitter alone frames the
+        # server's stream (one pass), and this chunk is the first it sees.
+        self._split_upstream = state.phase is not Phase.AUTHENTICATING
+        self._relay_upstream_read(data, counted=True)
+
+    def _relay_upstream_read(self, data: bytes, counted: bool = False) -> None:
+        """A session with a read path, after authentication: one pass frames the chunk. While the read
+        path is quiet nothing is held and only a few message kinds are looked at; while its FIFO is in
+        use, every message is accounted for and, when a result is being translated, held to be rewritten."""
         reader = self.reader
+        quiet = reader.quiet
+        state = self.state
+        try:
+            items = self._upstream_splitter.feed(data, reader.active > 0,
+                                                 QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN)
+        except ProtocolViolation as e:
+            self._upstream_violation(e)
+            return
+        if not counted:
+            self.bytes_out += len(data)
         out: list = []
         try:
-            for item in self._upstream_splitter.feed(data, lambda t: reader.inspecting):
-                if item[0] == RAW:
+            for item in items:
+                kind = item[0]
+                if kind == RAW:
                     out.append(item[1])
-                elif item[0] == HELD:
-                    _, t, body = item
+                    continue
+                t, body = item[1], item[2]
+                if not counted and t in BACKEND_CAPTURE:
+                    state.on_backend(t, body)
+                    if t == 0x5A:
+                        self._readies += 1
+                        self._ready_at = time.monotonic()
+                if kind == HELD:
                     replacement = reader.on_server(t, body)
                     out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+                elif quiet:
+                    reader.on_server_quiet(t, body)
                 else:
-                    reader.on_server(item[1], item[2])
+                    reader.on_server(t, body)
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
             self.client.write(b"".join(out))
             self._fail_client("OW007", f"result_untranslatable: {e}", reason="read path refused a result")
             return
         # one write per received chunk, however many messages were rewritten in it
-        self.client.write(out[0] if len(out) == 1 else b"".join(out))
+        if out:
+            self.client.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _upstream_violation(self, e: ProtocolViolation) -> None:
+        log.error("session %s: upstream protocol violation: %s", self.id, e.message)
+        self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
 
     def _send_claim(self) -> None:
         """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""
@@ -540,8 +609,14 @@ class Session:
 
     # ------------------------------------------------------------------ endings
 
+    def _client_at_boundary(self) -> bool:
+        return (self._client_framer or self.client_walker).at_boundary
+
+    def _upstream_at_boundary(self) -> bool:
+        return (self._upstream_splitter if self._split_upstream else self.upstream_walker).at_boundary
+
     def _client_eof(self) -> None:
-        if not self.client_walker.at_boundary:
+        if not self._client_at_boundary():
             self._fail_client("08P01", "unexpected EOF within message")
         else:
             self.close("client closed")
@@ -573,7 +648,7 @@ class Session:
         now = time.monotonic()
         since = max(self._last_client, self._ready_at)
         idle = (self.state.phase is Phase.READY and not self.state.in_transaction and not self._claiming
-                and self._queries_sent < self._readies and self.client_walker.at_boundary)
+                and self._queries_sent < self._readies and self._client_at_boundary())
         if idle and now - since >= timeout:
             if self.upstream is not None:
                 self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
@@ -585,7 +660,7 @@ class Session:
 
     def _fail_client(self, sqlstate: str, text: str, reason: str | None = None) -> None:
         """Send a FATAL ErrorResponse where the protocol allows one, then end the session."""
-        if not self.closed and self.upstream_walker.at_boundary:
+        if not self.closed and self._upstream_at_boundary():
             self.client.write(messages.error_response(sqlstate, text, severity="FATAL"))
         if not self.closed:
             if self.upstream is None:  # turned away before it was relayed

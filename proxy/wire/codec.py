@@ -258,47 +258,157 @@ class MessageWalker:
                 sqlstate="54000", valid_upto=pos)
 
 
-RAW, HELD, SEEN = 0, 1, 2
+class EditFramer:
+    """Frames a frontend stream so that the caller can replace whole messages before forwarding a chunk.
 
+    ``feed(chunk)`` validates every message as :class:`MessageWalker` does and returns
+    ``(items, lo, hi)``. ``items`` are ``(type, body, start, end)`` for each complete message whose
+    type is in ``capture``, in stream order, with its offsets in the chunk. A captured message that
+    does not fit in one chunk is held back whole until it is complete (so it can still be replaced),
+    and comes with ``start == end == -1``: its bytes are not in the chunk's forwardable span.
+    ``chunk[lo:hi]`` is what may be forwarded: before ``lo`` lies the tail of a held message that
+    completed here, from ``hi`` on the start of one that did not. Everything else is forwarded as it
+    arrives, never copied.
 
-class StreamSplitter:
-    """Frames a message stream whose messages may need rewriting (either direction).
-
-    Whether a message is *held* is decided when its first (type) byte arrives,
-    by calling ``hold(type)``: a held message is returned whole, as ``(HELD, type,
-    body)``, for the caller to rewrite; any other message goes out untouched as
-    part of a ``(RAW, bytes)`` span (adjacent spans are merged, so a chunk with
-    nothing held comes back as itself), and if its type is in ``capture`` a copy
-    of its body is reported as ``(SEEN, type, body)`` once complete, for
-    bookkeeping. Items come in stream order.
+    A protocol violation does not raise: the messages before it are returned as usual, ``hi`` stops
+    at the bad message, and ``violation`` holds the :class:`ProtocolViolation` (as PostgreSQL does,
+    the complete messages before a bad one are still processed).
     """
 
-    __slots__ = ("capture", "_hdr", "_need", "_type", "_body", "_held")
+    __slots__ = ("capture", "allowed", "max_length", "_hdr", "_need", "_type", "_held", "violation")
 
-    def __init__(self, capture: frozenset[int]):
+    def __init__(self, capture: frozenset[int], allowed: frozenset[int] | None = None,
+                 max_length: int = MAX_MESSAGE_LENGTH):
         self.capture = capture
-        self._hdr = b""
-        self._need = 0
+        self.allowed = allowed
+        self.max_length = max_length
+        self._hdr = b""  # the first bytes (fewer than 5) of a message whose header is split across chunks
+        self._need = 0  # body bytes of the message in progress still to come
         self._type = 0
-        self._body: bytearray | None = None  # body being assembled (held or seen)
-        self._held = False  # the message in progress is held
+        self._held: bytearray | None = None  # the body so far of a held message in progress
+        self.violation: ProtocolViolation | None = None
 
     @property
     def at_boundary(self) -> bool:
         return not self._need and not self._hdr
 
-    def feed(self, data: bytes, hold) -> list:
+    def feed(self, data: bytes) -> tuple[list[tuple[int, bytes, int, int]], int, int]:
+        items: list[tuple[int, bytes, int, int]] = []
+        n = len(data)
+        pos = lo = 0
+        if self._hdr:  # complete a split header
+            take = min(5 - len(self._hdr), n)
+            self._hdr += data[:take]
+            pos = take
+            if len(self._hdr) < 5:
+                return items, (n if self._held is not None else 0), n
+            t, length = _HEADER.unpack(self._hdr)
+            self._hdr = b""
+            self._type = t
+            if self._invalid(t, length, 0):
+                return items, 0, 0
+            self._need = length - 4
+            if not self._need and self._complete(items):
+                lo = pos
+        if self._need:  # the body of the message in progress
+            take = min(self._need, n - pos)
+            if self._held is not None:
+                self._held += data[pos:pos + take]
+            pos += take
+            self._need -= take
+            if self._need:
+                return items, (n if self._held is not None else 0), n
+            if self._complete(items):
+                lo = pos
+        hi = n
+        capture = self.capture
+        unpack = _HEADER.unpack_from
+        while pos < n:
+            if n - pos < 5:
+                t = data[pos]
+                if self.allowed is not None and t not in self.allowed:
+                    self.violation = ProtocolViolation(f"invalid frontend message type {t}", valid_upto=pos)
+                    return items, lo, pos
+                self._hdr = data[pos:]
+                self._type = t
+                if t in capture:
+                    self._held = bytearray()
+                    hi = pos
+                break
+            t, length = unpack(data, pos)
+            if self._invalid(t, length, pos):
+                return items, lo, pos
+            end = pos + 1 + length
+            if end <= n:
+                if t in capture:
+                    items.append((t, data[pos + 5:end], pos, end))
+                pos = end
+            else:
+                self._type = t
+                self._need = end - n
+                if t in capture:
+                    self._held = bytearray(data[pos + 5:])
+                    hi = pos
+                break
+        return items, lo, hi
+
+    def _complete(self, items: list) -> bool:
+        """The message in progress is complete: report it if it was held (then True)."""
+        if self._held is None:
+            return False
+        items.append((self._type, bytes(self._held), -1, -1))
+        self._held = None
+        return True
+
+    def _invalid(self, t: int, length: int, pos: int) -> bool:
+        if self.allowed is not None and t not in self.allowed:
+            self.violation = ProtocolViolation(f"invalid frontend message type {t}", valid_upto=pos)
+        elif length < 4:
+            self.violation = ProtocolViolation(f"invalid message length {length}", valid_upto=pos)
+        elif length - 4 > self.max_length:
+            self.violation = ProtocolViolation(
+                f"message of type {chr(t)!r} is too long ({length} bytes, limit {self.max_length + 4})",
+                sqlstate="54000", valid_upto=pos)
+        else:
+            return False
+        self._held = None
+        return True
+
+
+RAW, HELD, SEEN = 0, 1, 2
+
+
+class StreamSplitter:
+    """Frames a backend message stream whose messages may need rewriting.
+
+    ``feed(chunk, hold, capture)``: when ``hold`` is true, every message that starts in this chunk is
+    *held*: returned whole, as ``(HELD, type, body)``, for the caller to rewrite. Any other message
+    goes out untouched as part of a ``(RAW, bytes)`` span (adjacent spans are merged, so a chunk with
+    nothing held comes back as itself), and if its type is in ``capture`` a copy of its body is
+    reported as ``(SEEN, type, body)`` once complete, for bookkeeping. A message in progress keeps
+    the decision made when it started. Items come in stream order.
+    """
+
+    __slots__ = ("_hdr", "_need", "_type", "_body", "_held", "_seen")
+
+    def __init__(self) -> None:
+        self._hdr = b""
+        self._need = 0
+        self._type = 0
+        self._body: bytearray | None = None  # body being assembled (held or seen)
+        self._held = False  # the message in progress is held
+        self._seen = False  # …or only seen
+
+    @property
+    def at_boundary(self) -> bool:
+        return not self._need and not self._hdr
+
+    def feed(self, data: bytes, hold: bool, capture: frozenset[int]) -> list:
         out: list = []
         n = len(data)
         pos = 0
         raw_from = None  # start of the current raw span in ``data``
-
-        def flush_raw(upto: int) -> None:
-            nonlocal raw_from
-            if raw_from is not None and upto > raw_from:
-                out.append((RAW, data[raw_from:upto]))
-            raw_from = None
-
+        unpack = _HEADER.unpack_from
         while pos < n:
             if self._need:
                 take = min(self._need, n - pos)
@@ -309,29 +419,32 @@ class StreamSplitter:
                 pos += take
                 self._need -= take
                 if not self._need:
-                    self._finish(out, flush_raw, pos)
+                    raw_from = self._finish(out, raw_from)
                 continue
             if not self._hdr:
-                # a message starts here: decide now whether it is held
-                held = bool(hold(data[pos]))
+                # a message starts here
                 if n - pos >= 5:
-                    t, length = _HEADER.unpack_from(data, pos)
+                    t, length = unpack(data, pos)
                     end = pos + 1 + length
                     if end <= n and 4 <= length:
                         # the common case: the whole message is in this chunk; slice, don't assemble
-                        if held:
-                            flush_raw(pos)
+                        if hold:
+                            if raw_from is not None:
+                                out.append((RAW, data[raw_from:pos]))
+                                raw_from = None
                             out.append((HELD, t, data[pos + 5:end]))
                         else:
                             if raw_from is None:
                                 raw_from = pos
-                            if t in self.capture:
+                            if t in capture:
                                 out.append((SEEN, t, data[pos + 5:end]))
                         pos = end
                         continue
-                self._held = held
-                if held:
-                    flush_raw(pos)
+                self._held = hold
+                self._seen = not hold and data[pos] in capture
+                if hold and raw_from is not None:
+                    out.append((RAW, data[raw_from:pos]))
+                    raw_from = None
             take = min(5 - len(self._hdr), n - pos)
             if not self._held and raw_from is None:
                 raw_from = pos
@@ -341,24 +454,27 @@ class StreamSplitter:
                 break
             t, length = _HEADER.unpack(self._hdr)
             if length < 4 or length - 4 > MAX_MESSAGE_LENGTH:
-                flush_raw(pos)
+                if raw_from is not None and pos > raw_from:
+                    out.append((RAW, data[raw_from:pos]))
                 raise ProtocolViolation(f"invalid backend message length {length}")
             self._type = t
             self._need = length - 4
-            self._body = bytearray() if (self._held or t in self.capture) else None
+            self._body = bytearray() if (self._held or self._seen) else None
             self._hdr = b""
             if not self._need:
-                self._finish(out, flush_raw, pos)
-        flush_raw(pos)
+                raw_from = self._finish(out, raw_from)
+        if raw_from is not None and pos > raw_from:
+            out.append((RAW, data[raw_from:pos]))
         return out
 
-    def _finish(self, out: list, flush_raw, pos: int) -> None:
+    def _finish(self, out: list, raw_from: int | None) -> int | None:
         body = self._body
         self._body = None
         if self._held:
-            flush_raw(pos)
             out.append((HELD, self._type, bytes(body)))
-        elif body is not None:
+            self._held = False
+            return None
+        if body is not None:
             # bookkeeping only: the raw span goes on (its bytes are written after, in one piece)
             out.append((SEEN, self._type, bytes(body)))
-        self._held = False
+        return raw_from
