@@ -192,12 +192,14 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
                                                                         args.idle_connections + 100))):
                 proc = start()
                 try:
-                    results.memory[target] = workloads.idle_rss(proc.port, proc.pid, args.idle_connections)
+                    results.memory[target] = workloads.idle_rss(proc.port, proc.pid, args.idle_connections,
+                                                                cluster.port)
                 finally:
                     proc.stop()
                 m = results.memory[target]
                 print(f"idle memory  {target:9} {m['rss_before_kib']} KiB -> {m['rss_after_kib']} KiB with "
-                      f"{args.idle_connections} idle connections: {m['kib_per_connection']:.1f} KiB each",
+                      f"{args.idle_connections} idle connections: {m['kib_per_connection']:.1f} KiB each "
+                      f"({m['server_connections']} server connections open)",
                       flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

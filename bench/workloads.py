@@ -135,11 +135,15 @@ def latency(pgbench: str, port: int, seconds: int, logdir: Path, tag: str) -> di
             "p999_us": percentile(times, 0.999)}
 
 
-def idle_rss(port: int, pid: int, connections: int) -> dict:
+def idle_rss(port: int, pid: int, connections: int, server_port: int) -> dict:
     """RSS of ``pid`` before and after ``connections`` idle client connections (each through its startup).
 
-    A few connections are opened and closed first, so one-time allocations (the first session's
-    imports and caches) are not counted against the idle ones.
+    Each connection runs one ``SELECT 1`` and then idles, as a host's pooled connection does; that
+    also makes PgBouncer, which links a server connection only at a client's first query, hold one
+    per client as the seat does from the startup on.  A few connections are opened and closed first,
+    so one-time allocations (the first session's imports and caches) are not counted against the idle
+    ones.  The server's client backends are counted while the connections are open
+    (``server_connections``): fewer than ``connections`` fails the measurement.
     """
 
     async def connect() -> asyncpg.Connection:
@@ -157,7 +161,9 @@ def idle_rss(port: int, pid: int, connections: int) -> dict:
 
         async def one() -> asyncpg.Connection:
             async with gate:
-                return await connect()
+                conn = await connect()
+                await conn.execute("SELECT 1")
+                return conn
 
         opened = await asyncio.gather(*(one() for _ in range(connections)), return_exceptions=True)
         good = [c for c in opened if isinstance(c, asyncpg.Connection)]
@@ -167,10 +173,18 @@ def idle_rss(port: int, pid: int, connections: int) -> dict:
                 raise WorkloadError(f"{len(errors)} of {connections} idle connections failed: {errors[0]!r}")
             await asyncio.sleep(1.0)
             after = rss_kib(pid)
+            server = await asyncpg.connect(host="127.0.0.1", port=server_port, user="postgres", database="postgres")
+            try:
+                backends = await server.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'") - 1
+            finally:
+                await server.close()
+            if backends < connections:
+                raise WorkloadError(f"{connections} idle client connections hold only {backends} server connections")
         finally:
             await asyncio.gather(*(c.close() for c in good), return_exceptions=True)
         return {"connections": connections, "rss_before_kib": before, "rss_after_kib": after,
-                "kib_per_connection": (after - before) / connections}
+                "kib_per_connection": (after - before) / connections, "server_connections": backends}
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(run())
