@@ -17,10 +17,13 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import asyncpg
 
 from proxy.devcluster import PostgresNotFound
 from proxy.schema import CLAIM_SECRET_ENV
@@ -110,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     except (stack.StackError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
         _print_logs(running)
         print(f"bench: {e}", file=sys.stderr)
+        return 1
+    except (asyncpg.PostgresError, OSError, subprocess.SubprocessError) as e:  # a target failed a client
+        _print_logs(running)
+        print(f"bench: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
