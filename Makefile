@@ -29,5 +29,10 @@ test: setup node
 demo: setup
 	$(PY) -m proxy.demo
 
+# The seat against direct PostgreSQL and PgBouncer (README, "Performance"); e.g.
+# make bench BENCH_ARGS="--rounds 1 --seconds 2" for a quick look.
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) $(NODE)/node_modules .pytest_cache

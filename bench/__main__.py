@@ -1,0 +1,224 @@
+"""``python -m bench`` (``make bench``): the seat against direct PostgreSQL and PgBouncer, in alternating rounds.
+
+Each round runs every workload against direct, PgBouncer and the seat in that order, so drift of the
+machine over the run falls on all three alike; the idle-connection memory is measured once at the end,
+on a fresh seat and a fresh PgBouncer.  Prints one table and whether each goal is met, and writes
+``bench/results/<date>-<commit>.json`` (or ``--out``).  Exit 0 when the bench ran (goals met or not),
+1 when something it needs failed, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+
+from proxy.devcluster import PostgresNotFound
+from proxy.schema import CLAIM_SECRET_ENV
+
+from . import report, seed, stack, workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = (*report.THROUGHPUT, "latency", "idle_memory")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark the seat against direct PostgreSQL and PgBouncer (session mode), all on loopback, "
+                    "in alternating rounds; print one table with the seat's ratios and the issue's goals, and "
+                    "write every figure as JSON. Starts its own PostgreSQL, PgBouncer (installing the Debian "
+                    "package when missing and running as root) and seat (one worker); stops them on exit.")
+    parser.add_argument("--rounds", type=_positive, default=3, help="rounds over all targets (default 3)")
+    parser.add_argument("--seconds", type=_positive, default=15,
+                        help="seconds per measurement of one workload against one target (default 15)")
+    parser.add_argument("--only", action="append", choices=WORKLOADS, metavar="WORKLOAD",
+                        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}; the ratios of the "
+                             f"others are written as null")
+    parser.add_argument("--idle-connections", type=_positive, default=1000,
+                        help="idle client connections for the memory figure (default 1000)")
+    parser.add_argument("--scale", type=_positive, default=10, help="pgbench -i scale factor (default 10)")
+    parser.add_argument("--out", type=Path, metavar="PATH",
+                        help="results file (default bench/results/<YYYY-MM-DD>-<short commit>.json)")
+    return parser
+
+
+def _terminate(signum, frame):  # SIGTERM: clean up as for Ctrl-C
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    selected = [w for w in WORKLOADS if not args.only or w in args.only]
+    os.environ.setdefault(CLAIM_SECRET_ENV, secrets.token_hex(16))  # migrate and the seat share it
+    signal.signal(signal.SIGTERM, _terminate)
+    commit, dirty = stack.git_commit()
+    out = args.out or ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}-{commit}.json"
+    running: list = []
+    cluster = None
+    try:
+        # each idle connection is one socket in this process, two in the seat and in PgBouncer
+        stack.raise_nofile(2 * args.idle_connections + 256)
+        pgbouncer_bin = stack.find_pgbouncer()
+        print("starting PostgreSQL ...", flush=True)
+        cluster = stack.start_cluster(args.idle_connections)
+        pgbench = os.path.join(cluster.bin, "pgbench")
+        if not os.path.exists(pgbench):
+            pgbench = shutil.which("pgbench") or pgbench
+        print(f"loading data (pgbench -i -s {args.scale}, {len(seed.PAGE_RUNS)} pages of {seed.PAGE_ROWS} "
+              f"renamed events, {len(seed.APPEND_RUNS)} runs to append into) ...", flush=True)
+        seed.load(cluster, pgbench, args.scale)
+        bouncer = stack.PgBouncer(pgbouncer_bin, cluster, args.idle_connections + 100)
+        running.append(bouncer)
+        seat = stack.Seat(cluster, args.idle_connections + 100)
+        running.append(seat)
+        asyncio.run(seed.check_translation(seat.port, bouncer.port, cluster.port))
+        ports = {"direct": cluster.port, "pgbouncer": bouncer.port, "seat": seat.port}
+        document = {
+            "bench": "openwop-seat make bench (issue #6)",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit,
+            "dirty": dirty,
+            "settings": {"rounds": args.rounds, "seconds": args.seconds, "clients": workloads.CLIENTS,
+                         "threads": workloads.THREADS, "pgbench_scale": args.scale,
+                         "idle_connections": args.idle_connections, "workloads": selected,
+                         "targets": list(report.TARGETS), "seat_workers": 1, "pgbouncer_pool_mode": "session",
+                         "postgresql": stack.cluster_settings(args.idle_connections)},
+            "machine": stack.machine(cluster.psql("SHOW server_version").strip(), pgbouncer_bin, pgbench),
+            "load_average_start": list(os.getloadavg()),
+        }
+        results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin)
+    except (stack.StackError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
+        _print_logs(running)
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    except (asyncpg.PostgresError, OSError, subprocess.SubprocessError) as e:  # a target failed a client
+        _print_logs(running)
+        print(f"bench: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        for proc in reversed(running):
+            proc.stop()
+        if cluster is not None:
+            cluster.stop()
+    summary = report.summarise(results)
+    ratios = report.ratios(results, summary)
+    document.update({
+        "load_average_end": list(os.getloadavg()),
+        "descriptions": {**{w: {"unit": u, "what": d} for w, (u, d) in report.THROUGHPUT.items()},
+                         "latency": {"unit": "µs", "what": report.LATENCY},
+                         "idle_memory": {"unit": "KiB per connection",
+                                         "what": "VmRSS after minus before N idle connections, over N"}},
+        "goals": {k: {"op": op, "threshold": t, "goal": words} for k, (op, t, words) in report.GOALS.items()},
+        "rounds": {"throughput": results.throughput, "latency": results.latency},
+        "memory": results.memory,
+        "summary": summary,
+        "ratios": ratios,
+        "ratios_seat_over_direct": {w: e["seat_over_direct"]["median"] for w, e in summary["throughput"].items()},
+        "goals_met": report.verdicts(ratios),
+    })
+    print()
+    print(report.table(results, summary))
+    print()
+    print(report.goal_lines(ratios))
+    report.write(out, document)
+    print(f"\nresults: {out}")
+    return 0
+
+
+def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, cluster, pgbouncer_bin: str
+            ) -> report.Results:
+    """Every selected workload, against every target, round after round; then idle memory once."""
+    results = report.Results()
+    names = seed.renamed_types()
+    scratch = Path(tempfile.mkdtemp(prefix="openwop-seat-bench-"))
+    try:
+        page, append = workloads.page_script(scratch), workloads.append_script(scratch)
+        payload = json.dumps(seed.APPEND_PAYLOAD)
+        pgbench_args = {
+            "passthrough_simple": lambda t: ["-S", "-M", "simple"],
+            "passthrough_extended": lambda t: ["-S", "-M", "extended"],
+            "passthrough_prepared": lambda t: ["-S", "-M", "prepared"],
+            "translated_text": lambda t: ["-f", str(page), "-M", "extended"],
+            # the seat's sessions are claimed v2 writers: the v2 name; direct and PgBouncer are v1 writers
+            "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended",
+                                              "-D", f"type={names[seed.APPEND_V1] if t == 'seat' else seed.APPEND_V1}",
+                                              "-D", "node=n-1", "-D", f"payload={payload}"],
+        }
+        for round_no in range(args.rounds):
+            for workload in selected:
+                if workload == "idle_memory":
+                    continue
+                for target in report.TARGETS:
+                    port = ports[target]
+                    started = time.monotonic()
+                    if workload in pgbench_args:
+                        figure = workloads.pgbench_tps(pgbench, port, pgbench_args[workload](target), args.seconds)
+                        results.add_throughput(workload, round_no, target, figure)
+                        shown = f"{figure:,.0f} {report.THROUGHPUT[workload][0]}"
+                    elif workload == "translated_binary":
+                        figure = workloads.binary_pages(port, args.seconds)
+                        results.add_throughput(workload, round_no, target, figure)
+                        shown = f"{figure:,.0f} pages/s"
+                    else:
+                        lat = workloads.latency(pgbench, port, args.seconds, scratch, f"{target}-{round_no}")
+                        results.add_latency(round_no, target, lat)
+                        shown = f"p50 {lat['p50_us']:.0f} µs, p99 {lat['p99_us']:.0f} µs, " \
+                                f"p99.9 {lat['p999_us']:.0f} µs"
+                    print(f"round {round_no + 1}/{args.rounds}  {workload:22} {target:9} {shown}"
+                          f"  ({time.monotonic() - started:.0f} s)", flush=True)
+        if "idle_memory" in selected:
+            # fresh processes, so the figure is the idle connections' and not what earlier rounds left behind
+            for target, start in (("seat", lambda: stack.Seat(cluster, args.idle_connections + 100)),
+                                  ("pgbouncer", lambda: stack.PgBouncer(pgbouncer_bin, cluster,
+                                                                        args.idle_connections + 100))):
+                proc = start()
+                try:
+                    results.memory[target] = workloads.idle_rss(proc.port, proc.pid, args.idle_connections,
+                                                                cluster.port)
+                finally:
+                    proc.stop()
+                m = results.memory[target]
+                print(f"idle memory  {target:9} {m['rss_before_kib']} KiB -> {m['rss_after_kib']} KiB with "
+                      f"{args.idle_connections} idle connections: {m['kib_per_connection']:.1f} KiB each "
+                      f"({m['server_connections']} server connections open)",
+                      flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results
+
+
+def _print_logs(running: list) -> None:
+    for proc in running:
+        tail = proc.log()[-3000:]
+        if tail:
+            print(f"--- {proc.name} log (tail) ---\n{tail}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The goals, the summary of the rounds, the printed table and the results file.
+
+Throughput figures are summarised per target as the median over rounds and the min–max; a ratio
+(seat ÷ PgBouncer, seat ÷ direct) is the ratio of the medians, with the min–max of the per-round
+ratios beside it.  The results file holds every per-round figure, the machine, the settings, and
+the top-level ``ratios`` object with exactly the keys of :data:`GOALS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+TARGETS = ("direct", "pgbouncer", "seat")
+
+# The throughput workloads, in the order they run and print; each name is also its ratio key.
+THROUGHPUT = {
+    "passthrough_simple": ("tps", "pgbench -S -M simple, 8 clients, 2 threads"),
+    "passthrough_extended": ("tps", "pgbench -S -M extended, 8 clients, 2 threads"),
+    "passthrough_prepared": ("tps", "pgbench -S -M prepared, 8 clients, 2 threads"),
+    "translated_text": ("pages/s", "100-row era-2 page of renamed types, SELECT *, pgbench script -M extended "
+                                   "(text results), 8 clients; direct and PgBouncer return it untranslated"),
+    "translated_binary": ("pages/s", "the same page by asyncpg (binary results), 8 connections in one process"),
+    "append_v2_into_era2": ("tps", "the host's append (BEGIN, advisory xact lock, CTE INSERT … RETURNING, "
+                                   "COMMIT) into 1,000 era-2 runs, pgbench -M extended, 8 clients; the seat "
+                                   "writes the v2 name, direct and PgBouncer the v1 name"),
+}
+LATENCY = "pgbench -S -M extended, 1 client, per-transaction logs (-l)"
+
+# The issue's goals, one per ratio key: (comparison, threshold, the goal in words).
+GOALS: dict[str, tuple[str, float, str]] = {
+    "passthrough_simple": (">=", 1.0, "passthrough -M simple: seat >= 1.0x PgBouncer"),
+    "passthrough_extended": (">=", 1.0, "passthrough -M extended: seat >= 1.0x PgBouncer"),
+    "passthrough_prepared": (">=", 1.0, "passthrough -M prepared: seat >= 1.0x PgBouncer"),
+    "translated_text": (">=", 0.8, "translated 100-row pages, text: seat >= 0.8x PgBouncer's untranslated page"),
+    "translated_binary": (">=", 0.8, "translated 100-row pages, binary: seat >= 0.8x PgBouncer's untranslated page"),
+    "append_v2_into_era2": (">=", 0.9, "appends as a v2 writer into era-2 runs: seat >= 0.9x PgBouncer"),
+    "p50_added_us": ("<=", 30.0, "latency at 1 client: seat p50 <= PgBouncer p50 + 30 us"),
+    "p99_ratio": ("<=", 2.0, "latency at 1 client: seat p99 <= 2x PgBouncer p99"),
+    "idle_conn_kib": ("<=", 64.0, "memory: <= 64 KiB of seat RSS per idle client connection"),
+}
+
+
+class Results:
+    """Every figure of one bench run, as measured."""
+
+    def __init__(self) -> None:
+        self.throughput: dict[str, list[dict[str, float]]] = {}  # workload -> one {target: figure} per round
+        self.latency: list[dict[str, dict]] = []  # one {target: percentiles} per round
+        self.memory: dict[str, dict] = {}  # target -> idle-connection RSS figures
+
+    def add_throughput(self, workload: str, round_no: int, target: str, figure: float) -> None:
+        rounds = self.throughput.setdefault(workload, [])
+        while len(rounds) <= round_no:
+            rounds.append({})
+        rounds[round_no][target] = figure
+
+    def add_latency(self, round_no: int, target: str, figures: dict) -> None:
+        while len(self.latency) <= round_no:
+            self.latency.append({})
+        self.latency[round_no][target] = figures
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(results: Results) -> dict:
+    """Medians, ranges and ratios of the measured figures (absent workloads are left out)."""
+    out: dict = {"throughput": {}, "latency": {}}
+    for workload, rounds in results.throughput.items():
+        per_target = {t: _spread([r[t] for r in rounds]) for t in TARGETS}
+        entry = {"per_target": per_target}
+        for ref in ("pgbouncer", "direct"):
+            per_round = [r["seat"] / r[ref] for r in rounds]
+            entry[f"seat_over_{ref}"] = {"median": per_target["seat"]["median"] / per_target[ref]["median"],
+                                         "min": min(per_round), "max": max(per_round)}
+        out["throughput"][workload] = entry
+    if results.latency:
+        for t in TARGETS:
+            out["latency"][t] = {k: statistics.median(r[t][k] for r in results.latency)
+                                 for k in ("p50_us", "p99_us", "p999_us")}
+    return out
+
+
+def ratios(results: Results, summary: dict) -> dict[str, float | None]:
+    """The headline: exactly the keys of GOALS; None for what this run did not measure."""
+    out: dict[str, float | None] = {key: None for key in GOALS}
+    for workload, entry in summary["throughput"].items():
+        out[workload] = entry["seat_over_pgbouncer"]["median"]
+    lat = summary["latency"]
+    if lat:
+        out["p50_added_us"] = lat["seat"]["p50_us"] - lat["pgbouncer"]["p50_us"]
+        out["p99_ratio"] = lat["seat"]["p99_us"] / lat["pgbouncer"]["p99_us"]
+    if "seat" in results.memory:
+        out["idle_conn_kib"] = results.memory["seat"]["kib_per_connection"]
+    return out
+
+
+def verdicts(values: dict[str, float | None]) -> dict[str, bool | None]:
+    """Whether each goal is met (None: not measured in this run)."""
+    out: dict[str, bool | None] = {}
+    for key, (op, threshold, _) in GOALS.items():
+        v = values[key]
+        out[key] = None if v is None else (v >= threshold if op == ">=" else v <= threshold)
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
+
+
+def _cell(median: float, low: float, high: float, width: int, ratio: bool = False) -> str:
+    """``median (min–max)``, right-aligned in ``width``."""
+    f = (lambda v: f"{v:.2f}") if ratio else _fmt
+    return f" {f(median) + ' (' + f(low) + '–' + f(high) + ')':>{width}}"
+
+
+def table(results: Results, summary: dict) -> str:
+    """The one printed table: every workload per target, median (min–max), and the seat's ratios."""
+    head = (f"{'workload':26} {'unit':8}" + "".join(f" {t:>24}" for t in TARGETS)
+            + f" {'seat/pgbouncer':>18} {'seat/direct':>18}")
+    lines = [head, "-" * len(head)]
+    for workload, entry in summary["throughput"].items():
+        cells = "".join(_cell(s["median"], s["min"], s["max"], 24) for s in entry["per_target"].values())
+        cells += "".join(_cell(r["median"], r["min"], r["max"], 18, ratio=True)
+                         for r in (entry["seat_over_pgbouncer"], entry["seat_over_direct"]))
+        lines.append(f"{workload:26} {THROUGHPUT[workload][0]:8}{cells}")
+    for key, label in (("p50_us", "latency p50, 1 client"), ("p99_us", "latency p99, 1 client"),
+                       ("p999_us", "latency p99.9, 1 client")):
+        if not results.latency:
+            break
+        per = {t: [r[t][key] for r in results.latency] for t in TARGETS}
+        cells = "".join(_cell(statistics.median(v), min(v), max(v), 24) for v in per.values())
+        seat, pgb, direct = (statistics.median(per[t]) for t in ("seat", "pgbouncer", "direct"))
+        lines.append(f"{label:26} {'µs':8}{cells} {seat / pgb:>18.2f} {seat / direct:>18.2f}")
+    if results.memory:
+        n = next(iter(results.memory.values()))["connections"]
+        cells = "".join(f" {_fmt(results.memory[t]['kib_per_connection']) if t in results.memory else '—':>24}"
+                        for t in TARGETS)
+        lines.append(f"{f'RSS per idle conn, {n}':26} {'KiB':8}{cells}")
+    return "\n".join(lines)
+
+
+def goal_lines(values: dict[str, float | None]) -> str:
+    met = verdicts(values)
+    lines = ["goals (issue #6):"]
+    for key, (op, threshold, words) in GOALS.items():
+        v = values[key]
+        state = "not measured" if v is None else ("met" if met[key] else "NOT MET")
+        shown = "—" if v is None else f"{v:.2f}"
+        lines.append(f"  {key:22} {shown:>9} {op} {threshold:<5g} {state:13} {words}")
+    return "\n".join(lines)
+
+
+def write(path: Path, document: dict) -> None:
+    """Write the results file (creating its folder); NaN and infinity are refused, not written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for key, v in document["ratios"].items():
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"ratio {key} is {v}")
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")

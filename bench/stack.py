@@ -1,0 +1,241 @@
+"""The processes the bench measures, all on loopback: PostgreSQL, PgBouncer and the seat.
+
+* PostgreSQL: a :class:`proxy.devcluster.DevCluster` with benchmark settings (no fsync, no
+  synchronous commit, no full-page writes, no checkpoint during a run, shared buffers that hold
+  the whole data set, and connections for the idle-connection test).
+* PgBouncer: the Debian package's binary (installed with apt-get when missing and we are root),
+  run as its own process with its own ini in a temporary folder: session pooling, trust
+  authentication, a free port.  Debian's pgbouncer refuses to run as root, so as root it runs as
+  the account the cluster runs as (``postgres``).  The system service is not used.
+* The seat: ``python -m proxy serve`` with ``workers = 1``, so one process, like single-threaded
+  PgBouncer.
+
+Each class stops what it started; :func:`machine` describes where the figures were taken.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import pwd
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import asyncpg
+
+from proxy import __version__
+from proxy.devcluster import DevCluster, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import render_config, wait_listening  # noqa: E402  (the suite's seat config and port wait)
+
+PGBOUNCER_INSTALL = "sudo apt-get update && sudo apt-get install -y pgbouncer"
+
+
+class StackError(RuntimeError):
+    """A process the bench needs is missing or did not start; the message says what to do."""
+
+
+def cluster_settings(idle_connections: int) -> dict[str, str]:
+    """PostgreSQL settings for a benchmark on a throwaway cluster (durability off: nothing here is kept)."""
+    return {
+        "fsync": "off",
+        "synchronous_commit": "off",
+        "full_page_writes": "off",
+        "shared_buffers": "256MB",  # pgbench's tables at the bench's scale and every event fit
+        "max_wal_size": "8GB",  # no checkpoint in the middle of a measurement
+        "checkpoint_timeout": "1h",
+        # every idle seat connection holds one server connection, plus the workloads' and PgBouncer's
+        "max_connections": str(idle_connections + 100),
+    }
+
+
+def raise_nofile(needed: int) -> None:
+    """Raise this process's open-file limit to ``needed`` (its children, seat and PgBouncer, inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    if hard < needed:
+        if os.geteuid() != 0:
+            raise StackError(f"the bench needs {needed} open files and the hard limit is {hard}: raise it "
+                             f"(ulimit -Hn) or pass a smaller --idle-connections")
+        hard = needed
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def start_cluster(idle_connections: int) -> DevCluster:
+    return DevCluster(settings=cluster_settings(idle_connections)).start()
+
+
+def find_pgbouncer() -> str:
+    """The pgbouncer binary; installs the Debian package first when it is missing and we are root."""
+    found = _which_pgbouncer()
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise StackError(f"pgbouncer not found; install it with:\n  {PGBOUNCER_INSTALL}")
+    print("pgbouncer not found: installing the Debian package (apt-get install -y pgbouncer)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "pgbouncer"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise StackError(f"{' '.join(cmd)} failed with exit code {done.returncode}:\n{done.stderr[-2000:]}")
+    found = _which_pgbouncer()
+    if not found:
+        raise StackError("apt-get installed pgbouncer, but no pgbouncer binary is on PATH or in /usr/sbin")
+    return found
+
+
+def _which_pgbouncer() -> str | None:
+    # /usr/sbin is not on an ordinary user's PATH, and that is where Debian puts it.
+    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/local/sbin")
+
+
+def version_of(binary: str) -> str:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    return (out.stdout or out.stderr).splitlines()[0].strip() if out.returncode == 0 else "unknown"
+
+
+class _Process:
+    """A long-running child with a log file in its own temporary folder."""
+
+    name = "process"
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=f"openwop-seat-bench-{self.name}-"))
+        self.port = free_port()
+        self.log_path = self.dir / f"{self.name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def _wait_started(self) -> None:
+        try:
+            wait_listening(self.port, self.proc)
+        except (RuntimeError, TimeoutError) as e:
+            raise StackError(f"{self.name} did not start ({e}); its log:\n{self.log()}") from None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgBouncer(_Process):
+    """PgBouncer in session mode in front of the cluster, as the cluster's account when we are root."""
+
+    name = "pgbouncer"
+
+    def __init__(self, binary: str, cluster: DevCluster, max_clients: int) -> None:
+        super().__init__()
+        self.binary = binary
+        ini = self.dir / "pgbouncer.ini"
+        (self.dir / "userlist.txt").write_text(f'"{cluster.superuser}" ""\n')
+        ini.write_text(
+            "[databases]\n"
+            f"postgres = host=127.0.0.1 port={cluster.port} dbname=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.dir / 'userlist.txt'}\n"
+            "pool_mode = session\n"
+            # every client gets a server connection of its own, as through the seat
+            f"max_client_conn = {max_clients}\ndefault_pool_size = {max_clients}\n"
+            "ignore_startup_parameters = extra_float_digits\n")
+        user = cluster.user  # None unless we are root: then the account PostgreSQL runs as
+        ids = {}
+        if user:
+            entry = pwd.getpwnam(user)
+            os.chmod(self.dir, 0o755)
+            for path in (self.dir, ini, self.dir / "userlist.txt"):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+            ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([binary, str(ini)], stdout=log, stderr=subprocess.STDOUT, **ids)
+        self._wait_started()
+
+
+class Seat(_Process):
+    """``python -m proxy serve`` in front of the cluster: one worker, the cluster's database as the host's."""
+
+    name = "seat"
+
+    def __init__(self, cluster: DevCluster, max_clients: int) -> None:
+        super().__init__()
+        config = self.dir / "openwop-seat.toml"
+        config.write_text(render_config({
+            "proxy": {"listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{cluster.port}",
+                      "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5},
+            "host": {"dsn": cluster.dsn()},
+        }))
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self._wait_started()
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of a process, from /proc/PID/status (VmRSS, in KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise StackError(f"no VmRSS in /proc/{pid}/status")
+
+
+def git_commit() -> tuple[str, bool]:
+    """The checkout's short commit ("unknown" outside git) and whether tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    if head.returncode != 0:
+        return "unknown", False
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=ROOT).stdout.strip() != ""
+    return head.stdout.strip(), dirty
+
+
+def machine(server_version: str, pgbouncer: str, pgbench: str) -> dict:
+    """Where the figures were taken: CPU, cores, memory, kernel, and the versions of everything measured."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_mib": mem_kib // 1024 if mem_kib else None,
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "postgresql": server_version,
+        "pgbouncer": version_of(pgbouncer),
+        "pgbench": version_of(pgbench),
+        "python": platform.python_version(),
+        "asyncpg": asyncpg.__version__,
+        "openwop_seat": __version__,
+    }
