@@ -322,6 +322,8 @@ async def cancel_run(conn, host: HostConfig, t: EventsTable, words: Spellings, r
 async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | None, cancel: bool,
                       out: Callable[[str], None] = print) -> int:
     """List (and with ``implemented`` decide, with ``cancel`` cancel) the non-terminal pinned runs; the exit status."""
+    import asyncpg
+
     from .artifacts import load_artifacts
     from .schema import CLAIM_SQL, connect, load_claim_secret, verify
 
@@ -370,11 +372,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
                     out(f"NOT cancelled: {e}")
                     failed = True
                     continue
-                except Exception as e:  # a database error: this run's transaction rolled back, the rest go on
-                    import asyncpg
-
-                    if not isinstance(e, asyncpg.PostgresError):
-                        raise
+                except asyncpg.PostgresError as e:  # this run's transaction rolled back; the rest go on
                     out(f"NOT cancelled: run {run.run}: {e.sqlstate}: {e}")
                     failed = True
                     continue

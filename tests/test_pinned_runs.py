@@ -337,3 +337,13 @@ def test_cancel_without_the_claim_secret_is_refused_before_writing(db, tmp_path)
     assert "needs the seat's claim secret" in out.stderr
     assert CLAIM_SECRET not in out.stderr
     assert len(db.log(run)) == 2
+
+
+def test_cancel_with_a_wrong_claim_secret_writes_nothing(db, tmp_path):
+    run = rid()
+    db.seed(run, [started(), pin("retired")], era=3)
+    env = {**os.environ, "OPENWOP_SEAT_CLAIM_SECRET": f"not-the-secret-{uuid.uuid4().hex}"}
+    out = db.tool("--implemented", implemented(tmp_path, "alpha"), "--cancel", env=env)
+    assert out.returncode == 1
+    assert "openwop_seat.claim: wrong secret" in out.stderr
+    assert len(db.log(run)) == 2
