@@ -26,6 +26,7 @@ class StatementPlan:
     sql: str  # the text to send for this statement
     kind: str = ""  # for REFUSE: what was refused (names the statement kind)
     detail: str = ""  # for REFUSE: a human explanation
+    columns: tuple[str, ...] = ()  # for TRANSLATE: the result's columns that carry event type/payload
 
 
 @dataclass(frozen=True)
@@ -178,12 +179,12 @@ class Classifier:
         ctx = _Ctx(self.host, self.major)
         try:
             self._reserved_name(stmt)
-            changed = self._top(stmt, ctx)
+            carried = self._top(stmt, ctx)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)
-        if not changed:
+        if carried is None:
             return StatementPlan(PASS, text)
-        return StatementPlan(TRANSLATE, RawStream()(stmt))
+        return StatementPlan(TRANSLATE, RawStream()(stmt), columns=tuple(sorted(carried)))
 
     def _is_events(self, rv) -> bool:
         if rv.relname != self._table:
@@ -201,32 +202,33 @@ class Classifier:
                     isinstance(n, ast.ColumnRef) and _colref_names(n)[-1] == HIDDEN):
                 raise Untranslatable("reserved column name", f"the column name {HIDDEN} is reserved for the seat")
 
-    def _top(self, stmt, ctx: _Ctx) -> bool:
-        """Analyse a top-level statement; add hidden columns in place. True when rewritten."""
+    def _top(self, stmt, ctx: _Ctx) -> frozenset[str] | None:
+        """Analyse a top-level statement; add hidden columns in place. The result's event columns when rewritten,
+        else None."""
         from pglast import ast
 
         if isinstance(stmt, ast.SelectStmt):
-            return self._select(stmt, ctx) is not None
+            return self._select(stmt, ctx)
         if isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
-            return self._dml(stmt, ctx) is not None
+            return self._dml(stmt, ctx)
         if isinstance(stmt, ast.CopyStmt):
             if stmt.is_from and stmt.relation is not None:
-                return False  # COPY events FROM: a write, the writer rule's business
+                return None  # COPY events FROM: a write, the writer rule's business
             raise Untranslatable("COPY TO", "COPY … TO of the events table cannot be translated row by row")
         if isinstance(stmt, ast.DeclareCursorStmt):
             self._reject_event_columns(stmt.query, ctx, "cursor over the events table")
-            return False
+            return None
         if isinstance(stmt, ast.ExplainStmt):
-            return False  # returns a plan, not rows
+            return None  # returns a plan, not rows
         if isinstance(stmt, ast.PrepareStmt):
             self._reject_event_columns(stmt.query, ctx, "SQL PREPARE over the events table")
-            return False
+            return None
         if isinstance(stmt, (ast.ViewStmt, ast.CreateTableAsStmt)):
             self._reject_event_columns(stmt.query, ctx, "view or table created from event columns")
-            return False
+            return None
         if isinstance(stmt, ast.RuleStmt):
             raise Untranslatable("rule on the events table", "rules on the events table are not translated")
-        return False  # DDL and the rest: no rows come back
+        return None  # DDL and the rest: no rows come back
 
     def _reject_event_columns(self, query, ctx: _Ctx, kind: str) -> None:
         """Refuse when event type/payload flow anywhere in ``query``."""

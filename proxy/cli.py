@@ -54,6 +54,44 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--dsn", required=True, metavar="DSN",
                          help="libpq-style connection string or URL of the host database, as the schema owner")
     migrate.set_defaults(run=lambda args: _lazy("schema", "cmd_migrate")(load_config(args.config), args.dsn))
+
+    pinned = commands.add_parser(
+        "pinned-runs", help="list runs pinned to v1 change ids; continue or cancel them",
+        description="List the non-terminal runs holding version.pinned events and their change ids. With "
+                    "--implemented, say whether each continues (every pinned change id implemented) or must be "
+                    "cancelled; with --cancel, append one run.cancelled {reason: v1_pin_unsupported, cancelledBy: "
+                    "v2-cutover} to each, one run per transaction under its append locks. Exit 0, 1 (a run not "
+                    "handled, a database error), 2 (bad input).")
+    pinned.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    pinned.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database")
+    pinned.add_argument("--implemented", metavar="FILE",
+                        help="the change ids the host still implements: one per line; blank lines and lines "
+                             "starting with # are skipped; an empty file is refused")
+    pinned.add_argument("--cancel", action="store_true",
+                        help="cancel the runs to cancel (needs --implemented and the claim secret)")
+    pinned.set_defaults(run=lambda args: _lazy("pinned", "cmd_pinned_runs")(
+        load_config(args.config), args.dsn, args.implemented, args.cancel))
+
+    adr = commands.add_parser(
+        "adr", help="draft the ADR naming the seat and every host table's disposition",
+        description="Write a Markdown ADR naming openwop-seat as the storage boundary (version, artifact tag and "
+                    "digest) and the per-store disposition table of every table in the host database, prefilled "
+                    "from the spec's template; read-only.")
+    adr.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    adr.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database")
+    adr.add_argument("--out", metavar="FILE", help="write the ADR to FILE (a new file) instead of stdout")
+    adr.set_defaults(run=lambda args: _lazy("adr", "cmd_adr")(load_config(args.config), args.dsn, args.out))
+
+    explain = commands.add_parser(
+        "explain", help="show how the seat classifies and rewrites one SQL string",
+        description="Classify SQL as serve would, without a database: passthrough, translated (with the text "
+                    "sent instead) or refused (with the reason). Exit 0 (sent), 1 (refused), 2 (bad input).")
+    explain.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    explain.add_argument("--major", type=lambda text: _lazy("explain", "parse_major")(text), metavar="1|2|raw",
+                         help="the session's major (default: proxy.default_major)")
+    explain.add_argument("sql", metavar="SQL", help="the statement(s), as one Query string")
+    explain.set_defaults(run=lambda args: _lazy("explain", "cmd_explain")(load_config(args.config), args.sql,
+                                                                        args.major))
     return parser
 
 

@@ -1,0 +1,89 @@
+"""``openwop-seat explain``: how the seat would handle one SQL string, without a database.
+
+It runs the classifier ``serve`` runs (:class:`proxy.classify.Classifier`, built
+from the same ``[host]`` configuration) and prints, per statement, whether it
+passes untouched, is rewritten (which result columns carry event type/payload,
+and the text sent instead), or is refused (the kind, the reason and the error
+the client gets).
+
+What it cannot know without the database (``serve`` learns these at start):
+
+* results of views over the events table pass the classifier and are refused
+  only when their rows arrive (``result_untranslatable``, ``OW007``);
+* ``serve`` drops ``[host]`` event_id/node_id/tenant columns the tables do not
+  have from the projection's arguments; here they are used as configured;
+* a session on a database other than ``host.dsn``'s is relayed untranslated
+  whatever its major; here the session is assumed to be on the host database.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .classify import HIDDEN, PASS, REFUSE, TRANSLATE, Classifier
+from .config import Config
+from .errors import ERRORS
+
+_WHAT = {
+    1: "major 1: for era-3 rows, type is mapped to its v1 name; payloads pass as stored",
+    2: "major 2: for era-2 rows, type is mapped to its v2 name and a payload in the result is projected onto "
+       "its v2 definition; era-3 rows pass as stored",
+}
+
+
+def parse_major(text: str) -> int | str:
+    """``1``, ``2`` or ``raw`` (argparse type)."""
+    import argparse
+
+    if text == "raw":
+        return "raw"
+    if text in ("1", "2"):
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 1, 2 or raw, got {text!r}")
+
+
+def explain(config: Config, sql: str, major: int | str | None = None, out: Callable[[str], None] = print) -> int:
+    """Print the plan of ``sql`` for a session of ``major`` (default: the config's default_major); the exit status:
+    0 when the seat would send it (passed or rewritten), 1 when it would refuse it."""
+    source = "--major" if major is not None else "proxy.default_major"
+    major = config.default_major if major is None else major
+    out(f"major: {major} ({source})")
+    if major == "raw":
+        out("passthrough: a raw session is relayed as is; the seat does not classify its statements")
+        return 0
+    plan = Classifier(config.host, major).classify(sql)
+    refusal = ERRORS["statement_untranslatable"]
+    if not plan.statements:
+        out("passthrough: no statement")
+        return 0
+    for i, st in enumerate(plan.statements, 1):
+        head = f"statement {i}: " if len(plan.statements) > 1 else ""
+        if st.action == PASS:
+            out(f"{head}passthrough: sent as written (it returns no event type or payload column)")
+        elif st.action == TRANSLATE:
+            out(f"{head}translated: event columns in the result: {', '.join(st.columns)}")
+            out(f"  {_WHAT[major]}")
+            out(f"  sent: {st.sql}")
+            out(f"  the seat strips the column {HIDDEN} from the result and maps each row by it")
+        else:
+            out(f"{head}refused ({st.kind}): {st.detail}")
+            out(f"  the client gets SQLSTATE {refusal.sqlstate} ({refusal.code}, HTTP {refusal.http_status}); "
+                f"the statement is not run")
+    assert all(st.action in (PASS, TRANSLATE, REFUSE) for st in plan.statements)
+    if plan.refused is not None:
+        if len(plan.statements) > 1:
+            out("sent together in one Query message, they fail as if the refused statement had failed in "
+                "PostgreSQL: the statements after it do not run and the implicit transaction rolls back")
+        return 1
+    if plan.changed and len(plan.statements) > 1:
+        out(f"sent (whole text): {plan.text}")
+    return 0
+
+
+def cmd_explain(config: Config, sql: str, major: int | str | None) -> int:
+    """``openwop-seat explain``: 0 (sent), 1 (refused), 2 (bad input: an empty statement)."""
+    if not sql.strip():
+        print("openwop-seat explain: the SQL is empty", file=sys.stderr)
+        return 2
+    return explain(config, sql, major)

@@ -1,0 +1,166 @@
+"""`openwop-seat explain`: the classifier `serve` runs, on one SQL string, without a database.
+
+The command runs as a subprocess.  What it prints as sent is then run on the
+real database (the suite's migrated `postgres` database) to show it is the
+statement the seat would send, hidden era column included; what it refuses is
+refused by a running seat with the same SQLSTATE and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+
+import asyncpg
+import psycopg
+import pytest
+
+from conftest import ROOT, render_config
+from proxy.classify import HIDDEN
+from proxy.errors import ERRORS
+
+EVENT_COLUMNS = ["event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id"]
+# The reference host's statements (host-traffic.md).
+LOG_PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+APPEND = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = $2) "
+          "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
+          "SELECT $1, $2, next.seq, $3, $4, $5, now(), $6 FROM next RETURNING *")
+RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
+GROUPED = "SELECT type, count(*) FROM events GROUP BY type"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("explain") / "openwop-seat.toml"
+    path.write_text(render_config({"proxy": {"default_major": 2}}))
+    return path
+
+
+def explain(config, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy", "explain", "--config", str(config), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def sent(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("  sent: ")]
+    assert len(lines) == 1, out
+    return lines[0][len("  sent: "):]
+
+
+def run_sql(pg, sql: str, *args, setup: str = "") -> list[asyncpg.Record]:
+    """``setup`` then ``sql`` in one transaction that is rolled back (the shared database keeps nothing)."""
+    async def go():
+        conn = await asyncpg.connect(host="127.0.0.1", port=pg.port, user="postgres", database="postgres")
+        try:
+            tr = conn.transaction()
+            await tr.start()
+            try:
+                if setup:
+                    await conn.execute(setup)
+                return await conn.fetch(sql, *args)
+            finally:
+                await tr.rollback()
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def test_a_statement_without_event_columns_passes(config):
+    out = explain(config, RUN_READ)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "major: 2 (proxy.default_major)",
+        "passthrough: sent as written (it returns no event type or payload column)"]
+
+
+def test_a_log_page_is_translated_and_what_it_sends_runs(pg, config):
+    out = explain(config, LOG_PAGE)
+    assert out.returncode == 0, out.stderr
+    assert "translated: event columns in the result: payload, type" in out.stdout
+    text = sent(out.stdout)
+    assert "openwop_seat.read_v2p(" in text
+    run = f"explain-{uuid.uuid4().hex[:8]}"
+    seed = (f"INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) VALUES "
+            f"('{run}-1', '{run}', 1, 'run.started', '{{\"inputs\": {{}}}}', now())")
+    rows = run_sql(pg, text, run, 0, 10, setup=seed)
+    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+    assert rows[0]["type"] == "run.started"
+    # Major 1 reads the same page with the era check only: the payload is not projected.
+    one = explain(config, "--major", "1", LOG_PAGE)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("major: 1 (--major)\n")
+    assert "openwop_seat.read_v1(" in sent(one.stdout) and "read_v2p" not in sent(one.stdout)
+    assert list(run_sql(pg, sent(one.stdout), run, 0, 10, setup=seed)[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+
+
+def test_an_append_with_returning_is_translated_and_what_it_sends_runs(pg, config):
+    out = explain(config, APPEND)
+    assert out.returncode == 0, out.stderr
+    assert "translated: event columns in the result: payload, type" in out.stdout
+    text = sent(out.stdout)
+    assert "RETURNING *, openwop_seat.read_v2p(openwop_seat.era_now(" in text  # RETURNING reads a fresh era
+    run = f"explain-{uuid.uuid4().hex[:8]}"
+    rows = run_sql(pg, text, f"{run}-1", run, "run.started", None, json.dumps({"inputs": {}}), None)
+    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+    assert rows[0]["sequence"] == 1
+
+
+def test_a_refused_statement_says_why_as_a_running_seat_does(config, seat):
+    out = explain(config, GROUPED)
+    assert out.returncode == 1
+    code = ERRORS["statement_untranslatable"]
+    assert out.stdout.splitlines() == [
+        "major: 2 (proxy.default_major)",
+        "refused (GROUP BY on event columns): GROUP BY on event type is not translated",
+        f"  the client gets SQLSTATE {code.sqlstate} (statement_untranslatable, HTTP 500); the statement is not run"]
+    with psycopg.connect(seat.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(GROUPED)
+    assert refused.value.sqlstate == code.sqlstate
+    assert refused.value.diag.message_primary == "statement_untranslatable: GROUP BY on event type is not translated"
+
+
+def test_several_statements_and_a_raw_session(config):
+    out = explain(config, f"SELECT 1; {GROUPED}")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[1] == "statement 1: passthrough: sent as written (it returns no event type or payload column)"
+    assert lines[2].startswith("statement 2: refused (GROUP BY on event columns)")
+    assert lines[-1].startswith("sent together in one Query message, they fail as if the refused statement")
+    raw = explain(config, "--major", "raw", GROUPED)
+    assert raw.returncode == 0
+    assert "passthrough: a raw session is relayed as is" in raw.stdout
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--major", "3", "SELECT 1"], 2, "argument --major: expected 1, 2 or raw, got '3'"),
+    (["--major", "two", "SELECT 1"], 2, "argument --major: expected 1, 2 or raw, got 'two'"),
+    (["   "], 2, "openwop-seat explain: the SQL is empty"),
+    ([], 2, "the following arguments are required: SQL"),
+])
+def test_bad_input(config, args, code, message):
+    out = explain(config, *args)
+    assert out.returncode == code
+    assert message in out.stderr
+    assert out.stdout == ""
+
+
+def test_a_missing_config_file_is_a_configuration_error(tmp_path):
+    out = explain(tmp_path / "nope.toml", "SELECT 1")
+    assert out.returncode == 2
+    assert "configuration error: cannot read config file" in out.stderr
+
+
+def test_the_columns_named_are_the_result_columns_that_carry_event_values():
+    from proxy.config import Config
+    from proxy.explain import explain as explain_in_process
+
+    lines: list[str] = []
+    status = explain_in_process(Config(), "SELECT e.type AS kind, e.run_id FROM events e WHERE e.run_id = $1", 1,
+                                out=lines.append)
+    assert status == 0
+    assert lines[1] == "translated: event columns in the result: kind"
