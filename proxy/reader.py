@@ -102,6 +102,10 @@ class Layout:
         self.cuts_projected = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types]
                                      + [(i, 2) for i in self.payloads])
         self.cuts_plain = [(i, 0) for i in sorted(self.hidden)]
+        # The one hidden column is the last (a plain `SELECT …` or `RETURNING …`): a row whose era column is
+        # just the era (nothing projected) is spliced without walking past the last type column.
+        self.hidden_last = self.hidden == (self.ncols - 1,)
+        self.types_sorted = tuple(sorted(self.types))
 
 
 @dataclass
@@ -660,6 +664,48 @@ class ReadPath:
 
     def _translate_row(self, body: bytes, layout: Layout) -> bytes:
         """Strip hidden columns and map `type` by era, splicing the row's bytes (never decoding it)."""
+        if layout.hidden_last:
+            # The era column ends the row: a 1-byte era (text, or read_v2p's text with nothing projected)
+            # or a 2-byte binary smallint. Its length field cannot be mistaken: read_v2p's longer text is
+            # JSON, which holds no NUL byte.
+            if not layout.era_binary:
+                if body[-5:-1] == b"\x00\x00\x00\x01":
+                    return self._splice_era_last(body, body[-1:] == self.map_era, len(body) - 5, layout)
+            elif body[-6:-2] == b"\x00\x00\x00\x02":
+                return self._splice_era_last(body, body[-2:] == self.map_era_bin, len(body) - 6, layout)
+        return self._translate_row_walk(body, layout)
+
+    def _splice_era_last(self, body: bytes, mapped: bool, cut: int, layout: Layout) -> bytes:
+        """The fast path of `_translate_row`: drop the era column at ``cut``, map the type columns."""
+        if not mapped or not layout.types:
+            row = body[2:cut]
+        else:
+            unpack = _I32.unpack_from
+            type_map = self.type_map
+            parts = []
+            last = pos = 2
+            col = 0
+            for i in layout.types_sorted:
+                while col < i:
+                    (length,) = unpack(body, pos)
+                    pos += 4 + (length if length > 0 else 0)
+                    col += 1
+                (length,) = unpack(body, pos)
+                end = pos + 4 + (length if length > 0 else 0)
+                new = type_map.get(body[pos + 4:end])
+                if new is not None:
+                    parts.append(body[last:pos])
+                    parts.append(_I32.pack(len(new)))
+                    parts.append(new)
+                    last = end
+                pos = end
+                col = i + 1
+            parts.append(body[last:cut])
+            row = b"".join(parts)
+            self.rows_translated += 1
+        return b"D" + _I32.pack(len(row) + 6) + _I16.pack(layout.ncols - 1) + row
+
+    def _translate_row_walk(self, body: bytes, layout: Layout) -> bytes:
         unpack = _I32.unpack_from
         offsets = []
         pos = 2
