@@ -121,6 +121,10 @@ CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_
 # privilege (only host.maintenance_role may rewrite an event's type or run).
 UPDATE_REFUSED_SQLSTATE = "42501"
 
+# The transaction-local setting with which backfill names the one run whose event types it rewrites (the
+# UPDATE guard admits that, for the owner of openwop_seat only: see _on_event_update_sql).
+REWRITE_SETTING = "openwop_seat.rewrite_run"
+
 # The triggers are named so that they fire after the host's own triggers of the
 # same kind (PostgreSQL fires them in name order): the guard sees the row the
 # host's triggers made.
@@ -222,9 +226,24 @@ COMMENT ON SEQUENCE openwop_seat.appends_translated IS
     'counts v2 appends into era-2 runs stored under their v1 spelling (rolled-back appends count too)';
 GRANT SELECT ON SEQUENCE openwop_seat.runs_stamped_created, openwop_seat.appends_translated TO PUBLIC;
 """),
+    Step(4, "add events_v1_original (the rows backfill rewrote, as they were, for backfill --restore)", """
+CREATE TABLE openwop_seat.events_v1_original (
+    run_id text NOT NULL,
+    sequence bigint NOT NULL,
+    type text,
+    payload text,
+    original text NOT NULL,
+    preserved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, sequence)
+);
+COMMENT ON TABLE openwop_seat.events_v1_original IS
+    'each event row of a run backfill converted to era 3, as it was: type and payload in their text form, '
+    'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
+REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {
@@ -301,9 +320,14 @@ def era_sql(host: HostConfig, run_id_expr: str) -> str:
             f"FROM {quote_qualified(host.runs_table)} {a} WHERE {key} {EQ} ({run_id_expr})), 2::smallint)")
 
 
-def read_project_sql(host: HostConfig, era_expr: str, alias: str) -> str:
+def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str = "read_v2p") -> str:
     """The per-row check *and payload projection* of a major-2 read that outputs the payload column of the
-    events table under ``alias`` (quoted): text, see :mod:`proxy.projection`."""
+    events table under ``alias`` (quoted): text, see :mod:`proxy.projection`.
+
+    ``function``: ``read_v2p`` (a refused row fails the statement), or ``try_v2p``, which takes the same
+    arguments and returns the refusal instead (the cutover tools)."""
+    if function not in ("read_v2p", "try_v2p"):
+        raise ValueError(f"read_project_sql: function must be read_v2p or try_v2p, got {function!r}")
     def col(name: str | None) -> str:
         return f"({alias}.{quote_ident(name)})::text" if name else "NULL::text"
 
@@ -315,7 +339,7 @@ def read_project_sql(host: HostConfig, era_expr: str, alias: str) -> str:
         tenant = (f"CASE WHEN {alias}.{quote_ident(host.type_column)} {EQ} 'run.started' THEN "
                   f"(SELECT ({r}.{quote_ident(host.tenant_column)})::text FROM {quote_qualified(host.runs_table)} {r} "
                   f"WHERE {r}.{quote_ident(host.run_id_column)} {EQ} {run} LIMIT 1) END")
-    return (f"{SCHEMA}.read_v2p({era_expr}, {col(host.type_column)}, "
+    return (f"{SCHEMA}.{function}({era_expr}, {col(host.type_column)}, "
             f"({alias}.{quote_ident(host.payload_column)})::jsonb, ({run})::text, ({alias}.sequence)::bigint, "
             f"{col(host.event_id_column)}, {col(host.node_id_column)}, {tenant})")
 
@@ -451,6 +475,40 @@ BEGIN
             'error', {quote_literal(code)},
             'message', detail,
             'details', jsonb_build_object('kind', kind))::text;
+END
+$ow$;
+"""
+
+
+# What try_v2p returns instead of raising: this prefix, then the refusal's DETAIL (the OpenWOP envelope).
+TRY_REFUSED = "E"
+
+
+def _try_v2p_sql() -> str:
+    """``try_v2p``: ``read_v2p`` (same arguments) that returns a refusal instead of raising it.
+
+    The cutover tools ask it what a row reads as without stopping at the first
+    row that would fail: the result is ``read_v2p``'s own text, or
+    ``TRY_REFUSED`` followed by the refusal's envelope (JSON: ``error``,
+    ``message``, ``details`` with ``type``, ``keys`` ...).  Only the seat's
+    refusals (the SQLSTATEs of :mod:`proxy.errors`) are caught; any other error
+    still fails the statement.  The guard is a subtransaction per row (about a
+    microsecond): this is for the cutover tools, never for the read path.
+    """
+    states = " OR ".join(f"SQLSTATE {quote_literal(e.sqlstate)}" for e in ERRORS.values())
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.try_v2p(era smallint, t text, p jsonb, run text, seq bigint,
+                                           eid text, node text, tenant text)
+RETURNS text LANGUAGE plpgsql VOLATILE
+AS $ow$
+DECLARE
+    v_detail text;
+BEGIN
+    RETURN {SCHEMA}.read_v2p(try_v2p.era, try_v2p.t, try_v2p.p, try_v2p.run, try_v2p.seq, try_v2p.eid,
+                             try_v2p.node, try_v2p.tenant);
+EXCEPTION WHEN {states} THEN
+    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+    RETURN {quote_literal(TRY_REFUSED)} || v_detail;
 END
 $ow$;
 """
@@ -749,10 +807,15 @@ $ow$;
 """
 
 
+def _owner_sql() -> str:
+    """A boolean SQL expression: current_user is the owner of stamp_run (the owner of openwop_seat)."""
+    return (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
+            f"WHERE p.oid = {quote_literal(SCHEMA + '.stamp_run(text,text)')}::regprocedure)")
+
+
 def _owner_or_maintenance_sql(host: HostConfig) -> str:
     """A boolean SQL expression: current_user is the owner of stamp_run, or host.maintenance_role."""
-    owner = (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
-             f"WHERE p.oid = {quote_literal(SCHEMA + '.stamp_run(text,text)')}::regprocedure)")
+    owner = _owner_sql()
     if host.maintenance_role is None:
         return owner
     return f"(current_user = {quote_literal(host.maintenance_role)} OR {owner})"
@@ -823,6 +886,15 @@ def _on_event_update_sql(host: HostConfig) -> str:
     END IF;
     """
     old_run, old_type = f"OLD.{quote_ident(host.run_id_column)}", f"OLD.{quote_ident(host.type_column)}"
+    new_run = f"NEW.{quote_ident(host.run_id_column)}"
+    # backfill (and backfill --restore), connected as the owner of openwop_seat, rewrites the types of the one
+    # run it names in REWRITE_SETTING for its transaction; it never moves an event to another run.
+    allow += f"""IF {old_run} IS NOT DISTINCT FROM {new_run}
+       AND ({old_run})::text = current_setting({quote_literal(REWRITE_SETTING)}, true)
+       AND {_owner_sql()} THEN
+        RETURN NEW;
+    END IF;
+    """
     if host.maintenance_role is None:
         hint = "no role may rewrite them: host.maintenance_role is not set"
     else:
@@ -923,6 +995,7 @@ PUBLIC_FUNCTIONS = (
     "project_obj(text, jsonb, text)",
     "project_v2(text, jsonb, text, text, text)",
     "refuse_statement(text, text)",
+    "try_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
     "era_of(text)",
     "era_now(text)",
     "claim(text, integer)",
@@ -955,7 +1028,7 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
                     projection_sql(SCHEMA, artifacts),
                     read_v2p_sql(SCHEMA, artifacts, ERRORS["payload_unprojectable"].sqlstate),
-                    _refuse_statement_sql(), _era_of_sql(host, run_id_type),
+                    _refuse_statement_sql(), _era_of_sql(host, run_id_type), _try_v2p_sql(),
                     writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
 
 
