@@ -357,6 +357,11 @@ def read_check_sql(major: int, era_expr: str, type_expr: str, run_id_expr: str, 
 
 # --- artifact objects ---------------------------------------------------------------
 
+# What the non-raising twins (refusal_of, try_v2, try_project_row, try_v2p) return for a row the reader
+# rule refuses: this prefix, then the refusal's envelope (JSON: error, message, details).
+TRY_REFUSED = "E"
+
+
 # The sentence of each refusal raised per row (MESSAGE is "<code>: <sentence>").
 # Codes without an entry use their meaning from proxy.errors.
 _ROW_SENTENCES = {
@@ -370,15 +375,30 @@ _ROW_SENTENCES = {
 }
 
 
-def _refuse_row_sql() -> str:
+def _refuse_row_sql(raising: bool = True) -> str:
+    """``refuse_row`` (raises the refusal of one row), or with ``raising`` false its twin ``refusal_of``, which
+    returns ``TRY_REFUSED`` followed by the same envelope instead (for ``try_v2``: see :func:`_read_v2_sql`)."""
     sqlstates = "\n".join(f"        WHEN {quote_literal(e.code)} THEN {quote_literal(e.sqlstate)}"
                           for e in ERRORS.values())
     sentences = "\n".join(f"        WHEN {quote_literal(code)} THEN {expr}" for code, expr in _ROW_SENTENCES.items())
     meanings = "\n".join(f"            WHEN {quote_literal(e.code)} THEN {quote_literal(e.meaning)}"
                          for e in ERRORS.values())
+    envelope = """jsonb_build_object(
+            'error', code,
+            'message', v_sentence,
+            'details', jsonb_build_object('type', t, 'runId', run, 'sequence', seq))::text"""
+    if raising:
+        name, returns = "refuse_row", "smallint"
+        finish = f"""RAISE EXCEPTION USING
+        ERRCODE = v_sqlstate,
+        MESSAGE = code || ': ' || v_sentence,
+        DETAIL = {envelope};"""
+    else:
+        name, returns = "refusal_of", "text"
+        finish = f"RETURN {quote_literal(TRY_REFUSED)} || {envelope};"
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_row(code text, t text, run text, seq bigint)
-RETURNS smallint LANGUAGE plpgsql VOLATILE
+CREATE OR REPLACE FUNCTION {SCHEMA}.{name}(code text, t text, run text, seq bigint)
+RETURNS {returns} LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
@@ -389,7 +409,7 @@ BEGIN
 {sqlstates}
     END;
     IF v_sqlstate IS NULL THEN
-        RAISE EXCEPTION 'openwop_seat.refuse_row: unknown refusal code %', quote_nullable(code);
+        RAISE EXCEPTION 'openwop_seat.{name}: unknown refusal code %', quote_nullable(code);
     END IF;
     v_sentence := CASE
         WHEN code = 'event_row_malformed' AND seq IS NULL THEN
@@ -408,30 +428,30 @@ BEGIN
 {meanings}
             END, quote_nullable(t), quote_nullable(run), coalesce(seq::text, 'unknown'));
     END IF;
-    RAISE EXCEPTION USING
-        ERRCODE = v_sqlstate,
-        MESSAGE = code || ': ' || v_sentence,
-        DETAIL = jsonb_build_object(
-            'error', code,
-            'message', v_sentence,
-            'details', jsonb_build_object('type', t, 'runId', run, 'sequence', seq))::text;
+    {finish}
 END
 $ow$;
 """
 
 
-def _read_v2_sql(artifacts) -> str:
+def _read_v2_sql(artifacts, raising: bool = True) -> str:
+    """``read_v2`` (the era check of a major-2 read: the row's era, or a raised refusal), or with ``raising``
+    false its twin ``try_v2``: ``'3'``, ``'2'``, or the refusal as ``refusal_of`` returns it."""
     orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    if raising:
+        name, returns, three, two, refuse = "read_v2", "smallint", "3::smallint", "2::smallint", "refuse_row"
+    else:
+        name, returns, three, two, refuse = "try_v2", "text", "'3'", "'2'", "refusal_of"
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.read_v2(era smallint, t text, run text, seq bigint)
-RETURNS smallint LANGUAGE sql VOLATILE
+CREATE OR REPLACE FUNCTION {SCHEMA}.{name}(era smallint, t text, run text, seq bigint)
+RETURNS {returns} LANGUAGE sql VOLATILE
 AS $ow$
 SELECT CASE
-    WHEN era {EQ} 3 THEN 3::smallint
-    WHEN t {EQ} ANY ({text_array_literal(artifacts.v1_types)}) THEN 2::smallint
+    WHEN era {EQ} 3 THEN {three}
+    WHEN t {EQ} ANY ({text_array_literal(artifacts.v1_types)}) THEN {two}
     WHEN pg_catalog.strpos(t, '.') OPERATOR(pg_catalog.>) 0
-         AND pg_catalog.split_part(t, '.', 1) {EQ} ANY ({text_array_literal(orgs)}) THEN 2::smallint
-    ELSE {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
+         AND pg_catalog.split_part(t, '.', 1) {EQ} ANY ({text_array_literal(orgs)}) THEN {two}
+    ELSE {SCHEMA}.{refuse}(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
                              t, run, seq)
 END
 $ow$;
@@ -475,40 +495,6 @@ BEGIN
             'error', {quote_literal(code)},
             'message', detail,
             'details', jsonb_build_object('kind', kind))::text;
-END
-$ow$;
-"""
-
-
-# What try_v2p returns instead of raising: this prefix, then the refusal's DETAIL (the OpenWOP envelope).
-TRY_REFUSED = "E"
-
-
-def _try_v2p_sql() -> str:
-    """``try_v2p``: ``read_v2p`` (same arguments) that returns a refusal instead of raising it.
-
-    The cutover tools ask it what a row reads as without stopping at the first
-    row that would fail: the result is ``read_v2p``'s own text, or
-    ``TRY_REFUSED`` followed by the refusal's envelope (JSON: ``error``,
-    ``message``, ``details`` with ``type``, ``keys`` ...).  Only the seat's
-    refusals (the SQLSTATEs of :mod:`proxy.errors`) are caught; any other error
-    still fails the statement.  The guard is a subtransaction per row (about a
-    microsecond): this is for the cutover tools, never for the read path.
-    """
-    states = " OR ".join(f"SQLSTATE {quote_literal(e.sqlstate)}" for e in ERRORS.values())
-    return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.try_v2p(era smallint, t text, p jsonb, run text, seq bigint,
-                                           eid text, node text, tenant text)
-RETURNS text LANGUAGE plpgsql VOLATILE
-AS $ow$
-DECLARE
-    v_detail text;
-BEGIN
-    RETURN {SCHEMA}.read_v2p(try_v2p.era, try_v2p.t, try_v2p.p, try_v2p.run, try_v2p.seq, try_v2p.eid,
-                             try_v2p.node, try_v2p.tenant);
-EXCEPTION WHEN {states} THEN
-    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-    RETURN {quote_literal(TRY_REFUSED)} || v_detail;
 END
 $ow$;
 """
@@ -995,6 +981,9 @@ PUBLIC_FUNCTIONS = (
     "project_obj(text, jsonb, text)",
     "project_v2(text, jsonb, text, text, text)",
     "refuse_statement(text, text)",
+    "refusal_of(text, text, text, bigint)",
+    "try_v2(smallint, text, text, bigint)",
+    "try_project_row(text, jsonb, text, bigint, text, text, text)",
     "try_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
     "era_of(text)",
     "era_now(text)",
@@ -1025,10 +1014,13 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
                        + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
     from .projection import projection_sql, read_v2p_sql
 
+    sqlstate = ERRORS["payload_unprojectable"].sqlstate
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
-                    projection_sql(SCHEMA, artifacts),
-                    read_v2p_sql(SCHEMA, artifacts, ERRORS["payload_unprojectable"].sqlstate),
-                    _refuse_statement_sql(), _era_of_sql(host, run_id_type), _try_v2p_sql(),
+                    projection_sql(SCHEMA, artifacts), read_v2p_sql(SCHEMA, artifacts, sqlstate),
+                    # the cutover tools' twins, which return refusals instead of raising them
+                    _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
+                    read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),
+                    _refuse_statement_sql(), _era_of_sql(host, run_id_type),
                     writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
 
 
