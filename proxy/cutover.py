@@ -37,6 +37,9 @@ async def open_checked(dsn: str, config, artifacts, application_name: str):
     conn = await connect(dsn)
     try:
         await conn.execute("SELECT pg_catalog.set_config('application_name', $1, false)", application_name)
+        # The tools' statements inline the generated functions into large expressions: compiling them with JIT
+        # costs seconds per statement (once per audit batch), far more than it saves.
+        await conn.execute("SELECT pg_catalog.set_config('jit', 'off', false)")
         await verify(conn, config, artifacts)
     except BaseException:
         await conn.close()
