@@ -155,3 +155,51 @@ def test_audit_usage_and_connection_errors(pg, audit_db, tmp_path):
     out = subprocess.run([sys.executable, "-m", "proxy", "audit"], capture_output=True, text=True, cwd=ROOT,
                          env=env, timeout=60)
     assert out.returncode == EXIT_USAGE and "--dsn" in out.stderr
+
+
+def test_era_column_store_malformed_stamp_is_reported_and_never_converted(pg, tmp_path):
+    """With ``[host] era_column`` a run whose column holds neither NULL nor 3 is refused by the reader
+    (``event_row_malformed``): audit counts every event of it as failing, and backfill skips it."""
+    from conftest import render_config
+
+    db = f"ow_audit_era_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        pg.psql(HOST_SCHEMA + "ALTER TABLE runs ADD COLUMN era smallint;", dbname=db)
+        config = tmp_path / "era.toml"
+        config.write_text(render_config({"host": {"era_column": "era"}}))
+        env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
+        base = [sys.executable, "-m", "proxy"]
+        out = subprocess.run(base + ["migrate", "--config", str(config), "--dsn", pg.dsn(dbname=db)],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        # the events first (the append guard refuses a run with a malformed stamp), then the stamps: as the
+        # owner of openwop_seat, whom the guard of the era column admits
+        pg.psql("INSERT INTO runs (run_id, tenant_id) VALUES ('m-bad', 'acme'), ('m-good', 'acme'), ('m-3', 'acme');"
+                "INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) VALUES "
+                "('b0', 'm-bad', 0, 'node.started', '{\"nodeId\": \"n\", \"typeId\": \"t\"}', now()), "
+                "('b1', 'm-bad', 1, 'node.started', '{\"nodeId\": \"n\", \"typeId\": \"t\"}', now()), "
+                "('g0', 'm-good', 0, 'node.started', '{\"nodeId\": \"n\", \"typeId\": \"t\"}', now()), "
+                "('t0', 'm-3', 0, 'node-started', '{}', now());"
+                "UPDATE runs SET era = 7 WHERE run_id = 'm-bad'; UPDATE runs SET era = 3 WHERE run_id = 'm-3';",
+                dbname=db)
+        report = tmp_path / "era.json"
+        out = subprocess.run(base + ["audit", "--config", str(config), "--dsn", pg.dsn(dbname=db), "--json",
+                                     str(report)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        assert out.returncode == EXIT_REFUSED, out.stderr
+        r = json.loads(report.read_text())
+        assert r["runs"] == {"era2Scanned": 1, "era3Skipped": 1, "wouldFail": 1}
+        assert r["events"]["scanned"] == 3 and r["events"]["wouldFail"] == 2
+        assert r["failures"] == [{"code": "event_row_malformed", "type": None, "key": None, "count": 2,
+                                  "samples": [{"runId": "m-bad", "sequence": 0}, {"runId": "m-bad", "sequence": 1}]}]
+        out = subprocess.run(base + ["backfill", "--config", str(config), "--dsn", pg.dsn(dbname=db), "--all",
+                                     "--no-progress"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        assert out.returncode == EXIT_REFUSED, out.stdout + out.stderr
+        assert "skipped run m-bad: its era stamp is malformed" in out.stdout
+        assert "converted 1 runs" in out.stdout and "already era 3: 1 runs" in out.stdout
+        eras = pg.psql("SELECT run_id || '=' || coalesce(era::text, 'null') FROM runs ORDER BY run_id", dbname=db)
+        assert eras.split() == ["m-3=3", "m-bad=7", "m-good=3"]
+        assert pg.psql("SELECT count(*) FROM openwop_seat.events_v1_original WHERE run_id = 'm-bad'",
+                       dbname=db).strip() == "0"
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
