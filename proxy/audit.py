@@ -27,7 +27,7 @@ import orjson
 from .cutover import (EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress, UsageError, bar, eras_of,
                       events_from, list_runs_sql, open_checked, run_col)
 from .projection import META_SEPARATOR
-from .schema import SCHEMA, TRY_REFUSED, quote_ident, read_project_sql
+from .schema import TRY_REFUSED, quote_ident, read_project_sql
 
 DEFAULT_BATCH = 500  # runs per transaction
 DEFAULT_SAMPLES = 5  # sample (run, sequence) pairs kept per failure kind
