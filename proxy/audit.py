@@ -27,7 +27,7 @@ import orjson
 from .cutover import (EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress, UsageError, bar, eras_of,
                       events_from, list_runs_sql, open_checked, run_col)
 from .projection import META_SEPARATOR
-from .schema import TRY_REFUSED, quote_ident, read_project_sql
+from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
 
 DEFAULT_BATCH = 500  # runs per transaction
 DEFAULT_SAMPLES = 5  # sample (run, sequence) pairs kept per failure kind
@@ -47,7 +47,7 @@ def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False) -> st
     e = "e"
     run = run_col(host, e)
     check = read_project_sql(host, "2::smallint", e, function="try_v2p")
-    sep = "E'\\x1e'"
+    sep = quote_literal(META_SEPARATOR)
     if null_runs:
         where = f"{run} IS NULL"
     else:
@@ -59,15 +59,11 @@ def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False) -> st
         if exclude:
             where += f" AND NOT (({run})::text = ANY (${n + 1}::text[]))"
     return (f"SELECT ({run})::text AS run, ({e}.sequence)::bigint AS seq, ({e}.{quote_ident(host.type_column)})::text"
-            f" AS t, CASE WHEN pg_catalog.left(x.v, 1) = {_lit(TRY_REFUSED)} THEN x.v "
+            f" AS t, CASE WHEN pg_catalog.left(x.v, 1) = {quote_literal(TRY_REFUSED)} THEN x.v "
             f"ELSE pg_catalog.left(x.v, 1) || COALESCE(pg_catalog.substr(x.v, "
             f"NULLIF(pg_catalog.strpos(x.v, {sep}), 0)), '') END AS v, "
             f"(pg_catalog.length(x.v) > 1 AND pg_catalog.substr(x.v, 2, 1) <> {sep}) AS projected "
             f"FROM {events_from(host, e)} CROSS JOIN LATERAL (SELECT {check} AS v) x WHERE {where}")
-
-
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 @dataclass
