@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .cutover import (EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress, UsageError, bar, eras_of,
-                      events_from, list_runs_sql, open_checked, run_col)
+from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
+                      UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
 from .projection import META_SEPARATOR
 from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
 
@@ -195,7 +195,8 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
             progress.update(_progress_text(report, total))
     # Rows without a run id: the reader reads them as era 2 (no stamp can name them).
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        async for row in conn.cursor(scan_sql(host, lower=False, exclude=False, null_runs=True), prefetch=CURSOR_PREFETCH):
+        null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True)
+        async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
             report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
     if progress is not None:
         progress.done(_progress_text(report, total))
@@ -297,6 +298,8 @@ def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int,
     try:
         artifacts = load_artifacts()
         report = asyncio.run(go())
+    except KeyboardInterrupt:
+        return fail(EXIT_INTERRUPTED, "interrupted: no report")
     except ArtifactError as e:
         return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
     except SchemaError as e:

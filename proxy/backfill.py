@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .cutover import (EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, MALFORMED, Progress, UsageError, bar,
-                      eras_of, events_from, list_runs_sql, open_checked, run_col)
+from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, MALFORMED,
+                      Progress, UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
 from .projection import META_SEPARATOR
 from .schema import (REWRITE_SETTING, SCHEMA, TRY_REFUSED, SchemaError, host_append_lock_sql, quote_ident,
                      quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
@@ -117,7 +117,8 @@ class Backfill:
                         f"FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), "
                         f"pg_catalog.unnest($4::text[])) AS u(seq, t, p) "
                         f"WHERE {run} = $1 AND {e}.sequence = u.seq")
-        self.put_back = (f"UPDATE {events_from(host, e)} SET {quote_ident(host.type_column)} = CAST(o.type AS {ttype}), "
+        self.put_back = (f"UPDATE {events_from(host, e)} "
+                         f"SET {quote_ident(host.type_column)} = CAST(o.type AS {ttype}), "
                          f"{quote_ident(host.payload_column)} = CAST(o.payload AS {ptype}) FROM {ORIGINALS} o "
                          f"WHERE o.run_id = $1 AND {run} = $1 AND {e}.sequence = o.sequence "
                          f"AND (({self.typ})::text IS DISTINCT FROM o.type "
@@ -381,6 +382,9 @@ def cmd_backfill(config, args) -> int:
         return fail(EXIT_USAGE, str(e))
     except Skip as e:
         return fail(EXIT_REFUSED, e.reason)
+    except KeyboardInterrupt:
+        return fail(EXIT_INTERRUPTED, "interrupted: runs converted so far stay converted, the one in flight was "
+                                      "rolled back; run it again to finish")
     except ArtifactError as e:
         return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
     except SchemaError as e:

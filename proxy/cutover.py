@@ -24,6 +24,7 @@ EXIT_OK = 0  # nothing would fail / every run asked for is era 3
 EXIT_REFUSED = 1  # audit: some event would fail the reader rule; backfill: some run was skipped or refused
 EXIT_USAGE = 2  # bad flags or configuration, unknown run ids, nothing to restore (as argparse's own errors)
 EXIT_UNAVAILABLE = 3  # the database is unreachable, not migrated for these artifacts, or refused the tool's role
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): the open transaction is rolled back with the connection
 
 MALFORMED = ERRORS["event_row_malformed"].sqlstate
 
