@@ -92,7 +92,55 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("sql", metavar="SQL", help="the statement(s), as one Query string")
     explain.set_defaults(run=lambda args: _lazy("explain", "cmd_explain")(load_config(args.config), args.sql,
                                                                         args.major))
+    _add_audit(commands)
+    _add_backfill(commands)
     return parser
+
+
+def _add_audit(commands) -> None:
+    audit = commands.add_parser(
+        "audit", help="pre-flight: read every era-2 run through the reader rule, offline, and report what would fail",
+        description="Read every era-2 run's events with the functions migrate installed (the reader rule and the "
+                    "payload projection), in batches of runs, each a REPEATABLE READ READ ONLY transaction streamed "
+                    "through a server-side cursor; report what would fail and why. Exit 0: nothing would fail; "
+                    "1: some events would fail; 2: bad flags or configuration; 3: the database is unreachable or "
+                    "not migrated with these artifacts.")
+    audit.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    audit.add_argument("--dsn", required=True, metavar="DSN", help="libpq-style connection string or URL of the "
+                       "host database (read only: any role that can read the host's tables)")
+    audit.add_argument("--json", metavar="PATH", help="also write the full report as JSON to PATH")
+    audit.add_argument("--batch", type=int, default=500, metavar="N", help="runs per transaction (default 500)")
+    audit.add_argument("--samples", type=int, default=5, metavar="N",
+                       help="sample run ids and sequences kept per kind of failure (default 5)")
+    audit.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    audit.set_defaults(run=lambda args: _lazy("audit", "cmd_audit")(
+        load_config(args.config), args.dsn, args.json, args.batch, args.samples, not args.no_progress))
+
+
+def _add_backfill(commands) -> None:
+    backfill = commands.add_parser(
+        "backfill", help="convert era-2 runs to era 3 in place, one run per transaction (or --restore one)",
+        description="Convert era-2 runs to era 3, one run per transaction under the run's append locks: preserve "
+                    "the rows in openwop_seat.events_v1_original, rewrite type and payload to what the reader rule "
+                    "returns, stamp era 3 (source backfill). A run that would fail the reader rule is skipped and "
+                    "reported. Resumable and idempotent. Connect as the owner of openwop_seat. Exit 0: every run "
+                    "asked for is era 3 (or --restore done); 1: some run skipped or the restore refused; 2: bad "
+                    "flags, configuration or run ids; 3: the database is unreachable, not migrated with these "
+                    "artifacts, or the role is not the owner of openwop_seat.")
+    backfill.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    backfill.add_argument("--dsn", required=True, metavar="DSN", help="libpq-style connection string or URL of "
+                          "the host database, as the owner of openwop_seat (the role that runs migrate)")
+    which = backfill.add_mutually_exclusive_group(required=True)
+    which.add_argument("--runs", nargs="+", metavar="ID", help="convert these runs")
+    which.add_argument("--all", action="store_true", help="convert every era-2 run that has events")
+    which.add_argument("--restore", metavar="RUN_ID",
+                       help="put RUN_ID back as it was before its backfill: its preserved rows and era 2")
+    backfill.add_argument("--dry-run", action="store_true",
+                          help="report what would be converted or skipped; change nothing (read only)")
+    backfill.add_argument("--batch", type=int, default=100, metavar="N",
+                          help="run ids listed per step of --all and per progress update (default 100)")
+    backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    backfill.set_defaults(run=lambda args: _lazy("backfill", "cmd_backfill")(load_config(args.config), args))
 
 
 def _lazy(module: str, name: str):

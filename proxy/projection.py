@@ -395,7 +395,7 @@ def _fast_condition(shape: ObjectShape) -> str:
     return " AND ".join(parts)
 
 
-def read_v2p_sql(schema: str, artifacts, sqlstate: str) -> str:
+def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True, refused_prefix: str = "E") -> str:
     """The per-row entry point of a major-2 read that outputs payloads (see the module docstring).
 
     ``read_v2p`` is a single-expression SQL function, inlined into the statement: the era check, then
@@ -405,15 +405,34 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str) -> str:
     ``fast_v2`` is plpgsql on purpose, so that it is *not* inlined: PostgreSQL parses the body of an
     inlined SQL function again at every planning, and this body (a branch per v1 type) made each
     unprepared page spend ~5 ms in the planner. plpgsql parses and plans it once per session and costs
-    about 1 µs per row instead."""
+    about 1 µs per row instead.
+
+    With ``raising`` false the same functions are generated as the cutover tools' twins ``try_project_row``
+    and ``try_v2p`` (over ``try_v2``, see :mod:`proxy.schema`): where ``read_v2p`` raises a refusal they
+    return ``refused_prefix`` followed by the refusal's envelope, so that one statement can report every row
+    that would fail (a caught exception would cost a subtransaction per row, and PL/pgSQL evaluates an
+    expression that raised the slow way for the rest of the transaction).  ``fast_v2`` is generated once,
+    with ``raising``."""
     forward = "\n".join(f"        WHEN {_lit(v1)} THEN {_lit(artifacts.v1_to_v2[v1])}"
-                        for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
+                         for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
     shapes = artifacts.payload_shapes
     fast = "\n".join(f"    WHEN {_lit(v1)} THEN {_fast_condition(shapes[v2])}"
-                     for v1, v2 in sorted(artifacts.v1_to_v2.items())
-                     if v2 in shapes and v2 not in TRANSFORMED) or "    WHEN NULL THEN false"
+                      for v1, v2 in sorted(artifacts.v1_to_v2.items())
+                      if v2 in shapes and v2 not in TRANSFORMED) or "    WHEN NULL THEN false"
     s = schema
-    return f"""
+    envelope = """jsonb_build_object(
+                'error', 'payload_unprojectable',
+                'message', sentence,
+                'details', jsonb_build_object('type', t2, 'keys', to_jsonb(r.unseated), 'eventId', eid,
+                                              'sequence', seq, 'runId', run))::text"""
+    if raising:
+        project, entry, check = "project_row", "read_v2p", "read_v2"
+        refuse = f"""RAISE EXCEPTION USING
+            ERRCODE = {_lit(sqlstate)},
+            MESSAGE = 'payload_unprojectable: ' || sentence,
+            DETAIL = {envelope},
+            HINT = 'the row is stored untouched; see the openwop-seat README, "Payload projection"';"""
+        fast_fn = f"""
 CREATE OR REPLACE FUNCTION {s}.fast_v2(t text, p jsonb) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $ow$
@@ -424,8 +443,25 @@ BEGIN
     END;
 END
 $ow$;
-
-CREATE OR REPLACE FUNCTION {s}.project_row(t text, p jsonb, run text, seq bigint,
+"""
+        body = f"""SELECT CASE {s}.{check}(era, t, run, seq)
+    WHEN 3 THEN '3'
+    ELSE CASE WHEN p IS NULL OR {s}.fast_v2(t, p) THEN '2'
+              ELSE {s}.{project}(t, p, run, seq, eid, node, tenant) END
+END"""
+    else:
+        project, entry, check = "try_project_row", "try_v2p", "try_v2"
+        refuse = f"RETURN {_lit(refused_prefix)} || {envelope};"
+        fast_fn = ""
+        # try_v2 is '3', '2' or a refusal; a refused row (rare) evaluates it a second time for its text
+        body = f"""SELECT CASE {s}.{check}(era, t, run, seq)
+    WHEN '3' THEN '3'
+    WHEN '2' THEN CASE WHEN p IS NULL OR {s}.fast_v2(t, p) THEN '2'
+              ELSE {s}.{project}(t, p, run, seq, eid, node, tenant) END
+    ELSE {s}.{check}(era, t, run, seq)
+END"""
+    return f"""{fast_fn}
+CREATE OR REPLACE FUNCTION {s}.{project}(t text, p jsonb, run text, seq bigint,
                                           eid text, node text, tenant text)
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -444,15 +480,7 @@ BEGIN
         sentence := format('the payload of %s in era-2 run %s at sequence %s holds %s, which the v2 '
                            'definition can neither carry nor seat', t2, quote_nullable(run),
                            coalesce(seq::text, 'unknown'), array_to_string(r.unseated, ', '));
-        RAISE EXCEPTION USING
-            ERRCODE = {_lit(sqlstate)},
-            MESSAGE = 'payload_unprojectable: ' || sentence,
-            DETAIL = jsonb_build_object(
-                'error', 'payload_unprojectable',
-                'message', sentence,
-                'details', jsonb_build_object('type', t2, 'keys', to_jsonb(r.unseated), 'eventId', eid,
-                                              'sequence', seq, 'runId', run))::text,
-            HINT = 'the row is stored untouched; see the openwop-seat README, "Payload projection"';
+        {refuse}
     END IF;
     out := '2';
     IF r.val <> p THEN
@@ -466,14 +494,10 @@ BEGIN
 END
 $ow$;
 
-CREATE OR REPLACE FUNCTION {s}.read_v2p(era smallint, t text, p jsonb, run text, seq bigint,
+CREATE OR REPLACE FUNCTION {s}.{entry}(era smallint, t text, p jsonb, run text, seq bigint,
                                        eid text, node text, tenant text)
 RETURNS text LANGUAGE sql VOLATILE
 AS $ow$
-SELECT CASE {s}.read_v2(era, t, run, seq)
-    WHEN 3 THEN '3'
-    ELSE CASE WHEN p IS NULL OR {s}.fast_v2(t, p) THEN '2'
-              ELSE {s}.project_row(t, p, run, seq, eid, node, tenant) END
-END
+{body}
 $ow$;
 """

@@ -121,6 +121,10 @@ CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_
 # privilege (only host.maintenance_role may rewrite an event's type or run).
 UPDATE_REFUSED_SQLSTATE = "42501"
 
+# The transaction-local setting with which backfill names the one run whose event types it rewrites (the
+# UPDATE guard admits that, for the owner of openwop_seat only: see _on_event_update_sql).
+REWRITE_SETTING = "openwop_seat.rewrite_run"
+
 # The triggers are named so that they fire after the host's own triggers of the
 # same kind (PostgreSQL fires them in name order): the guard sees the row the
 # host's triggers made.
@@ -222,9 +226,24 @@ COMMENT ON SEQUENCE openwop_seat.appends_translated IS
     'counts v2 appends into era-2 runs stored under their v1 spelling (rolled-back appends count too)';
 GRANT SELECT ON SEQUENCE openwop_seat.runs_stamped_created, openwop_seat.appends_translated TO PUBLIC;
 """),
+    Step(4, "add events_v1_original (the rows backfill rewrote, as they were, for backfill --restore)", """
+CREATE TABLE openwop_seat.events_v1_original (
+    run_id text NOT NULL,
+    sequence bigint NOT NULL,
+    type text,
+    payload text,
+    original text NOT NULL,
+    preserved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, sequence)
+);
+COMMENT ON TABLE openwop_seat.events_v1_original IS
+    'each event row of a run backfill converted to era 3, as it was: type and payload in their text form, '
+    'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
+REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {
@@ -301,9 +320,14 @@ def era_sql(host: HostConfig, run_id_expr: str) -> str:
             f"FROM {quote_qualified(host.runs_table)} {a} WHERE {key} {EQ} ({run_id_expr})), 2::smallint)")
 
 
-def read_project_sql(host: HostConfig, era_expr: str, alias: str) -> str:
+def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str = "read_v2p") -> str:
     """The per-row check *and payload projection* of a major-2 read that outputs the payload column of the
-    events table under ``alias`` (quoted): text, see :mod:`proxy.projection`."""
+    events table under ``alias`` (quoted): text, see :mod:`proxy.projection`.
+
+    ``function``: ``read_v2p`` (a refused row fails the statement), or ``try_v2p``, which takes the same
+    arguments and returns the refusal instead (the cutover tools)."""
+    if function not in ("read_v2p", "try_v2p"):
+        raise ValueError(f"read_project_sql: function must be read_v2p or try_v2p, got {function!r}")
     def col(name: str | None) -> str:
         return f"({alias}.{quote_ident(name)})::text" if name else "NULL::text"
 
@@ -315,7 +339,7 @@ def read_project_sql(host: HostConfig, era_expr: str, alias: str) -> str:
         tenant = (f"CASE WHEN {alias}.{quote_ident(host.type_column)} {EQ} 'run.started' THEN "
                   f"(SELECT ({r}.{quote_ident(host.tenant_column)})::text FROM {quote_qualified(host.runs_table)} {r} "
                   f"WHERE {r}.{quote_ident(host.run_id_column)} {EQ} {run} LIMIT 1) END")
-    return (f"{SCHEMA}.read_v2p({era_expr}, {col(host.type_column)}, "
+    return (f"{SCHEMA}.{function}({era_expr}, {col(host.type_column)}, "
             f"({alias}.{quote_ident(host.payload_column)})::jsonb, ({run})::text, ({alias}.sequence)::bigint, "
             f"{col(host.event_id_column)}, {col(host.node_id_column)}, {tenant})")
 
@@ -333,6 +357,11 @@ def read_check_sql(major: int, era_expr: str, type_expr: str, run_id_expr: str, 
 
 # --- artifact objects ---------------------------------------------------------------
 
+# What the non-raising twins (refusal_of, try_v2, try_project_row, try_v2p) return for a row the reader
+# rule refuses: this prefix, then the refusal's envelope (JSON: error, message, details).
+TRY_REFUSED = "E"
+
+
 # The sentence of each refusal raised per row (MESSAGE is "<code>: <sentence>").
 # Codes without an entry use their meaning from proxy.errors.
 _ROW_SENTENCES = {
@@ -346,15 +375,30 @@ _ROW_SENTENCES = {
 }
 
 
-def _refuse_row_sql() -> str:
+def _refuse_row_sql(raising: bool = True) -> str:
+    """``refuse_row`` (raises the refusal of one row), or with ``raising`` false its twin ``refusal_of``, which
+    returns ``TRY_REFUSED`` followed by the same envelope instead (for ``try_v2``: see :func:`_read_v2_sql`)."""
     sqlstates = "\n".join(f"        WHEN {quote_literal(e.code)} THEN {quote_literal(e.sqlstate)}"
                           for e in ERRORS.values())
     sentences = "\n".join(f"        WHEN {quote_literal(code)} THEN {expr}" for code, expr in _ROW_SENTENCES.items())
     meanings = "\n".join(f"            WHEN {quote_literal(e.code)} THEN {quote_literal(e.meaning)}"
                          for e in ERRORS.values())
+    envelope = """jsonb_build_object(
+            'error', code,
+            'message', v_sentence,
+            'details', jsonb_build_object('type', t, 'runId', run, 'sequence', seq))::text"""
+    if raising:
+        name, returns = "refuse_row", "smallint"
+        finish = f"""RAISE EXCEPTION USING
+        ERRCODE = v_sqlstate,
+        MESSAGE = code || ': ' || v_sentence,
+        DETAIL = {envelope};"""
+    else:
+        name, returns = "refusal_of", "text"
+        finish = f"RETURN {quote_literal(TRY_REFUSED)} || {envelope};"
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_row(code text, t text, run text, seq bigint)
-RETURNS smallint LANGUAGE plpgsql VOLATILE
+CREATE OR REPLACE FUNCTION {SCHEMA}.{name}(code text, t text, run text, seq bigint)
+RETURNS {returns} LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
@@ -365,7 +409,7 @@ BEGIN
 {sqlstates}
     END;
     IF v_sqlstate IS NULL THEN
-        RAISE EXCEPTION 'openwop_seat.refuse_row: unknown refusal code %', quote_nullable(code);
+        RAISE EXCEPTION 'openwop_seat.{name}: unknown refusal code %', quote_nullable(code);
     END IF;
     v_sentence := CASE
         WHEN code = 'event_row_malformed' AND seq IS NULL THEN
@@ -384,30 +428,30 @@ BEGIN
 {meanings}
             END, quote_nullable(t), quote_nullable(run), coalesce(seq::text, 'unknown'));
     END IF;
-    RAISE EXCEPTION USING
-        ERRCODE = v_sqlstate,
-        MESSAGE = code || ': ' || v_sentence,
-        DETAIL = jsonb_build_object(
-            'error', code,
-            'message', v_sentence,
-            'details', jsonb_build_object('type', t, 'runId', run, 'sequence', seq))::text;
+    {finish}
 END
 $ow$;
 """
 
 
-def _read_v2_sql(artifacts) -> str:
+def _read_v2_sql(artifacts, raising: bool = True) -> str:
+    """``read_v2`` (the era check of a major-2 read: the row's era, or a raised refusal), or with ``raising``
+    false its twin ``try_v2``: ``'3'``, ``'2'``, or the refusal as ``refusal_of`` returns it."""
     orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    if raising:
+        name, returns, three, two, refuse = "read_v2", "smallint", "3::smallint", "2::smallint", "refuse_row"
+    else:
+        name, returns, three, two, refuse = "try_v2", "text", "'3'", "'2'", "refusal_of"
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.read_v2(era smallint, t text, run text, seq bigint)
-RETURNS smallint LANGUAGE sql VOLATILE
+CREATE OR REPLACE FUNCTION {SCHEMA}.{name}(era smallint, t text, run text, seq bigint)
+RETURNS {returns} LANGUAGE sql VOLATILE
 AS $ow$
 SELECT CASE
-    WHEN era {EQ} 3 THEN 3::smallint
-    WHEN t {EQ} ANY ({text_array_literal(artifacts.v1_types)}) THEN 2::smallint
+    WHEN era {EQ} 3 THEN {three}
+    WHEN t {EQ} ANY ({text_array_literal(artifacts.v1_types)}) THEN {two}
     WHEN pg_catalog.strpos(t, '.') OPERATOR(pg_catalog.>) 0
-         AND pg_catalog.split_part(t, '.', 1) {EQ} ANY ({text_array_literal(orgs)}) THEN 2::smallint
-    ELSE {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
+         AND pg_catalog.split_part(t, '.', 1) {EQ} ANY ({text_array_literal(orgs)}) THEN {two}
+    ELSE {SCHEMA}.{refuse}(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
                              t, run, seq)
 END
 $ow$;
@@ -749,10 +793,15 @@ $ow$;
 """
 
 
+def _owner_sql() -> str:
+    """A boolean SQL expression: current_user is the owner of stamp_run (the owner of openwop_seat)."""
+    return (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
+            f"WHERE p.oid = {quote_literal(SCHEMA + '.stamp_run(text,text)')}::regprocedure)")
+
+
 def _owner_or_maintenance_sql(host: HostConfig) -> str:
     """A boolean SQL expression: current_user is the owner of stamp_run, or host.maintenance_role."""
-    owner = (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
-             f"WHERE p.oid = {quote_literal(SCHEMA + '.stamp_run(text,text)')}::regprocedure)")
+    owner = _owner_sql()
     if host.maintenance_role is None:
         return owner
     return f"(current_user = {quote_literal(host.maintenance_role)} OR {owner})"
@@ -823,6 +872,15 @@ def _on_event_update_sql(host: HostConfig) -> str:
     END IF;
     """
     old_run, old_type = f"OLD.{quote_ident(host.run_id_column)}", f"OLD.{quote_ident(host.type_column)}"
+    new_run = f"NEW.{quote_ident(host.run_id_column)}"
+    # backfill (and backfill --restore), connected as the owner of openwop_seat, rewrites the types of the one
+    # run it names in REWRITE_SETTING for its transaction; it never moves an event to another run.
+    allow += f"""IF {old_run} IS NOT DISTINCT FROM {new_run}
+       AND ({old_run})::text = current_setting({quote_literal(REWRITE_SETTING)}, true)
+       AND {_owner_sql()} THEN
+        RETURN NEW;
+    END IF;
+    """
     if host.maintenance_role is None:
         hint = "no role may rewrite them: host.maintenance_role is not set"
     else:
@@ -923,6 +981,10 @@ PUBLIC_FUNCTIONS = (
     "project_obj(text, jsonb, text)",
     "project_v2(text, jsonb, text, text, text)",
     "refuse_statement(text, text)",
+    "refusal_of(text, text, text, bigint)",
+    "try_v2(smallint, text, text, bigint)",
+    "try_project_row(text, jsonb, text, bigint, text, text, text)",
+    "try_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
     "era_of(text)",
     "era_now(text)",
     "claim(text, integer)",
@@ -952,9 +1014,12 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
                        + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
     from .projection import projection_sql, read_v2p_sql
 
+    sqlstate = ERRORS["payload_unprojectable"].sqlstate
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
-                    projection_sql(SCHEMA, artifacts),
-                    read_v2p_sql(SCHEMA, artifacts, ERRORS["payload_unprojectable"].sqlstate),
+                    projection_sql(SCHEMA, artifacts), read_v2p_sql(SCHEMA, artifacts, sqlstate),
+                    # the cutover tools' twins, which return refusals instead of raising them
+                    _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
+                    read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
                     writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
 

@@ -1,0 +1,317 @@
+"""``openwop-seat audit``: read every era-2 run through the reader rule and the payload projection, offline.
+
+The audit is a pre-flight for the cut: it tells, before any v2 reader is
+switched on, which stored events would fail to read and why.  It runs the
+functions ``migrate`` installed (``try_v2p``: ``read_v2p`` with each refusal
+returned instead of raised, see :mod:`proxy.schema`), so it reads every row
+exactly as a seat would; only the counting is done here.
+
+Batches.  The events table is walked in run-id order, ``--batch`` runs at a
+time; each batch is one ``REPEATABLE READ READ ONLY`` transaction (the eras
+of its runs and their events are read in one snapshot) whose rows stream
+through a server-side cursor, so memory holds the counters and never the
+events.  Era-3 runs are counted and skipped: the reader rule passes their
+rows as stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+import orjson
+
+from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
+                      UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
+from .projection import META_SEPARATOR
+from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
+
+DEFAULT_BATCH = 500  # runs per transaction
+DEFAULT_SAMPLES = 5  # sample (run, sequence) pairs kept per failure kind
+CURSOR_PREFETCH = 2000
+
+
+def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False) -> str:
+    """The events of the era-2 runs of one batch, each with what the reader rule makes of it.
+
+    Parameters in order: the last run id of the previous batch (``lower``), the
+    batch's last run id, the batch's runs that are not era 2 (``exclude``);
+    ``null_runs``: the rows whose run id is NULL instead, no parameters.  Per
+    row: run, sequence, stored type, ``try_v2p``'s text without the projected
+    payload (era, or era and counts, or the refusal), and whether the payload
+    was projected.
+    """
+    e = "e"
+    run = run_col(host, e)
+    check = read_project_sql(host, "2::smallint", e, function="try_v2p")
+    sep = quote_literal(META_SEPARATOR)
+    if null_runs:
+        where = f"{run} IS NULL"
+    else:
+        n = 1
+        where = ""
+        if lower:
+            where, n = f"{run} > $1 AND ", 2
+        where += f"{run} <= ${n}"
+        if exclude:
+            where += f" AND NOT (({run})::text = ANY (${n + 1}::text[]))"
+    return (f"SELECT ({run})::text AS run, ({e}.sequence)::bigint AS seq, ({e}.{quote_ident(host.type_column)})::text"
+            f" AS t, CASE WHEN pg_catalog.left(x.v, 1) = {quote_literal(TRY_REFUSED)} THEN x.v "
+            f"ELSE pg_catalog.left(x.v, 1) || COALESCE(pg_catalog.substr(x.v, "
+            f"NULLIF(pg_catalog.strpos(x.v, {sep}), 0)), '') END AS v, "
+            f"(pg_catalog.length(x.v) > 1 AND pg_catalog.substr(x.v, 2, 1) <> {sep}) AS projected "
+            f"FROM {events_from(host, e)} CROSS JOIN LATERAL (SELECT {check} AS v) x WHERE {where}")
+
+
+@dataclass
+class Failure:
+    count: int = 0
+    samples: list = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """The counts of one audit (see :meth:`as_json` for the report's shape)."""
+
+    tag: str
+    digest: str
+    samples: int
+    era2_runs: int = 0
+    era3_runs: int = 0
+    events: int = 0
+    failing_events: int = 0
+    failing_runs: set = field(default_factory=set)
+    failures: dict = field(default_factory=dict)  # (code, type, key) -> Failure
+    types: Counter = field(default_factory=Counter)  # stored type -> events (era-2 runs)
+    projected: Counter = field(default_factory=Counter)  # v2 type -> events whose payload is projected
+    boxed: Counter = field(default_factory=Counter)  # v2 type -> keys boxed under x-v1
+    missing: Counter = field(default_factory=Counter)  # (v2 type, key) -> events missing that required key
+
+    @property
+    def ok(self) -> bool:
+        return self.failing_events == 0
+
+    def fail(self, code: str, t: str | None, key: str | None, run: str | None, seq: int | None) -> None:
+        f = self.failures.setdefault((code, t, key), Failure())
+        f.count += 1
+        if len(f.samples) < self.samples:
+            f.samples.append({"runId": run, "sequence": seq})
+
+    def account(self, run: str | None, seq: int, t: str | None, v: str, projected: bool) -> None:
+        self.events += 1
+        self.types[t] += 1
+        if v.startswith(TRY_REFUSED):
+            envelope = orjson.loads(v[len(TRY_REFUSED):])
+            details = envelope.get("details") or {}
+            code, typ = envelope.get("error"), details.get("type", t)
+            self.failing_events += 1
+            self.failing_runs.add(run)
+            for key in details.get("keys") or [None]:
+                self.fail(code, typ, key, run, seq)
+            return
+        cut = v.find(META_SEPARATOR)
+        if cut < 0:
+            return
+        boxed, v2type, missing = v[cut + 1:].split(META_SEPARATOR)
+        if projected:
+            self.projected[v2type] += 1
+        if boxed != "0":
+            self.boxed[v2type] += int(boxed)
+        for key in missing.split(",") if missing else ():
+            self.missing[v2type, key] += 1
+
+    def vendor_types(self, artifacts) -> dict[str, dict[str, int]]:
+        """Types stored in era-2 runs that the reader rule passes by their registered org: org -> type -> events."""
+        out: dict[str, dict[str, int]] = {}
+        for t, n in self.types.items():
+            if t is not None and t not in artifacts.v1_types and artifacts.is_vendor_type(t):
+                out.setdefault(t.partition(".")[0], {})[t] = n
+        return {org: dict(sorted(ts.items())) for org, ts in sorted(out.items())}
+
+    def never_seen(self, artifacts) -> list[str]:
+        """The codemap's v1 types no era-2 event is stored under."""
+        return sorted(t for t in artifacts.v1_types if t not in self.types)
+
+    def as_json(self, artifacts) -> dict:
+        return {
+            "ok": self.ok,
+            "artifacts": {"tag": self.tag, "digest": self.digest},
+            "runs": {"era2Scanned": self.era2_runs, "era3Skipped": self.era3_runs,
+                     "wouldFail": len(self.failing_runs)},
+            "events": {"scanned": self.events, "wouldFail": self.failing_events,
+                       "projected": sum(self.projected.values())},
+            "failures": [{"code": code, "type": t, "key": key, "count": f.count, "samples": f.samples}
+                         for (code, t, key), f in sorted(self.failures.items(), key=_failure_order)],
+            "vendorTypesByOrg": self.vendor_types(artifacts),
+            "typesNeverSeen": self.never_seen(artifacts),
+            "requiredKeysMissing": [{"type": t, "key": k, "count": n} for (t, k), n in sorted(self.missing.items())],
+            "projectedByType": dict(sorted(self.projected.items())),
+            "boxedKeysByType": dict(sorted(self.boxed.items())),
+            "typesSeen": {str(t): n for t, n in sorted(self.types.items(), key=lambda i: str(i[0]))},
+        }
+
+
+def _failure_order(item) -> tuple:
+    (code, t, key), f = item
+    return (-f.count, code or "", t or "", key or "")
+
+
+async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samples: int = DEFAULT_SAMPLES,
+                    progress: Progress | None = None) -> Report:
+    """Audit the database behind ``conn`` (already checked with :func:`proxy.cutover.open_checked`)."""
+    host = config.host
+    report = Report(artifacts.tag, artifacts.digest, samples)
+    total = await conn.fetchval("SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_catalog.pg_class c "
+                                "WHERE c.oid = pg_catalog.to_regclass($1)", events_from(host, "").strip())
+    last: str | None = None
+    while True:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            if last is None:
+                runs = [r["run"] for r in await conn.fetch(list_runs_sql(host, False), batch)]
+            else:
+                runs = [r["run"] for r in await conn.fetch(list_runs_sql(host, True), last, batch)]
+            if not runs:
+                break
+            eras = await eras_of(conn, runs)
+            other = [r for r, era in eras.items() if era != 2]
+            for run, era in eras.items():
+                if era == 3:
+                    report.era3_runs += 1
+                elif era is None:
+                    report.failing_runs.add(run)
+                else:
+                    report.era2_runs += 1
+            if any(era is None for era in eras.values()):
+                await _malformed_runs(conn, host, report, [r for r, era in eras.items() if era is None])
+            args = ((last,) if last is not None else ()) + (runs[-1],) + ((other,) if other else ())
+            sql = scan_sql(host, lower=last is not None, exclude=bool(other))
+            async for row in conn.cursor(sql, *args, prefetch=CURSOR_PREFETCH):
+                report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+        last = runs[-1]
+        if progress is not None:
+            progress.update(_progress_text(report, total))
+    # Rows without a run id: the reader reads them as era 2 (no stamp can name them).
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True)
+        async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
+            report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+    if progress is not None:
+        progress.done(_progress_text(report, total))
+    return report
+
+
+async def _malformed_runs(conn, host, report: Report, runs: list[str]) -> None:
+    """Every event of a run whose era stamp is malformed fails (``event_row_malformed``, as the reader refuses)."""
+    run = run_col(host)
+    rows = await conn.fetch(f"SELECT ({run})::text AS run, (e.sequence)::bigint AS seq, "
+                            f"(e.{quote_ident(host.type_column)})::text AS t FROM {events_from(host)} "
+                            f"WHERE ({run})::text = ANY ($1::text[])", runs)
+    for r in rows:
+        report.events += 1
+        report.types[r["t"]] += 1
+        report.failing_events += 1
+        report.fail("event_row_malformed", None, None, r["run"], r["seq"])
+
+
+def _progress_text(report: Report, total: int | None) -> str:
+    est = f" of ~{total:,}" if total else ""
+    return (f"{bar(report.events, total)}{report.events:,}{est} events, {report.era2_runs:,} era-2 runs "
+            f"({report.era3_runs:,} era-3 skipped), {report.failing_events:,} would fail")
+
+
+def render(report: Report, artifacts) -> str:
+    """The human report printed on stdout."""
+    j = report.as_json(artifacts)
+    lines = [f"openwop-seat audit: artifacts {report.tag} (digest {report.digest})",
+             f"runs: {report.era2_runs:,} era-2 runs scanned, {report.era3_runs:,} era-3 runs skipped",
+             f"events: {report.events:,} scanned, {sum(report.projected.values()):,} payloads projected",
+             f"would fail: {report.failing_events:,} events in {len(report.failing_runs):,} runs"]
+    for f in j["failures"]:
+        what = f"{f['code']}: type {f['type']}" + (f", key {f['key']}" if f["key"] else "")
+        where = ", ".join(f"{s['runId']}@{s['sequence']}" for s in f["samples"])
+        lines.append(f"  {what}: {f['count']:,} events (e.g. {where})")
+    vendor = j["vendorTypesByOrg"]
+    lines.append(f"vendor types passed by org: {sum(len(v) for v in vendor.values())} types")
+    for org, types in vendor.items():
+        lines.append(f"  {org}: " + ", ".join(f"{t} ({n:,})" for t, n in types.items()))
+    lines.append(f"required keys missing (filled by no one; the reader passes the row): "
+                 f"{len(j['requiredKeysMissing'])} type/key pairs")
+    for m in j["requiredKeysMissing"]:
+        lines.append(f"  {m['type']}: {m['key']} ({m['count']:,} events)")
+    never = j["typesNeverSeen"]
+    lines.append(f"types never seen: {len(never)} of the codemap's {len(artifacts.v1_types)} v1 types")
+    for i in range(0, len(never), 6):
+        lines.append("  " + ", ".join(never[i:i + 6]))
+    lines.append("result: " + ("nothing would fail" if report.ok else "SOME EVENTS WOULD FAIL the reader rule"))
+    return "\n".join(lines)
+
+
+def _check_json_path(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--json {path}: no such directory {parent!r}")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {path}: the directory {parent!r} is not writable")
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path}: is a directory")
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)
+
+
+def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
+    """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail, 2 usage, 3 cannot audit."""
+    import asyncpg
+
+    from .artifacts import ArtifactError, load_artifacts
+    from .schema import SchemaError
+
+    def fail(status: int, message: str) -> int:
+        print(f"openwop-seat audit: {message}", file=sys.stderr)
+        return status
+
+    try:
+        if batch < 1:
+            raise UsageError(f"--batch must be at least 1, got {batch}")
+        if samples < 0:
+            raise UsageError(f"--samples must be 0 or more, got {samples}")
+        if json_path is not None:
+            _check_json_path(json_path)
+    except UsageError as e:
+        return fail(EXIT_USAGE, str(e))
+
+    async def go():
+        conn = await open_checked(dsn, config, artifacts, "openwop-seat audit")
+        try:
+            return await run_audit(conn, config, artifacts, batch=batch, samples=samples,
+                                   progress=Progress("audit", enabled=progress))
+        finally:
+            await conn.close()
+
+    try:
+        artifacts = load_artifacts()
+        report = asyncio.run(go())
+    except KeyboardInterrupt:
+        return fail(EXIT_INTERRUPTED, "interrupted: no report")
+    except ArtifactError as e:
+        return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
+    except SchemaError as e:
+        return fail(EXIT_UNAVAILABLE, str(e))
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        return fail(EXIT_UNAVAILABLE, f"database error: {e}")
+    except (OSError, TimeoutError) as e:
+        return fail(EXIT_UNAVAILABLE, f"cannot connect to the database: {e}")
+    print(render(report, artifacts), flush=True)
+    if json_path is not None:
+        try:
+            _write_json(json_path, report.as_json(artifacts))
+        except OSError as e:
+            return fail(EXIT_UNAVAILABLE, f"cannot write --json {json_path}: {e}")
+    return EXIT_OK if report.ok else EXIT_REFUSED

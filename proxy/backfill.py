@@ -1,0 +1,401 @@
+"""``openwop-seat backfill``: convert era-2 runs to era 3 in place, one run per transaction; ``--restore`` undoes one.
+
+One run, one READ COMMITTED transaction, in this order:
+
+1. the host's own append lock for the run (``[host] append_lock``), when
+   configured: first, as the host's append path takes it before its INSERT
+   fires the seat's trigger, so the two paths take the locks in one order;
+2. the seat's run lock, exclusively: the key ``stamp_run`` takes and every
+   append takes shared (:mod:`proxy.schema`), so appends in flight have
+   committed before it is granted and new ones wait for this transaction;
+3. the run's era (``era_of``, in a snapshot taken after the locks): a run
+   already era 3 is left alone, one with a malformed era stamp is skipped;
+4. every event row of the run through ``try_v2p`` with era 2 (``read_v2p`` of
+   the read path, returning refusals), and the type mapping the seat applies
+   (``renamed_types``): a run with a row that would fail is skipped and
+   reported, nothing changed;
+5. the run's rows, as they are, into ``openwop_seat.events_v1_original``
+   (type and payload in their text forms, and the whole row as its row type's
+   text);
+6. ``type`` and ``payload`` of the rows that change rewritten under their
+   ``(run_id, sequence)`` key to exactly what a major-2 reader was served (a
+   payload the projection leaves equal is not touched);
+7. ``stamp_run(run, 'backfill')``: era 3.
+
+The era is stamped last so that steps 3-6 see the run as era 2; the locks of
+steps 1-2 are what keeps appends out meanwhile.  Killed at any point, the
+transaction rolls back: a run is converted entirely or not at all, and a
+re-run picks up where it stopped (era-3 runs are skipped).
+
+The events table's UPDATE guard refuses a change of ``type``; it admits this
+one because backfill connects as the owner of ``openwop_seat`` and names the
+run in ``openwop_seat.rewrite_run`` for its transaction
+(:data:`proxy.schema.REWRITE_SETTING`).  That role also needs SELECT and
+UPDATE on the host's events table and, with ``[host] era_column``, on its runs
+table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+
+import orjson
+
+from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, MALFORMED,
+                      Progress, UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
+from .projection import META_SEPARATOR
+from .schema import (REWRITE_SETTING, SCHEMA, TRY_REFUSED, SchemaError, host_append_lock_sql, quote_ident,
+                     quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
+
+SOURCE = "backfill"  # run_era.source of the runs it stamps
+ORIGINALS = f"{SCHEMA}.events_v1_original"
+RETRY_SQLSTATES = ("40001", "40P01")  # serialization failure, deadlock: the run is tried again
+RETRIES = 3
+
+
+class Skip(Exception):
+    """This run is not converted (or restored); the reason is reported and nothing of it changed."""
+
+    def __init__(self, reason: str, code: str | None = None):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclass
+class Summary:
+    converted: int = 0
+    events_rewritten: int = 0
+    events_preserved: int = 0
+    already: int = 0
+    skipped: list = field(default_factory=list)  # (run, code or None, reason)
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped
+
+
+class Backfill:
+    """The SQL of one configuration, and the conversion and restore of one run."""
+
+    def __init__(self, conn, config, *, dry_run: bool = False):
+        self.conn = conn
+        self.host = host = config.host
+        self.dry_run = dry_run
+        e = "e"
+        run = run_col(host, e)
+        typ = f"{e}.{quote_ident(host.type_column)}"
+        payload = f"{e}.{quote_ident(host.payload_column)}"
+        self.host_lock = host_append_lock_sql(host)
+        self.read = (f"SELECT ({e}.sequence)::bigint AS seq, ({typ})::text AS t, "
+                     f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v "
+                     f"FROM {events_from(host, e)} CROSS JOIN LATERAL "
+                     f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p')} AS v) x "
+                     f"WHERE {run} = $1 ORDER BY {e}.sequence")
+        self.preserve = (f"INSERT INTO {ORIGINALS} (run_id, sequence, type, payload, original) "
+                         f"SELECT ({run})::text, {e}.sequence, ({typ})::text, ({payload})::text, ({e})::text "
+                         f"FROM {events_from(host, e)} WHERE {run} = $1")
+        self.typ, self.payload = typ, payload
+
+    async def prepare(self) -> None:
+        """Column types for the rewrites (the UPDATEs cast text back to them)."""
+        host = self.host
+        rows = await self.conn.fetch(
+            "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type FROM pg_catalog.pg_attribute a "
+            "WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            quote_qualified(host.events_table))
+        types = {r["attname"]: r["type"] for r in rows}
+        for key, col in (("host.payload_column", host.payload_column), ("host.type_column", host.type_column)):
+            if col not in types:
+                raise SchemaError(f"the events table {host.events_table!r} has no column {col!r} ({key})")
+        e, run = "e", run_col(host, "e")
+        ptype, ttype = types[host.payload_column], types[host.type_column]
+        self.rewrite = (f"UPDATE {events_from(host, e)} SET {quote_ident(host.type_column)} = CAST(u.t AS {ttype}), "
+                        f"{quote_ident(host.payload_column)} = CASE WHEN u.p IS NULL THEN {self.payload} "
+                        f"ELSE CAST(u.p AS {ptype}) END "
+                        f"FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), "
+                        f"pg_catalog.unnest($4::text[])) AS u(seq, t, p) "
+                        f"WHERE {run} = $1 AND {e}.sequence = u.seq")
+        self.put_back = (f"UPDATE {events_from(host, e)} "
+                         f"SET {quote_ident(host.type_column)} = CAST(o.type AS {ttype}), "
+                         f"{quote_ident(host.payload_column)} = CAST(o.payload AS {ptype}) FROM {ORIGINALS} o "
+                         f"WHERE o.run_id = $1 AND {run} = $1 AND {e}.sequence = o.sequence "
+                         f"AND (({self.typ})::text IS DISTINCT FROM o.type "
+                         f"OR ({self.payload})::text IS DISTINCT FROM o.payload)")
+        self.strays = (f"SELECT count(*) FILTER (WHERE o.run_id IS NULL) AS appended, "
+                       f"count(*) FILTER (WHERE {e}.sequence IS NULL) AS gone, count(o.run_id) AS preserved "
+                       f"FROM (SELECT * FROM {events_from(host, e)} WHERE {run} = $1) {e} "
+                       f"FULL JOIN (SELECT * FROM {ORIGINALS} WHERE run_id = $1) o ON o.sequence = {e}.sequence")
+        if self.host.era_column is None:
+            self.unstamp = f"DELETE FROM {SCHEMA}.run_era WHERE run_id = $1"
+        else:
+            runs_key = f"{quote_ident(host.run_id_column)}"
+            self.unstamp = (f"UPDATE {quote_qualified(host.runs_table)} SET {quote_ident(host.era_column)} = NULL "
+                            f"WHERE {runs_key} = $1")
+
+    async def _lock(self, run: str) -> None:
+        if self.host_lock is not None:
+            await self.conn.execute(self.host_lock, run)
+        await self.conn.execute(f"SELECT pg_catalog.pg_advisory_xact_lock({SCHEMA}.run_lock_key($1))", run)
+
+    async def _era(self, run: str) -> int:
+        import asyncpg
+
+        try:
+            async with self.conn.transaction():
+                return await self.conn.fetchval(f"SELECT {SCHEMA}.era_of($1)", run)
+        except asyncpg.PostgresError as e:
+            if e.sqlstate == MALFORMED:
+                raise Skip(f"its era stamp is malformed: {e.message}", "event_row_malformed") from None
+            raise
+
+    async def _plan(self, run: str) -> tuple[int, list, list, list]:
+        """(rows, sequences, v2 types, projected payloads or None) of the rows that change; Skip when one would fail."""
+        rows = await self.conn.fetch(self.read, run)
+        seqs, types, payloads = [], [], []
+        refused = [r for r in rows if r["v"].startswith(TRY_REFUSED)]
+        if refused:
+            first = orjson.loads(refused[0]["v"][len(TRY_REFUSED):])
+            raise Skip(f"{len(refused)} of its {len(rows)} events would fail the reader rule; the first, at "
+                       f"sequence {refused[0]['seq']}: {first.get('error')}: {first.get('message')}",
+                       first.get("error"))
+        for r in rows:
+            v = r["v"]
+            cut = v.find(META_SEPARATOR)
+            projected = v[1:cut] if cut >= 0 else v[1:]
+            if r["t2"] != r["t"] or projected:
+                seqs.append(r["seq"])
+                types.append(r["t2"])
+                payloads.append(projected or None)
+        return len(rows), seqs, types, payloads
+
+    async def convert(self, run: str) -> str:
+        """Convert one run in its own transaction: ``"converted"``, ``"already"`` (era 3), or Skip."""
+        if self.dry_run:
+            async with self.conn.transaction(isolation="repeatable_read", readonly=True):
+                if await self._era(run) == 3:
+                    return "already"
+                self.last = await self._plan(run)
+                return "converted"
+        async with self.conn.transaction():
+            await self._lock(run)
+            if await self._era(run) == 3:
+                return "already"
+            n, seqs, types, payloads = await self._plan(run)
+            preserved = int((await self.conn.execute(self.preserve, run)).split()[-1])
+            if preserved != n:  # pragma: no cover - the rows are locked against appends since step 2
+                raise Skip(f"preserved {preserved} rows but read {n}: the run changed meanwhile")
+            await self.conn.execute(f"SELECT pg_catalog.set_config('{REWRITE_SETTING}', $1, true)", run)
+            changed = int((await self.conn.execute(self.rewrite, run, seqs, types, payloads)).split()[-1])
+            if changed != len(seqs):
+                raise Skip(f"rewrote {changed} rows where {len(seqs)} were to change: the run changed meanwhile "
+                           f"(two rows share a sequence?)")
+            if not await self.conn.fetchval(stamp_run_sql("$1", f"'{SOURCE}'"), run):
+                raise Skip("stamp_run did not stamp it (with [host] era_column: the run has no row in the runs "
+                           "table to hold its era)")
+            self.last = (n, seqs, types, payloads)
+            return "converted"
+
+    async def restore(self, run: str) -> tuple[int, int]:
+        """Put one run back from its preserved rows and remove its stamp: (rows rewritten, rows preserved)."""
+        async with self.conn.transaction():
+            await self._lock(run)
+            n = await self.conn.fetchval(f"SELECT count(*) FROM {ORIGINALS} WHERE run_id = $1", run)
+            if n == 0:
+                raise UsageError(f"run {run!r} has no preserved rows in {ORIGINALS}: it was not converted by "
+                                 f"backfill, or has been restored already")
+            if await self._era(run) != 3:
+                raise Skip(f"run {run!r} has preserved rows but is not era 3 (its stamp was removed by something "
+                           f"else): restore refused, nothing changed")
+            counts = await self.conn.fetchrow(self.strays, run)
+            if counts["appended"]:
+                raise Skip(f"run {run!r} has {counts['appended']} events appended after its backfill (in v2 "
+                           f"vocabulary, which an era-2 log cannot hold): restore refused, nothing changed")
+            if counts["gone"]:
+                raise Skip(f"{counts['gone']} preserved rows of run {run!r} have no event row any more: restore "
+                           f"refused, nothing changed")
+            await self.conn.execute(f"SELECT pg_catalog.set_config('{REWRITE_SETTING}', $1, true)", run)
+            changed = int((await self.conn.execute(self.put_back, run)).split()[-1])
+            await self.conn.execute(f"DELETE FROM {ORIGINALS} WHERE run_id = $1", run)
+            await self.conn.execute(self.unstamp, run)
+            return changed, n
+
+
+async def _check_owner(conn) -> None:
+    owner, me = await conn.fetchrow(
+        "SELECT pg_catalog.pg_get_userbyid(n.nspowner), current_user FROM pg_catalog.pg_namespace n "
+        "WHERE n.nspname = $1", SCHEMA)
+    if owner != me:
+        raise SchemaError(f"backfill must connect as the owner of {SCHEMA} ({owner}, the role that runs migrate): "
+                          f"only it may stamp runs and rewrite event types; connected as {me}")
+
+
+async def _known_runs(conn, host, runs: list[str]) -> list[str]:
+    """The ids among ``runs`` that name no run: no event and no runs row."""
+    tables = await writer_tables(conn, host)
+    sql = f"SELECT EXISTS (SELECT 1 FROM {events_from(host)} WHERE {run_col(host)} = $1)"
+    if "runs" in tables:
+        sql += (f" OR EXISTS (SELECT 1 FROM {quote_qualified(host.runs_table)} r "
+                f"WHERE r.{quote_ident(host.run_id_column)} = $1)")
+    return [r for r in runs if not await conn.fetchval(sql, r)]
+
+
+async def _runs_all(conn, host, batch: int):
+    """Every run id of the events table, in key order, listed ``batch`` at a time (each listing its own read)."""
+    last = None
+    while True:
+        if last is None:
+            page = [r["run"] for r in await conn.fetch(list_runs_sql(host, False), batch)]
+        else:
+            page = [r["run"] for r in await conn.fetch(list_runs_sql(host, True), last, batch)]
+        if not page:
+            return
+        yield page
+        last = page[-1]
+
+
+async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, batch: int,
+                       progress: Progress | None = None, out=print) -> Summary:
+    """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.cutover.open_checked`."""
+    import asyncpg
+
+    host = config.host
+    if not dry_run:
+        await _check_owner(conn)
+    if runs is not None:
+        unknown = await _known_runs(conn, host, runs)
+        if unknown:
+            shown = ", ".join(repr(r) for r in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise UsageError(f"{len(unknown)} of the run ids given name no run (no event, no runs row): {shown}; "
+                             f"nothing was converted")
+        total = len(runs)
+        pages = _pages(runs, batch)
+    else:
+        total = await conn.fetchval(f"SELECT count(DISTINCT {run_col(host)}) FROM {events_from(host)}")
+        pages = _runs_all(conn, host, batch)
+    b = Backfill(conn, config, dry_run=dry_run)
+    await b.prepare()
+    s = Summary()
+    done = 0
+    verb = "would convert" if dry_run else "converted"
+    async for page in pages:
+        eras = await eras_of(conn, page)
+        for run in page:
+            done += 1
+            if eras.get(run) == 3:
+                s.already += 1
+                continue
+            for attempt in range(RETRIES):
+                try:
+                    result = await b.convert(run)
+                    break
+                except Skip as e:
+                    s.skipped.append((run, e.code, e.reason))
+                    out(f"skipped run {run}: {e.reason}")
+                    result = None
+                    break
+                except asyncpg.PostgresError as e:
+                    if e.sqlstate in RETRY_SQLSTATES and attempt + 1 < RETRIES:
+                        continue
+                    s.skipped.append((run, None, f"database error: {e.sqlstate}: {e}"))
+                    out(f"skipped run {run}: database error: {e.sqlstate}: {e}")
+                    result = None
+                    break
+            if result == "already":
+                s.already += 1
+            elif result == "converted":
+                n, seqs, _, _ = b.last
+                s.converted += 1
+                s.events_preserved += n
+                s.events_rewritten += len(seqs)
+            if progress is not None:
+                progress.update(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
+                                f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
+    if progress is not None:
+        progress.done(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
+                      f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
+    return s
+
+
+async def _pages(runs: list[str], batch: int):
+    for i in range(0, len(runs), batch):
+        yield runs[i:i + batch]
+
+
+def render(s: Summary, dry_run: bool) -> str:
+    if dry_run:
+        head = (f"dry run: would convert {s.converted:,} runs ({s.events_rewritten:,} of their {s.events_preserved:,} "
+                f"events would be rewritten); nothing was changed")
+    else:
+        head = (f"converted {s.converted:,} runs to era 3 ({s.events_rewritten:,} events rewritten, "
+                f"{s.events_preserved:,} preserved in {ORIGINALS})")
+    lines = [head, f"already era 3: {s.already:,} runs", f"skipped: {len(s.skipped):,} runs"]
+    by_code: dict[str, int] = {}
+    for _, code, _ in s.skipped:
+        by_code[code or "other"] = by_code.get(code or "other", 0) + 1
+    for code, n in sorted(by_code.items()):
+        lines.append(f"  {code}: {n:,} runs")
+    return "\n".join(lines)
+
+
+def cmd_backfill(config, args) -> int:
+    """``openwop-seat backfill``: 0 done, 1 some run skipped / restore refused, 2 usage, 3 cannot run."""
+    import asyncpg
+
+    from .artifacts import ArtifactError, load_artifacts
+
+    def fail(status: int, message: str) -> int:
+        print(f"openwop-seat backfill: {message}", file=sys.stderr)
+        return status
+
+    if args.batch < 1:
+        return fail(EXIT_USAGE, f"--batch must be at least 1, got {args.batch}")
+    if args.restore is not None and args.dry_run:
+        return fail(EXIT_USAGE, "--dry-run does not apply to --restore")
+    runs = None
+    if args.runs is not None:
+        runs = list(dict.fromkeys(args.runs))  # each run once, in the order given
+        if any(not r for r in runs):
+            return fail(EXIT_USAGE, "--runs: an empty run id")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    async def go():
+        conn = await open_checked(args.dsn, config, artifacts, "openwop-seat backfill")
+        try:
+            if args.restore is not None:
+                await _check_owner(conn)
+                b = Backfill(conn, config)
+                await b.prepare()
+                return await b.restore(args.restore)
+            return await run_backfill(conn, config, runs=runs, dry_run=args.dry_run, batch=args.batch,
+                                      progress=Progress("backfill", enabled=not args.no_progress), out=say)
+        finally:
+            await conn.close()
+
+    try:
+        artifacts = load_artifacts()
+        result = asyncio.run(go())
+    except UsageError as e:
+        return fail(EXIT_USAGE, str(e))
+    except Skip as e:
+        return fail(EXIT_REFUSED, e.reason)
+    except KeyboardInterrupt:
+        return fail(EXIT_INTERRUPTED, "interrupted: runs converted so far stay converted, the one in flight was "
+                                      "rolled back; run it again to finish")
+    except ArtifactError as e:
+        return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
+    except SchemaError as e:
+        return fail(EXIT_UNAVAILABLE, str(e))
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        return fail(EXIT_UNAVAILABLE, f"database error: {e}")
+    except (OSError, TimeoutError) as e:
+        return fail(EXIT_UNAVAILABLE, f"cannot connect to the database: {e}")
+    if args.restore is not None:
+        changed, n = result
+        say(f"restored run {args.restore}: {changed} of its {n} events put back from {ORIGINALS}; era 2 again")
+        return EXIT_OK
+    say(render(result, args.dry_run))
+    return EXIT_OK if result.ok else EXIT_REFUSED

@@ -1,0 +1,138 @@
+"""What the cutover tools (``audit``, ``backfill``) share: exit statuses, a checked direct connection,
+the era of a batch of runs, and a plain-text progress line.
+
+The tools connect to the host database directly (``--dsn``), never through a
+seat, and refuse to touch a database whose ``openwop_seat`` schema is not at
+this release's layout with this release's artifact digest (the checks of
+``serve``, :func:`proxy.schema.verify`): the functions they call are the ones
+``migrate`` installed from these artifacts, so they read every row exactly as a
+seat would.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from .config import HostConfig
+from .errors import ERRORS
+from .schema import SCHEMA, connect, quote_ident, quote_qualified, verify
+
+# Exit statuses of audit and backfill (README, "Cutover tools").
+EXIT_OK = 0  # nothing would fail / every run asked for is era 3
+EXIT_REFUSED = 1  # audit: some event would fail the reader rule; backfill: some run was skipped or refused
+EXIT_USAGE = 2  # bad flags or configuration, unknown run ids, nothing to restore (as argparse's own errors)
+EXIT_UNAVAILABLE = 3  # the database is unreachable, not migrated for these artifacts, or refused the tool's role
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): the open transaction is rolled back with the connection
+
+MALFORMED = ERRORS["event_row_malformed"].sqlstate
+
+
+class UsageError(Exception):
+    """Bad input the tool refuses before changing anything (exit EXIT_USAGE)."""
+
+
+async def open_checked(dsn: str, config, artifacts, application_name: str):
+    """A direct connection to the host database whose seat schema ``serve`` would accept; SchemaError otherwise."""
+    conn = await connect(dsn)
+    try:
+        await conn.execute("SELECT pg_catalog.set_config('application_name', $1, false)", application_name)
+        # The tools' statements inline the generated functions into large expressions: compiling them with JIT
+        # costs seconds per statement (once per audit batch), far more than it saves.
+        await conn.execute("SELECT pg_catalog.set_config('jit', 'off', false)")
+        await verify(conn, config, artifacts)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+def events_from(host: HostConfig, alias: str = "e") -> str:
+    """``FROM``-clause text of the host's events table under ``alias``."""
+    return f"{quote_qualified(host.events_table)} {alias}"
+
+
+def run_col(host: HostConfig, alias: str = "e") -> str:
+    return f"{alias}.{quote_ident(host.run_id_column)}"
+
+
+def list_runs_sql(host: HostConfig, after: bool) -> str:
+    """The next run ids of the events table in key order (``$1`` the last one seen when ``after``; the
+    last parameter the page size): a walk of the (run_id, sequence) index, resumable between transactions."""
+    run = run_col(host)
+    where = f"WHERE {run} > $1 " if after else f"WHERE {run} IS NOT NULL "
+    limit = "$2" if after else "$1"
+    return f"SELECT ({run})::text AS run FROM {events_from(host)} {where}GROUP BY {run} ORDER BY {run} LIMIT {limit}"
+
+
+async def eras_of(conn, runs: list[str]) -> dict[str, int | None]:
+    """The era of each run (``era_of``, as the read path reads it); None for a run whose era stamp is malformed.
+
+    Only ``[host] era_column`` can hold a malformed stamp, and then ``era_of``
+    raises for the whole batch: the batch is read again run by run, each under a
+    savepoint, to tell which.  Call inside a transaction.
+    """
+    sql = f"SELECT r, {SCHEMA}.era_of(r) AS era FROM pg_catalog.unnest($1::text[]) AS r"
+    import asyncpg
+
+    try:
+        async with conn.transaction():  # a savepoint: a refusal leaves the caller's transaction usable
+            return {r["r"]: r["era"] for r in await conn.fetch(sql, runs)}
+    except asyncpg.PostgresError as e:
+        if e.sqlstate != MALFORMED:
+            raise
+    out: dict[str, int | None] = {}
+    for run in runs:
+        try:
+            async with conn.transaction():
+                out[run] = await conn.fetchval(f"SELECT {SCHEMA}.era_of($1)", run)
+        except asyncpg.PostgresError as e:
+            if e.sqlstate != MALFORMED:
+                raise
+            out[run] = None
+    return out
+
+
+class Progress:
+    """One progress line on stderr: redrawn in place on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool = True):
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty()
+        self.every = 0.2 if self.tty else 5.0
+        self.last = 0.0
+        self.start = time.monotonic()
+        self.drawn = False
+
+    def update(self, text: str, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        line = f"{self.label}: {text} [{now - self.start:.0f}s]"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self.drawn = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self, text: str) -> None:
+        self.update(text, force=True)
+        if self.enabled and self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def bar(done: int, total: int | None, width: int = 24) -> str:
+    """``[#####-----]  41%`` for a known total, empty for an unknown one."""
+    if not total or total <= 0:
+        return ""
+    frac = min(done / total, 1.0)
+    filled = int(frac * width)
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {frac * 100:3.0f}% "
