@@ -306,3 +306,12 @@ def test_fast_path_is_planned_once_per_session_not_per_statement(pg, loaded):
     plan = pg.psql(f"EXPLAIN (VERBOSE) {sql}")
     assert "openwop_seat.fast_v2(events.type, events.payload)" in plan, plan
     assert "read_v2p" not in plan and "agent.toolCalled'::text THEN" not in plan, plan
+
+
+def test_per_statement_helpers_are_plpgsql_planned_once_per_session(pg):
+    """era_now (RETURNING of appends) and fast_v2 cannot be inlined; as SQL functions PostgreSQL would
+    parse and plan their bodies again in every statement that calls them."""
+    langs = pg.psql("SELECT string_agg(p.proname || '=' || l.lanname, ',' ORDER BY p.proname) FROM pg_proc p "
+                    "JOIN pg_language l ON l.oid = p.prolang JOIN pg_namespace n ON n.oid = p.pronamespace "
+                    "WHERE n.nspname = 'openwop_seat' AND p.proname IN ('era_now', 'fast_v2')").strip()
+    assert langs == "era_now=plpgsql,fast_v2=plpgsql"
