@@ -98,7 +98,7 @@ class Classifier:
     """Classifies statements for one reader major against one host layout, with an LRU cache."""
 
     def __init__(self, host: HostConfig, major: int, cache_size: int = 4096):
-        from .schema import era_now_sql, era_sql, read_check_sql, read_project_sql
+        from .schema import era_now_sql, era_sql, read_check_sql, read_project_sql, returned_project_sql
 
         self.host = host
         self.major = major
@@ -114,6 +114,7 @@ class Classifier:
         self._era_now_sql = era_now_sql
         self._read_check_sql = read_check_sql
         self._read_project_sql = read_project_sql
+        self._returned_project_sql = returned_project_sql
 
     # -- public
 
@@ -465,7 +466,8 @@ class Classifier:
             run_id = f"{q}.{_quote(self.host.run_id_column)}"
             era = self._era_now_sql(run_id) if fresh else self._era_sql(self.host, run_id)
             if payload and self.major == 2:
-                expr = self._read_project_sql(self.host, era, q)
+                expr = (self._returned_project_sql(self.host, q) if fresh
+                        else self._read_project_sql(self.host, era, q))
             else:
                 expr = self._read_check_sql(self.major, era, f"{q}.{_quote(self.host.type_column)}",
                                             f"{q}.{_quote(self.host.run_id_column)}", f"{q}.sequence")

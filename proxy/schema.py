@@ -328,6 +328,20 @@ def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str 
     arguments and returns the refusal instead (the cutover tools)."""
     if function not in ("read_v2p", "try_v2p"):
         raise ValueError(f"read_project_sql: function must be read_v2p or try_v2p, got {function!r}")
+    row, tail = _project_args(host, alias)
+    return f"{SCHEMA}.{function}({era_expr}, {row}, {tail})"
+
+
+def returned_project_sql(host: HostConfig, alias: str) -> str:
+    """:func:`read_project_sql` for a RETURNING list (the host's append): ``returned_v2p`` reads the era with
+    a fresh snapshot (``era_now``) and projects, as ``read_v2p(era_now(run), …)`` would, but as one plpgsql
+    call that PostgreSQL plans once per session instead of inlining it into every append's plan."""
+    row, tail = _project_args(host, alias)
+    return f"{SCHEMA}.returned_v2p({row}, {tail})"
+
+
+def _project_args(host: HostConfig, alias: str) -> tuple[str, str]:
+    """The arguments of read_v2p after the era: (type, payload, run, sequence) and (event id, node, tenant)."""
     def col(name: str | None) -> str:
         return f"({alias}.{quote_ident(name)})::text" if name else "NULL::text"
 
@@ -339,9 +353,8 @@ def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str 
         tenant = (f"CASE WHEN {alias}.{quote_ident(host.type_column)} {EQ} 'run.started' THEN "
                   f"(SELECT ({r}.{quote_ident(host.tenant_column)})::text FROM {quote_qualified(host.runs_table)} {r} "
                   f"WHERE {r}.{quote_ident(host.run_id_column)} {EQ} {run} LIMIT 1) END")
-    return (f"{SCHEMA}.{function}({era_expr}, {col(host.type_column)}, "
-            f"({alias}.{quote_ident(host.payload_column)})::jsonb, ({run})::text, ({alias}.sequence)::bigint, "
-            f"{col(host.event_id_column)}, {col(host.node_id_column)}, {tenant})")
+    return (f"{col(host.type_column)}, ({alias}.{quote_ident(host.payload_column)})::jsonb, ({run})::text, "
+            f"({alias}.sequence)::bigint", f"{col(host.event_id_column)}, {col(host.node_id_column)}, {tenant}")
 
 
 def read_check_sql(major: int, era_expr: str, type_expr: str, run_id_expr: str, seq_expr: str) -> str:
@@ -521,6 +534,16 @@ BEGIN
     RETURN {era_sql(host, arg)};
 END
 $ow$;
+-- read_v2p(era_now(run), …) for a RETURNING list, as one call planned once per session (see
+-- returned_project_sql): inlined, read_v2p's body is parsed again in every append's plan.
+CREATE OR REPLACE FUNCTION {SCHEMA}.returned_v2p(t text, p jsonb, run text, seq bigint,
+                                            eid text, node text, tenant text)
+RETURNS text LANGUAGE plpgsql VOLATILE
+AS $ow$
+BEGIN
+    RETURN {SCHEMA}.read_v2p({SCHEMA}.era_now(run), t, p, run, seq, eid, node, tenant);
+END
+$ow$;
 """
 
 
@@ -577,12 +600,16 @@ $ow$;
 def _session_major_sql() -> str:
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.session_major()
-RETURNS smallint LANGUAGE sql STABLE SECURITY DEFINER
+RETURNS smallint LANGUAGE plpgsql STABLE SECURITY DEFINER
 {_PINNED}
 AS $ow$
-SELECT c.major FROM {SCHEMA}.claims c
-WHERE c.pid = pg_backend_pid()
-  AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
+BEGIN
+    -- plpgsql, not sql: a SECURITY DEFINER SQL function is never inlined, and its body would be
+    -- parsed and planned again in every statement (every append) that calls it.
+    RETURN (SELECT c.major FROM {SCHEMA}.claims c
+            WHERE c.pid = pg_backend_pid()
+              AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a));
+END
 $ow$;
 """
 
@@ -992,6 +1019,7 @@ PUBLIC_FUNCTIONS = (
     "try_v2p(smallint, text, jsonb, text, bigint, text, text, text)",
     "era_of(text)",
     "era_now(text)",
+    "returned_v2p(text, jsonb, text, bigint, text, text, text)",
     "claim(text, integer)",
     "session_major()",
     "run_lock_key(text)",

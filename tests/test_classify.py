@@ -229,9 +229,10 @@ def test_cache_is_bounded_and_evicts_the_least_recently_used():
 
 @pytest.mark.parametrize("sql", [LOG_PAGE, APPEND])
 def test_plans_differ_by_major(sql):
-    # Both results carry the payload: major 2 projects it (read_v2p), major 1 passes it unchanged (read_v1).
+    # Both results carry the payload: major 2 projects it (read_v2p; returned_v2p, its RETURNING form, for
+    # the append), major 1 passes it unchanged (read_v1).
     v2, v1 = classify(sql, 2).text, classify(sql, 1).text
-    assert "openwop_seat.read_v2p(" in v2 and "read_v1" not in v2
+    assert f"openwop_seat.{'returned_v2p' if sql == APPEND else 'read_v2p'}(" in v2 and "read_v1" not in v2
     assert "openwop_seat.read_v1(" in v1 and "read_v2" not in v1
     assert "CAST(events.payload AS jsonb)" in v2 and "payload" not in v1.split("__openwop_era")[0].split("*,")[1]
 

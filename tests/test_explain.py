@@ -102,7 +102,7 @@ def test_an_append_with_returning_is_translated_and_what_it_sends_runs(pg, confi
     assert out.returncode == 0, out.stderr
     assert "translated: event columns in the result: payload, type" in out.stdout
     text = sent(out.stdout)
-    assert "RETURNING *, openwop_seat.read_v2p(openwop_seat.era_now(" in text  # RETURNING reads a fresh era
+    assert "RETURNING *, openwop_seat.returned_v2p(" in text  # RETURNING reads a fresh era (era_now inside)
     run = f"explain-{uuid.uuid4().hex[:8]}"
     rows = run_sql(pg, text, f"{run}-1", run, "run.started", None, json.dumps({"inputs": {}}), None)
     assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS + [HIDDEN]

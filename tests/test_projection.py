@@ -309,9 +309,11 @@ def test_fast_path_is_planned_once_per_session_not_per_statement(pg, loaded):
 
 
 def test_per_statement_helpers_are_plpgsql_planned_once_per_session(pg):
-    """era_now (RETURNING of appends) and fast_v2 cannot be inlined; as SQL functions PostgreSQL would
-    parse and plan their bodies again in every statement that calls them."""
+    """era_now and returned_v2p (RETURNING of appends), session_major (the append trigger) and fast_v2 are not
+    inlined; as SQL functions PostgreSQL would parse and plan their bodies again in every statement that
+    calls them."""
     langs = pg.psql("SELECT string_agg(p.proname || '=' || l.lanname, ',' ORDER BY p.proname) FROM pg_proc p "
                     "JOIN pg_language l ON l.oid = p.prolang JOIN pg_namespace n ON n.oid = p.pronamespace "
-                    "WHERE n.nspname = 'openwop_seat' AND p.proname IN ('era_now', 'fast_v2')").strip()
-    assert langs == "era_now=plpgsql,fast_v2=plpgsql"
+                    "WHERE n.nspname = 'openwop_seat' AND p.proname IN "
+                    "('era_now', 'fast_v2', 'returned_v2p', 'session_major')").strip()
+    assert langs == "era_now=plpgsql,fast_v2=plpgsql,returned_v2p=plpgsql,session_major=plpgsql"
