@@ -490,7 +490,7 @@ def test_edit_framer_at_boundary():
     assert framer.at_boundary  # an empty body completes with its header
 
 
-# ---------------------------------------------------------------- StreamSplitter (server stream of a translating session)
+# ---------------------------------------------------------------- StreamSplitter (server stream, translating session)
 
 BACKEND = [
     (ord("1"), b""),

@@ -35,7 +35,7 @@ VIEW_OID = 0x00BEEF01  # a view over events.type, learned at start
 EVENTS = EventColumns(EVENTS_OID, TYPE_ATTNUM, derived_oids=frozenset({VIEW_OID}), payload_attnum=PAYLOAD_ATTNUM)
 OTHER_OID = 0x00010203  # some other table
 
-TEXT, INT8, INT4, INT2 = 25, 20, 23, 21
+TEXT, INT8, INT4, INT2, JSONB = 25, 20, 23, 21, 3802
 # A v1 type the codemap renames, its v2 name, and a type it leaves alone.
 RENAMED_V1 = sorted(A.renamed)[0].encode()
 RENAMED_V2 = A.type_map_v1_to_v2[RENAMED_V1]
@@ -223,6 +223,11 @@ def relay_server(relay: Relay, stream: bytes, how: str) -> bytes:
     return b"".join(relay.server(c) for c in chunks)
 
 
+def relay_client(relay: Relay, stream: bytes, how: str) -> bytes:
+    chunks = list(chunkings(stream))[CHUNKINGS.index(how)]
+    return b"".join(relay.client(c) for c in chunks)
+
+
 def kinds(reader: ReadPath) -> list[str]:
     return [e.kind for e in reader.pending]
 
@@ -271,12 +276,13 @@ def test_quiet_error_and_ready_for_query_are_accounted():
 
 # ---------------------------------------------------------------- (a) translated group behind quiet answers
 
+@pytest.mark.parametrize("client_how", CHUNKINGS)
 @pytest.mark.parametrize("how", CHUNKINGS)
-def test_translated_group_after_pipelined_passthrough_groups(how):
+def test_translated_group_after_pipelined_passthrough_groups(how, client_how):
     relay = Relay()
     reader = relay.reader
     stream = pass_group() + pass_group() + read_group()
-    forwarded = relay.client(stream)
+    forwarded = relay_client(relay, stream, client_how)
     # only the translated Parse changed, in place
     assert forwarded == pass_group() * 2 + rewritten_parse("s1", READ_SQL) + read_group()[len(parse("s1", READ_SQL)):]
     # the two quiet Syncs became one Zq entry, ahead of the translated group's own entries
@@ -324,9 +330,9 @@ def test_projected_payload_with_text_era_from_read_v2p(how):
     assert kinds(reader) == ["P", "B", "DP", "E", "S"]  # nothing was owed: no Zq
     projected = orjson.dumps({"nodeId": "n1"})
     meta = b"\x1e1\x1e" + RENAMED_V2 + b"\x1enodeId"
-    t_in = row_description(field(b"type", EVENTS_OID, TYPE_ATTNUM), field(b"payload", EVENTS_OID, PAYLOAD_ATTNUM, 3802),
-                           field(HIDDEN.encode(), type_oid=TEXT))
-    t_out = row_description(field(b"type", EVENTS_OID, TYPE_ATTNUM), field(b"payload", EVENTS_OID, PAYLOAD_ATTNUM, 3802))
+    fields = (field(b"type", EVENTS_OID, TYPE_ATTNUM), field(b"payload", EVENTS_OID, PAYLOAD_ATTNUM, JSONB))
+    t_in = row_description(*fields, field(HIDDEN.encode(), type_oid=TEXT))
+    t_out = row_description(*fields)
     answer_in = (PARSE_OK + BIND_OK + t_in
                  + data_row(RENAMED_V1, b'{"a": 1}', b"2")  # era 2, nothing projected: 1-byte era
                  + data_row(RENAMED_V1, b'{"node": "n1"}', b"2" + projected + meta)
@@ -346,14 +352,16 @@ def test_projected_payload_with_text_era_from_read_v2p(how):
 
 # ---------------------------------------------------------------- (b) a translated Parse in an open quiet group
 
+@pytest.mark.parametrize("client_how", CHUNKINGS)
 @pytest.mark.parametrize("how", CHUNKINGS)
-def test_translated_parse_in_an_open_quiet_group(how):
+def test_translated_parse_in_an_open_quiet_group(how, client_how):
     relay = Relay()
     reader = relay.reader
     head = parse("", PASS_SQL) + bind("", "") + execute("")
-    assert relay.client(head) == head
+    assert relay_client(relay, head, client_how) == head
     assert reader.quiet and reader.quiet_group == ["P", "B", "E"]
-    relay.client(read_group())
+    assert relay_client(relay, read_group(), client_how) == rewritten_parse("s1", READ_SQL) + read_group()[
+        len(parse("s1", READ_SQL)):]
     # the open group's messages became FIFO entries, ahead of the translated ones; no quiet answer was owed
     assert kinds(reader) == ["P", "B", "E", "P", "B", "DP", "E", "S"]
     assert reader.quiet_group == [] and not reader.quiet_sent
@@ -456,7 +464,7 @@ def test_quiet_row_description_from_a_view_over_events_type_closes_the_session()
 
 
 def test_quiet_payload_without_projection_closes_a_major_2_session_only():
-    leak = row_description(field(b"payload", EVENTS_OID, PAYLOAD_ATTNUM, 3802))[5:]
+    leak = row_description(field(b"payload", EVENTS_OID, PAYLOAD_ATTNUM, JSONB))[5:]
     with pytest.raises(ReadPathError, match="payload column without the seat's projection"):
         new_read_path(2).on_server_quiet(ord("T"), leak)
     new_read_path(1).on_server_quiet(ord("T"), leak)
@@ -605,7 +613,8 @@ def test_translate_row_counts_a_mapped_row_without_type_columns_on_both_paths():
     reader = new_read_path(2)
     layout = Layout((1,), (), 2, payloads=(0,), hidden_text=True, payload_binary=(False,))
     assert reader._translate_row(data_row(b"{}", b"2")[5:], layout) == data_row(b"{}")
-    assert reader._translate_row(data_row(b"{}", b'2{"a":1}\x1e0\x1enode.started\x1e')[5:], layout) == data_row(b'{"a":1}')
+    projected = data_row(b"{}", b'2{"a":1}\x1e0\x1enode.started\x1e')[5:]
+    assert reader._translate_row(projected, layout) == data_row(b'{"a":1}')
     assert reader._translate_row(data_row(b"{}", b"3")[5:], layout) == data_row(b"{}")
     assert reader.rows_translated == 2
 
