@@ -702,6 +702,7 @@ class ReadPath:
                 col = i + 1
             parts.append(body[last:cut])
             row = b"".join(parts)
+        if mapped:  # counted as the walk counts it: a row of the mapped era, type columns or not
             self.rows_translated += 1
         return b"D" + _I32.pack(len(row) + 6) + _I16.pack(layout.ncols - 1) + row
 

@@ -14,12 +14,17 @@ from proxy.wire.codec import (
     MAX_MESSAGE_LENGTH,
     PROTOCOL_3_0,
     PROTOCOL_3_2,
+    HELD,
+    RAW,
+    SEEN,
     CancelRequest,
+    EditFramer,
     GSSENCRequest,
     MessageWalker,
     ProtocolViolation,
     SSLRequest,
     StartupMessage,
+    StreamSplitter,
     parse_initial_packet,
 )
 from proxy.wire.state import BACKEND_CAPTURE, Phase, SessionState
@@ -245,3 +250,373 @@ def test_session_state_fatal_and_negotiate_protocol_version():
     s2 = SessionState()
     s2.on_frontend(ord("X"), b"")
     assert s2.phase is Phase.CLOSING
+
+
+# ---------------------------------------------------------------- EditFramer (client stream of a translating session)
+
+# The client messages a translating session captures (proxy.session.READ_FRONTEND).
+EDIT_CAPTURE = frozenset(b"QPBDECSFX")
+
+
+def _frame(framer: EditFramer, chunks) -> tuple[list[tuple[int, bytes]], bytes]:
+    """Feed ``chunks`` and rebuild what the session forwards, as `Session._relay_client_read` does with
+    no replacement: per chunk, the held messages completed in it (re-encoded) first, then ``chunk[lo:hi]``.
+    Checks each item's offsets on the way."""
+    captured: list[tuple[int, bytes]] = []
+    forwarded = bytearray()
+    for chunk in chunks:
+        items, lo, hi = framer.feed(chunk)
+        assert 0 <= lo <= hi <= len(chunk)
+        held_done = [it for it in items if it[2] < 0]
+        # at most one held message completes per chunk, and it is the first item (it precedes the span)
+        assert len(held_done) <= 1 and items[:len(held_done)] == held_done
+        for t, body, start, end in items:
+            captured.append((t, bytes(body)))
+            if start < 0:
+                assert end == -1
+                forwarded += msg(bytes([t]), body)
+            else:
+                assert lo <= start < end <= hi and chunk[start:end] == msg(bytes([t]), body)
+        forwarded += chunk[lo:hi]
+    return captured, bytes(forwarded)
+
+
+def _layout(msgs) -> list[tuple[int, int, int]]:
+    """(type, start, end) of each message of the stream made of ``msgs``."""
+    out, pos = [], 0
+    for t, body in msgs:
+        out.append((t, pos, pos + 5 + len(body)))
+        pos += 5 + len(body)
+    return out
+
+
+def _forwardable(msgs, consumed: int, capture) -> int:
+    """How much of the stream must have been forwarded once ``consumed`` bytes were fed: all of it but a
+    captured message still in progress (held whole), never anything not yet received."""
+    for t, start, end in _layout(msgs):
+        if start < consumed < end:
+            return start if t in capture else consumed
+    return consumed
+
+
+def _check_edit_framer(msgs, chunks, capture=EDIT_CAPTURE) -> None:
+    stream = b"".join(msg(bytes([t]), body) for t, body in msgs)
+    assert b"".join(chunks) == stream
+    framer = EditFramer(capture, FRONTEND_TYPES)
+    captured, forwarded = [], b""
+    consumed = 0
+    boundaries = {end for _, _, end in _layout(msgs)} | {0}
+    for chunk in chunks:
+        got, out = _frame(framer, [chunk])
+        captured += got
+        forwarded += out
+        consumed += len(chunk)
+        # forwarded as it arrives, except a captured message in progress
+        assert forwarded == stream[:_forwardable(msgs, consumed, capture)]
+        assert framer.at_boundary == (consumed in boundaries)
+        assert framer.violation is None
+    assert captured == [(t, body) for t, body in msgs if t in capture]
+    assert forwarded == stream
+
+
+# A pipelined extended-protocol exchange of a translating session, with an empty-bodied Sync, a
+# non-captured Flush and CopyData, and a Query: every split point of it is tried.
+PIPELINE = [
+    (ord("P"), b"s1\x00SELECT type FROM events WHERE run_id = $1\x00\x00\x00"),
+    (ord("B"), b"\x00s1\x00\x00\x00\x00\x01\x00\x00\x00\x03r-1\x00\x00"),
+    (ord("H"), b""),
+    (ord("D"), b"P\x00"),
+    (ord("E"), b"\x00\x00\x00\x00\x00"),
+    (ord("d"), b"copy-bytes"),
+    (ord("S"), b""),
+    (ord("Q"), b"SELECT 1\x00"),
+]
+PIPELINE_STREAM = b"".join(msg(bytes([t]), body) for t, body in PIPELINE)
+
+
+def test_edit_framer_whole_stream_in_one_chunk_is_forwarded_as_is():
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    items, lo, hi = framer.feed(PIPELINE_STREAM)
+    assert (lo, hi) == (0, len(PIPELINE_STREAM)) and framer.at_boundary and framer.violation is None
+    assert [(t, body) for t, body, _, _ in items] == [(t, b) for t, b in PIPELINE if t in EDIT_CAPTURE]
+    ends = [end for _, _, end in _layout(PIPELINE)]
+    assert [end for *_, end in items] == [e for (t, _), e in zip(PIPELINE, ends) if t in EDIT_CAPTURE]
+
+
+def test_edit_framer_every_two_piece_split():
+    n = len(PIPELINE_STREAM)
+    for a in range(n + 1):
+        _check_edit_framer(PIPELINE, [PIPELINE_STREAM[:a], PIPELINE_STREAM[a:]])
+
+
+def test_edit_framer_every_three_piece_split():
+    n = len(PIPELINE_STREAM)
+    for a in range(n + 1):
+        for b in range(a, n + 1):
+            _check_edit_framer(PIPELINE, [PIPELINE_STREAM[:a], PIPELINE_STREAM[a:b], PIPELINE_STREAM[b:]])
+
+
+def test_edit_framer_byte_by_byte():
+    _check_edit_framer(PIPELINE, [PIPELINE_STREAM[i:i + 1] for i in range(len(PIPELINE_STREAM))])
+
+
+def test_edit_framer_holds_a_captured_message_split_in_its_header():
+    parse = msg(b"P", b"\x00SELECT 1\x00\x00\x00")
+    sync = msg(b"S")
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    assert framer.feed(sync + parse[:2]) == ([(ord("S"), b"", 0, 5)], 0, 5)  # the Parse's start is held back
+    assert not framer.at_boundary
+    assert framer.feed(parse[2:4]) == ([], 4 - 2, 4 - 2)  # nothing to forward yet
+    items, lo, hi = framer.feed(parse[4:] + sync)
+    assert items == [(ord("P"), parse[5:], -1, -1), (ord("S"), b"", len(parse) - 4, len(parse) - 4 + 5)]
+    assert (lo, hi) == (len(parse) - 4, len(parse) - 4 + 5) and framer.at_boundary
+
+
+def test_edit_framer_forwards_a_non_captured_message_as_it_arrives():
+    copy = msg(b"d", b"x" * 100)
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    for piece in (copy[:3], copy[3:50], copy[50:]):
+        assert framer.feed(piece) == ([], 0, len(piece))
+    assert framer.at_boundary
+
+
+def test_edit_framer_only_captured_types_are_items():
+    framer = EditFramer(frozenset(b"Q"), FRONTEND_TYPES)
+    stream = msg(b"P", b"\x00x\x00\x00\x00") + msg(b"Q", b"SELECT 1\x00") + msg(b"S")
+    items, lo, hi = framer.feed(stream)
+    assert items == [(ord("Q"), b"SELECT 1\x00", 10, 24)] and (lo, hi) == (0, len(stream))
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(FRONTEND_TYPES)), st.binary(max_size=40)), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=600), max_size=12))
+@settings(max_examples=400, deadline=None)
+def test_edit_framer_is_independent_of_chunking(msgs, cuts):
+    stream = b"".join(msg(bytes([t]), body) for t, body in msgs)
+    cuts = sorted({c for c in cuts if c < len(stream)})
+    chunks = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    _check_edit_framer(msgs, chunks)
+
+
+def _violating(bad: bytes, expect_text: str, sqlstate: str = "08P01", capture_bad: bool = False) -> None:
+    """``bad`` (a message header, maybe with a body) after a few good messages, fed in every 2- and
+    3-piece split: the good messages are captured and forwarded, the bad one never is."""
+    good = PIPELINE[:4]
+    prefix = b"".join(msg(bytes([t]), body) for t, body in good)
+    stream = prefix + bad
+    bad_at = len(prefix)
+    n = len(stream)
+    splits = [(a,) for a in range(n + 1)] + [(a, b) for a in range(0, n + 1, 3) for b in range(a, n + 1)]
+    for cut in splits:
+        bounds = [0, *cut, n]
+        chunks = [stream[x:y] for x, y in zip(bounds, bounds[1:])]
+        framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+        captured, forwarded = [], bytearray()
+        start = 0
+        for chunk in chunks:
+            got, out = _frame(framer, [chunk])
+            captured += got
+            forwarded += out
+            if framer.violation is not None:
+                break
+            start += len(chunk)
+        v = framer.violation
+        assert v is not None, cut
+        assert expect_text in v.message and v.sqlstate == sqlstate
+        # valid_upto is the bad message's offset in the chunk that revealed the violation (0 when its
+        # header began in an earlier chunk)
+        assert v.valid_upto == max(0, bad_at - start), (cut, v.valid_upto)
+        assert captured == [(t, body) for t, body in good if t in EDIT_CAPTURE]
+        # All the good messages went out; of the bad one at most the first bytes of a split header of a
+        # non-captured type (as MessageWalker forwards them), never a byte of it when captured.
+        assert bytes(forwarded[:bad_at]) == prefix
+        extra = bytes(forwarded[bad_at:])
+        assert bad.startswith(extra) and len(extra) < 5
+        if capture_bad or bad[0] not in FRONTEND_TYPES:
+            assert extra == b"", cut
+
+
+def test_edit_framer_violation_bad_type():
+    _violating(msg(b"\x01", b"zz"), "invalid frontend message type 1")
+
+
+def test_edit_framer_violation_length_below_4():
+    _violating(b"d\x00\x00\x00\x03", "invalid message length 3")
+    _violating(b"Q\x00\x00\x00\x00", "invalid message length 0", capture_bad=True)
+
+
+def test_edit_framer_violation_too_long():
+    _violating(b"B" + struct.pack("!I", MAX_MESSAGE_LENGTH + 5), "too long", sqlstate="54000", capture_bad=True)
+    _violating(b"d" + struct.pack("!I", MAX_MESSAGE_LENGTH + 5), "too long", sqlstate="54000")
+
+
+def test_edit_framer_violation_max_length_is_configurable():
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES, max_length=10)
+    ok = msg(b"Q", b"x" * 10)
+    items, lo, hi = framer.feed(ok + msg(b"Q", b"x" * 11))
+    assert items == [(ord("Q"), b"x" * 10, 0, 15)] and (lo, hi) == (0, 15)
+    assert framer.violation.sqlstate == "54000" and framer.violation.valid_upto == 15
+
+
+def test_edit_framer_violation_after_a_held_message_completes():
+    parse = msg(b"P", b"\x00SELECT 1\x00\x00\x00")
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    assert framer.feed(parse[:8]) == ([], 0, 0)  # held from its first byte
+    rest = parse[8:] + msg(b"S") + b"\x07\x00\x00\x00\x04"
+    items, lo, hi = framer.feed(rest)
+    assert items == [(ord("P"), parse[5:], -1, -1), (ord("S"), b"", len(parse) - 8, len(parse) - 8 + 5)]
+    assert (lo, hi) == (len(parse) - 8, len(parse) - 8 + 5)
+    assert framer.violation.valid_upto == hi and "type 7" in framer.violation.message
+
+
+def test_edit_framer_bad_type_in_a_split_header_is_caught_at_its_first_byte():
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    sync = msg(b"S")
+    items, lo, hi = framer.feed(sync + b"\x02\x00")
+    assert items == [(ord("S"), b"", 0, 5)] and (lo, hi) == (0, 5)
+    assert framer.violation.valid_upto == 5
+
+
+def test_edit_framer_at_boundary():
+    framer = EditFramer(EDIT_CAPTURE, FRONTEND_TYPES)
+    assert framer.at_boundary
+    q = msg(b"Q", b"SELECT 1\x00")
+    framer.feed(q[:1])
+    assert not framer.at_boundary  # inside the header
+    framer.feed(q[1:7])
+    assert not framer.at_boundary  # inside the body
+    framer.feed(q[7:])
+    assert framer.at_boundary
+    framer.feed(msg(b"S")[:5])
+    assert framer.at_boundary  # an empty body completes with its header
+
+
+# ---------------------------------------------------------------- StreamSplitter (server stream, translating session)
+
+BACKEND = [
+    (ord("1"), b""),
+    (ord("2"), b""),
+    (ord("T"), b"\x00\x01type\x00" + bytes(18)),
+    (ord("D"), b"\x00\x02\x00\x00\x00\x03abc\xff\xff\xff\xff"),
+    (ord("N"), b"SNOTICE\x00Mhi\x00\x00"),
+    (ord("D"), b"\x00\x01\x00\x00\x00\x01x"),
+    (ord("C"), b"SELECT 2\x00"),
+    (ord("Z"), b"I"),
+]
+BACKEND_STREAM = b"".join(msg(bytes([t]), body) for t, body in BACKEND)
+SPLIT_CAPTURE = frozenset(b"CZT")
+
+
+def _split(chunks, holds, capture=SPLIT_CAPTURE):
+    """Feed ``chunks`` with the hold decision of each; returns the bytes the session writes (RAW spans as they
+    are, HELD messages re-encoded unchanged), the held and the seen (type, body) pairs."""
+    sp = StreamSplitter()
+    out, held, seen = bytearray(), [], []
+    for chunk, hold in zip(chunks, holds):
+        items = sp.feed(chunk, hold, capture)
+        kinds = [it[0] for it in items if it[0] != SEEN]
+        # adjacent raw spans are merged: two RAW items are always separated by a HELD one
+        assert all(not (a == RAW and b == RAW) for a, b in zip(kinds, kinds[1:]))
+        for item in items:
+            if item[0] == RAW:
+                assert item[1]  # no empty spans
+                out += item[1]
+            elif item[0] == HELD:
+                held.append((item[1], bytes(item[2])))
+                out += msg(bytes([item[1]]), item[2])
+            else:
+                assert item[0] == SEEN
+                seen.append((item[1], bytes(item[2])))
+    return bytes(out), held, seen, sp
+
+
+def _expected_split(msgs, chunks, holds, capture=SPLIT_CAPTURE):
+    """Held: the messages whose first byte arrived in a chunk fed with hold; seen: the others in ``capture``."""
+    starts, pos = [], 0
+    for chunk, hold in zip(chunks, holds):
+        starts += [hold] * len(chunk)
+        pos += len(chunk)
+    held, seen = [], []
+    for (t, body), (_, start, _) in zip(msgs, _layout(msgs)):
+        if starts[start]:
+            held.append((t, body))
+        elif t in capture:
+            seen.append((t, body))
+    return held, seen
+
+
+def _check_split(msgs, chunks, holds):
+    stream = b"".join(msg(bytes([t]), body) for t, body in msgs)
+    out, held, seen, sp = _split(chunks, holds)
+    assert out == stream
+    assert (held, seen) == _expected_split(msgs, chunks, holds)
+    assert sp.at_boundary
+
+
+def test_splitter_a_chunk_with_nothing_held_comes_back_as_itself():
+    sp = StreamSplitter()
+    items = sp.feed(BACKEND_STREAM, False, SPLIT_CAPTURE)
+    assert [it for it in items if it[0] == RAW] == [(RAW, BACKEND_STREAM)]
+    assert [(it[1], it[2]) for it in items if it[0] == SEEN] == [(t, b) for t, b in BACKEND if t in SPLIT_CAPTURE]
+
+
+def test_splitter_hold_returns_every_message_whole():
+    sp = StreamSplitter()
+    items = sp.feed(BACKEND_STREAM, True, SPLIT_CAPTURE)
+    assert items == [(HELD, t, b) for t, b in BACKEND]
+
+
+def test_splitter_every_two_piece_split_and_hold_decision():
+    n = len(BACKEND_STREAM)
+    for a in range(n + 1):
+        chunks = [BACKEND_STREAM[:a], BACKEND_STREAM[a:]]
+        for holds in ((False, False), (True, True), (False, True), (True, False)):
+            _check_split(BACKEND, chunks, holds)
+
+
+def test_splitter_every_three_piece_split_and_hold_decision():
+    n = len(BACKEND_STREAM)
+    hold_sets = [(x, y, z) for x in (False, True) for y in (False, True) for z in (False, True)]
+    for a in range(1, n):
+        for b in range(a + 1, n):
+            chunks = [BACKEND_STREAM[:a], BACKEND_STREAM[a:b], BACKEND_STREAM[b:]]
+            for holds in hold_sets:
+                _check_split(BACKEND, chunks, holds)
+
+
+def test_splitter_message_in_progress_keeps_its_decision():
+    row = msg(b"D", b"\x00\x01\x00\x00\x00\x05hello")
+    z = msg(b"Z", b"I")
+    sp = StreamSplitter()
+    assert sp.feed(row[:7], True, SPLIT_CAPTURE) == []  # held: nothing goes out yet
+    # the row stays held although this chunk is not; the ReadyForQuery after it goes out raw and is seen
+    assert sp.feed(row[7:] + z, False, SPLIT_CAPTURE) == [(HELD, ord("D"), row[5:]), (SEEN, ord("Z"), b"I"),
+                                                          (RAW, z)]
+    sp = StreamSplitter()
+    assert sp.feed(row[:3], False, SPLIT_CAPTURE) == [(RAW, row[:3])]
+    # raw from its first byte: the rest of the row goes out raw, the ReadyForQuery is held
+    assert sp.feed(row[3:] + z, True, SPLIT_CAPTURE) == [(RAW, row[3:]), (HELD, ord("Z"), b"I")]
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(b"123CDEINTZnst")), st.binary(max_size=40)), max_size=12),
+       st.lists(st.tuples(st.integers(min_value=0, max_value=600), st.booleans()), max_size=12),
+       st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_splitter_is_independent_of_chunking_and_hold_decisions(msgs, cuts, first_hold):
+    stream = b"".join(msg(bytes([t]), body) for t, body in msgs)
+    decisions = dict(cuts)
+    cuts = sorted({c for c in decisions if 0 < c < len(stream)})
+    chunks = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    holds = [first_hold] + [decisions[c] for c in cuts]
+    _check_split(msgs, chunks, holds)
+
+
+@pytest.mark.parametrize("header", [b"D\x00\x00\x00\x03", b"D\x00\x00\x00\x00",
+                                    b"D" + struct.pack("!I", MAX_MESSAGE_LENGTH + 5)])
+@pytest.mark.parametrize("hold", [False, True])
+def test_splitter_bad_length_raises(header, hold):
+    for cut in range(len(header) + 1):
+        sp = StreamSplitter()
+        with pytest.raises(ProtocolViolation) as e:
+            sp.feed(msg(b"Z", b"I") + header[:cut], hold, SPLIT_CAPTURE)
+            sp.feed(header[cut:] + b"more", hold, SPLIT_CAPTURE)
+        assert "invalid backend message length" in e.value.message
