@@ -106,6 +106,7 @@ class Layout:
         # just the era (nothing projected) is spliced without walking past the last type column.
         self.hidden_last = self.hidden == (self.ncols - 1,)
         self.types_sorted = tuple(sorted(self.types))
+        self.ncols_out = _I16.pack(self.ncols - len(self.hidden))
 
 
 @dataclass
@@ -191,6 +192,8 @@ class ReadPath:
         self.major = major
         self.events = events
         self.type_map = v1_to_v2 if major == 2 else (v2_to_v1 or {})
+        # The same, each value with its DataRow length field: the fast path swaps whole column fields.
+        self.type_fields = {_I32.pack(len(k)) + k: _I32.pack(len(v)) + v for k, v in self.type_map.items()}
         self.map_era = b"2" if major == 2 else b"3"  # rows of this era are mapped for this reader
         self.map_era_bin = b"\x00\x02" if major == 2 else b"\x00\x03"
         self.pending: deque[Entry] = deque()
@@ -579,6 +582,19 @@ class ReadPath:
             return None
         return None  # notices, notifications, parameter status, COPY traffic, …
 
+    def row_translator(self):
+        """The current result's DataRow translation as one callable (body -> message bytes), or None when the
+        result at the head of the FIFO is not translated: the session calls it for each DataRow instead of
+        `on_server` until the next other message, which may change the head."""
+        head = self.pending[0] if self.pending else None
+        if head is None or not head.watched:
+            return None
+        layout = self._current_layout(head)
+        if layout is None or not layout.translated:
+            return None
+        translate = self._translate_row
+        return lambda body: translate(body, layout)
+
     def _server_error(self, body: bytes) -> None:
         sqlstate = messages.parse_error_fields(body).get("C", "")
         self.server_errors[sqlstate] += 1
@@ -676,35 +692,35 @@ class ReadPath:
         return self._translate_row_walk(body, layout)
 
     def _splice_era_last(self, body: bytes, mapped: bool, cut: int, layout: Layout) -> bytes:
-        """The fast path of `_translate_row`: drop the era column at ``cut``, map the type columns."""
-        if not mapped or not layout.types:
-            row = body[2:cut]
-        else:
-            unpack = _I32.unpack_from
-            type_map = self.type_map
-            parts = []
-            last = pos = 2
-            col = 0
-            for i in layout.types_sorted:
-                while col < i:
-                    (length,) = unpack(body, pos)
-                    pos += 4 + (length if length > 0 else 0)
-                    col += 1
+        """The fast path of `_translate_row`: drop the era column at ``cut``, map the type columns (each
+        type field, length included, is swapped whole), and build the message in one join."""
+        if not mapped:
+            return b"".join((b"D", _I32.pack(cut + 4), layout.ncols_out, body[2:cut]))
+        self.rows_translated += 1  # a row of the mapped era, type columns or not (as the walk counts it)
+        unpack = _I32.unpack_from
+        fields = self.type_fields
+        parts = [b"D", b"", layout.ncols_out]
+        size = cut + 4  # the message's length field: itself, the column count and the columns kept
+        last = pos = 2
+        col = 0
+        for i in layout.types_sorted:
+            while col < i:
                 (length,) = unpack(body, pos)
-                end = pos + 4 + (length if length > 0 else 0)
-                new = type_map.get(body[pos + 4:end])
-                if new is not None:
-                    parts.append(body[last:pos])
-                    parts.append(_I32.pack(len(new)))
-                    parts.append(new)
-                    last = end
-                pos = end
-                col = i + 1
-            parts.append(body[last:cut])
-            row = b"".join(parts)
-        if mapped:  # counted as the walk counts it: a row of the mapped era, type columns or not
-            self.rows_translated += 1
-        return b"D" + _I32.pack(len(row) + 6) + _I16.pack(layout.ncols - 1) + row
+                pos += 4 + (length if length > 0 else 0)
+                col += 1
+            (length,) = unpack(body, pos)
+            end = pos + 4 + (length if length > 0 else 0)
+            new = fields.get(body[pos:end])
+            if new is not None:
+                parts.append(body[last:pos])
+                parts.append(new)
+                size += len(new) - (end - pos)
+                last = end
+            pos = end
+            col = i + 1
+        parts.append(body[last:cut])
+        parts[1] = _I32.pack(size)
+        return b"".join(parts)
 
     def _translate_row_walk(self, body: bytes, layout: Layout) -> bytes:
         unpack = _I32.unpack_from

@@ -495,9 +495,11 @@ class Session:
         reader = self.reader
         quiet = reader.quiet
         state = self.state
+        hold = reader.active > 0
+        row = reader.row_translator() if hold else None  # DataRows of a translated result: straight to it
         try:
-            items = self._upstream_splitter.feed(data, reader.active > 0,
-                                                 QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN)
+            items = self._upstream_splitter.feed(data, hold, QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN,
+                                                 row)
         except ProtocolViolation as e:
             self._upstream_violation(e)
             return
@@ -511,6 +513,9 @@ class Session:
                     out.append(item[1])
                     continue
                 t, body = item[1], item[2]
+                if t == 0x44 and row is not None:
+                    out.append(row(body))
+                    continue
                 if not counted and t in BACKEND_CAPTURE:
                     state.on_backend(t, body)
                     if t == 0x5A:
@@ -519,10 +524,12 @@ class Session:
                 if kind == HELD:
                     replacement = reader.on_server(t, body)
                     out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+                    row = reader.row_translator()
                 elif quiet:
                     reader.on_server_quiet(t, body)
                 else:
                     reader.on_server(t, body)
+                    row = reader.row_translator()
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
             self.client.write(b"".join(out))

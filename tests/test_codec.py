@@ -620,3 +620,33 @@ def test_splitter_bad_length_raises(header, hold):
             sp.feed(msg(b"Z", b"I") + header[:cut], hold, SPLIT_CAPTURE)
             sp.feed(header[cut:] + b"more", hold, SPLIT_CAPTURE)
         assert "invalid backend message length" in e.value.message
+
+
+def test_splitter_rewrites_leading_datarows_through_rows_and_stops_at_the_first_other_message():
+    """`rows` applies only to the DataRows that lead a held chunk: the first other message may end the result
+    they belong to, so later DataRows come back held, for the caller to route after that message."""
+    rows = [msg(b"D", b"\x00\x01\x00\x00\x00\x01" + bytes([48 + i])) for i in range(3)]
+    stream = rows[0] + rows[1] + msg(b"C", b"SELECT 2\x00") + rows[2]
+    seen = []
+
+    def rewrite(body: bytes) -> bytes:
+        seen.append(body)
+        return b"<" + body + b">"
+
+    out = StreamSplitter().feed(stream, True, frozenset(), rewrite)
+    assert seen == [rows[0][5:], rows[1][5:]]
+    assert out == [(RAW, b"<" + rows[0][5:] + b">"), (RAW, b"<" + rows[1][5:] + b">"),
+                   (HELD, ord("C"), b"SELECT 2\x00"), (HELD, ord("D"), rows[2][5:])]
+    # A DataRow split across chunks comes back held when complete; the DataRows after it still lead.
+    s = StreamSplitter()
+    assert s.feed(rows[0][:4], True, frozenset(), rewrite) == []
+    assert s.feed(rows[0][4:] + rows[1], True, frozenset(), rewrite) == [
+        (HELD, ord("D"), rows[0][5:]), (RAW, b"<" + rows[1][5:] + b">")]
+    # Any other message split across chunks ends the lead: the DataRows after it are held.
+    done = msg(b"C", b"SELECT 2\x00")
+    s = StreamSplitter()
+    assert s.feed(done[:3], True, frozenset(), rewrite) == []
+    assert s.feed(done[3:] + rows[2], True, frozenset(), rewrite) == [
+        (HELD, ord("C"), b"SELECT 2\x00"), (HELD, ord("D"), rows[2][5:])]
+    # Without hold nothing is rewritten.
+    assert StreamSplitter().feed(stream, False, frozenset(), rewrite) == [(RAW, stream)]

@@ -403,7 +403,10 @@ class StreamSplitter:
     def at_boundary(self) -> bool:
         return not self._need and not self._hdr
 
-    def feed(self, data: bytes, hold: bool, capture: frozenset[int]) -> list:
+    def feed(self, data: bytes, hold: bool, capture: frozenset[int], rows=None) -> list:
+        """``rows``: with ``hold``, a function that rewrites a DataRow body into its message bytes; the
+        DataRows that lead the chunk (before any other held message, which may change the result they
+        belong to) go through it here and come back as ``(RAW, bytes)``."""
         out: list = []
         n = len(data)
         pos = 0
@@ -419,6 +422,8 @@ class StreamSplitter:
                 pos += take
                 self._need -= take
                 if not self._need:
+                    if self._held and self._type != 0x44:
+                        rows = None  # a held message other than a DataRow may end the result
                     raw_from = self._finish(out, raw_from)
                 continue
             if not self._hdr:
@@ -432,7 +437,11 @@ class StreamSplitter:
                             if raw_from is not None:
                                 out.append((RAW, data[raw_from:pos]))
                                 raw_from = None
-                            out.append((HELD, t, data[pos + 5:end]))
+                            if t == 0x44 and rows is not None:
+                                out.append((RAW, rows(data[pos + 5:end])))
+                            else:
+                                rows = None
+                                out.append((HELD, t, data[pos + 5:end]))
                         else:
                             if raw_from is None:
                                 raw_from = pos
@@ -442,6 +451,7 @@ class StreamSplitter:
                         continue
                 self._held = hold
                 self._seen = not hold and data[pos] in capture
+                rows = None
                 if hold and raw_from is not None:
                     out.append((RAW, data[raw_from:pos]))
                     raw_from = None
