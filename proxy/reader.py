@@ -183,17 +183,24 @@ def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
     return messages.message(b"T", _I16.pack(len(keep)) + b"".join(keep))
 
 
+def type_fields_of(type_map: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """``type_map`` with each key and value as a DataRow field: the int32 length, then the bytes."""
+    return {_I32.pack(len(k)) + k: _I32.pack(len(v)) + v for k, v in type_map.items()}
+
+
 class ReadPath:
     """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one)."""
 
     def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
-                 v1_to_v2: dict[bytes, bytes], v2_to_v1: dict[bytes, bytes] | None):
+                 v1_to_v2: dict[bytes, bytes], v2_to_v1: dict[bytes, bytes] | None,
+                 type_fields: dict[bytes, bytes] | None = None):
         self.classifier = classifier
         self.major = major
         self.events = events
         self.type_map = v1_to_v2 if major == 2 else (v2_to_v1 or {})
-        # The same, each value with its DataRow length field: the fast path swaps whole column fields.
-        self.type_fields = {_I32.pack(len(k)) + k: _I32.pack(len(v)) + v for k, v in self.type_map.items()}
+        # The same as whole DataRow fields (length included), for the fast path; shared by every session of a
+        # seat (`type_fields_of`), since a dict per session would cost kilobytes per idle connection.
+        self.type_fields = type_fields if type_fields is not None else type_fields_of(self.type_map)
         self.map_era = b"2" if major == 2 else b"3"  # rows of this era are mapped for this reader
         self.map_era_bin = b"\x00\x02" if major == 2 else b"\x00\x03"
         self.pending: deque[Entry] = deque()

@@ -7,11 +7,11 @@ import logging
 import signal
 import ssl
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .config import Config, ConfigError, load_config
 from .metrics import MetricsHTTP, Stats
-from .reader import EventColumns, ReadPath
+from .reader import EventColumns, ReadPath, type_fields_of
 from .session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
@@ -52,6 +52,11 @@ class ReadContext:
     events: EventColumns
     classifiers: dict
     artifacts: object
+    type_fields: dict = field(default_factory=dict)  # by major: the read path's type map as DataRow fields
+
+    def __post_init__(self) -> None:
+        a = self.artifacts
+        self.type_fields = {2: type_fields_of(a.type_map_v1_to_v2), 1: type_fields_of(a.type_map_v2_to_v1 or {})}
 
 
 # Views and materialized views that read events.type, directly or through other views: a result
@@ -260,7 +265,8 @@ class SeatServer:
         if major not in (1, 2) or not self.on_host_database(params):
             return None
         a = ctx.artifacts
-        return ReadPath(ctx.classifiers[major], major, ctx.events, a.type_map_v1_to_v2, a.type_map_v2_to_v1)
+        return ReadPath(ctx.classifiers[major], major, ctx.events, a.type_map_v1_to_v2, a.type_map_v2_to_v1,
+                        ctx.type_fields[major])
 
     def _accept(self, peer: _ClientPeer) -> None:
         self.stats.client_connections += 1
