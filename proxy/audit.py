@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
-                      UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
+                      UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col, unavailable)
 from .projection import META_SEPARATOR
 from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
 
@@ -268,10 +268,7 @@ def _write_json(path: str, data: dict) -> None:
 
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
     """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail, 2 usage, 3 cannot audit."""
-    import asyncpg
-
-    from .artifacts import ArtifactError, load_artifacts
-    from .schema import SchemaError
+    from .artifacts import load_artifacts
 
     def fail(status: int, message: str) -> int:
         print(f"openwop-seat audit: {message}", file=sys.stderr)
@@ -300,14 +297,10 @@ def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int,
         report = asyncio.run(go())
     except KeyboardInterrupt:
         return fail(EXIT_INTERRUPTED, "interrupted: no report")
-    except ArtifactError as e:
-        return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
-    except SchemaError as e:
-        return fail(EXIT_UNAVAILABLE, str(e))
-    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        return fail(EXIT_UNAVAILABLE, f"database error: {e}")
-    except (OSError, TimeoutError) as e:
-        return fail(EXIT_UNAVAILABLE, f"cannot connect to the database: {e}")
+    except Exception as e:
+        if (message := unavailable(e)) is None:
+            raise
+        return fail(EXIT_UNAVAILABLE, message)
     print(render(report, artifacts), flush=True)
     if json_path is not None:
         try:

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, MALFORMED,
-                      Progress, UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col)
+                      Progress, UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col,
+                      unavailable)
 from .projection import META_SEPARATOR
 from .schema import (REWRITE_SETTING, SCHEMA, TRY_REFUSED, SchemaError, host_append_lock_sql, quote_ident,
                      quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
@@ -341,9 +342,7 @@ def render(s: Summary, dry_run: bool) -> str:
 
 def cmd_backfill(config, args) -> int:
     """``openwop-seat backfill``: 0 done, 1 some run skipped / restore refused, 2 usage, 3 cannot run."""
-    import asyncpg
-
-    from .artifacts import ArtifactError, load_artifacts
+    from .artifacts import load_artifacts
 
     def fail(status: int, message: str) -> int:
         print(f"openwop-seat backfill: {message}", file=sys.stderr)
@@ -385,14 +384,10 @@ def cmd_backfill(config, args) -> int:
     except KeyboardInterrupt:
         return fail(EXIT_INTERRUPTED, "interrupted: runs converted so far stay converted, the one in flight was "
                                       "rolled back; run it again to finish")
-    except ArtifactError as e:
-        return fail(EXIT_UNAVAILABLE, f"spec artifacts: {e}")
-    except SchemaError as e:
-        return fail(EXIT_UNAVAILABLE, str(e))
-    except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        return fail(EXIT_UNAVAILABLE, f"database error: {e}")
-    except (OSError, TimeoutError) as e:
-        return fail(EXIT_UNAVAILABLE, f"cannot connect to the database: {e}")
+    except Exception as e:
+        if (message := unavailable(e)) is None:
+            raise
+        return fail(EXIT_UNAVAILABLE, message)
     if args.restore is not None:
         changed, n = result
         say(f"restored run {args.restore}: {changed} of its {n} events put back from {ORIGINALS}; era 2 again")

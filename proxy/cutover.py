@@ -33,6 +33,24 @@ class UsageError(Exception):
     """Bad input the tool refuses before changing anything (exit EXIT_USAGE)."""
 
 
+def unavailable(e: BaseException) -> str | None:
+    """What to say for an error that means the tool cannot run (exit EXIT_UNAVAILABLE), or None for another."""
+    import asyncpg
+
+    from .artifacts import ArtifactError
+    from .schema import SchemaError
+
+    if isinstance(e, ArtifactError):
+        return f"spec artifacts: {e}"
+    if isinstance(e, SchemaError):
+        return str(e)
+    if isinstance(e, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return f"database error: {e}"
+    if isinstance(e, (OSError, TimeoutError)):
+        return f"cannot connect to the database: {e}"
+    return None
+
+
 async def open_checked(dsn: str, config, artifacts, application_name: str):
     """A direct connection to the host database whose seat schema ``serve`` would accept; SchemaError otherwise."""
     conn = await connect(dsn)
