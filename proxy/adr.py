@@ -247,10 +247,7 @@ async def draft(config: Config, dsn: str, today: datetime.date | None = None) ->
 
 def cmd_adr(config: Config, dsn: str, out_path: str | None) -> int:
     """``openwop-seat adr``: the ADR on stdout or in a new file; 0, 1 (database, artifacts) or 2 (an existing file)."""
-    import asyncpg
-
-    from .artifacts import ArtifactError
-    from .schema import SchemaError
+    from .cutover import unavailable
 
     name = "openwop-seat adr"
     if out_path is not None and os.path.lexists(out_path):
@@ -259,11 +256,10 @@ def cmd_adr(config: Config, dsn: str, out_path: str | None) -> int:
         return 2
     try:
         text = asyncio.run(draft(config, dsn))
-    except (SchemaError, ArtifactError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        return 1
-    except (OSError, TimeoutError) as e:
-        print(f"{name}: cannot connect to the database: {e}", file=sys.stderr)
+    except Exception as e:
+        if (message := unavailable(e)) is None:
+            raise
+        print(f"{name}: {message}", file=sys.stderr)
         return 1
     if out_path is None:
         sys.stdout.write(text)

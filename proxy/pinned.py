@@ -395,10 +395,8 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
 
 def cmd_pinned_runs(config: Config, dsn: str, implemented_path: str | None, cancel: bool) -> int:
     """``openwop-seat pinned-runs``: 0 when every run listed was handled, 1 otherwise, 2 for bad input."""
-    import asyncpg
 
-    from .artifacts import ArtifactError
-    from .schema import SchemaError
+    from .cutover import unavailable
 
     name = "openwop-seat pinned-runs"
     if cancel and implemented_path is None:
@@ -415,13 +413,15 @@ def cmd_pinned_runs(config: Config, dsn: str, implemented_path: str | None, canc
 
     try:
         return asyncio.run(pinned_runs(config, dsn, implemented, cancel, out=say))
-    except (PinnedError, SchemaError, ArtifactError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+    except PinnedError as e:
         print(f"{name}: {e}", file=sys.stderr)
-        return 1
-    except (OSError, TimeoutError) as e:
-        print(f"{name}: cannot connect to the database: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted: the runs reported cancelled stay cancelled, the one in progress was rolled "
               f"back; run it again to finish", file=sys.stderr)
         return 130
+    except Exception as e:
+        if (message := unavailable(e)) is None:
+            raise
+        print(f"{name}: {message}", file=sys.stderr)
+        return 1
