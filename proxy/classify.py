@@ -1,23 +1,46 @@
 """The SQL classifier: a pure function from statement text (and the reader's major) to a plan.
 
-A plan says, per statement, whether it passes untouched, is rewritten to carry a
-hidden era column (computed by the database, in the statement's own snapshot,
-and checked there so that a refusal fails the server-side statement exactly as a
-PostgreSQL error would), or is refused because it reads event columns in a way
-the seat cannot translate exactly. Plans are cached by exact text; pglast only
-runs on a cache miss and only after a cheap substring prefilter.
+A translated session never reads the host's events table itself: every read
+reference to it, at any query level (CTEs, subqueries, LATERAL, set
+operations, joins, ``EXPLAIN``, ``DECLARE … CURSOR``, SQL ``PREPARE``,
+``CREATE TABLE AS``, ``COPY … TO``), is replaced by the seat's translated
+relation for the session's major (``openwop_seat.events_m2`` / ``events_m1``,
+:mod:`proxy.relations`), under the name the statement used for it.  The
+statement then works on translated values whatever it does with them, so there
+is nothing to track column by column and nothing to do per row in the seat.
+
+Writes stay on the base table (the writer rule's triggers guard them).  A
+``RETURNING`` list of a write to the events table is evaluated over the written
+rows as the reader rule returns them: the write becomes a data-modifying CTE
+and the list is selected from ``row_m2``/``row_m1`` over its rows.
+
+What cannot be substituted exactly is refused (``statement_untranslatable``,
+the plan's ``kind`` and ``detail`` say why): a CTE that takes the events
+table's name, objects that would keep a read of the events table for later
+(views, rules, SQL-body functions, policies), ``MERGE``, writes whose
+predicates or values read the stored ``type``/``payload`` of the rows they
+change, references to the seat's own relations, statements larger than the
+analysis limit, and text the parser rejects.
+
+Plans are cached by exact text, bounded in bytes; pglast runs only on a cache
+miss and only after a substring prefilter (the table's name, a Unicode-escaped
+identifier, or the seat's schema).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import HostConfig
 
-HIDDEN = "__openwop_era"
-
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
+SEAT_SCHEMA = "openwop_seat"
+VIEW = {2: "events_m2", 1: "events_m1"}
+ROW_FUNCTION = {2: "row_m2", 1: "row_m1"}
+WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
+DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
+DEFAULT_CACHE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -26,7 +49,6 @@ class StatementPlan:
     sql: str  # the text to send for this statement
     kind: str = ""  # for REFUSE: what was refused (names the statement kind)
     detail: str = ""  # for REFUSE: a human explanation
-    columns: tuple[str, ...] = ()  # for TRANSLATE: the result's columns that carry event type/payload
 
 
 @dataclass(frozen=True)
@@ -35,7 +57,7 @@ class Plan:
 
     statements: tuple[StatementPlan, ...]
     text: str
-    translated: bool = False  # some statement carries the hidden era column
+    translated: bool = False  # some statement reads the translated relation
     refused: StatementPlan | None = None  # the first refused statement
     changed: bool = False  # text differs from the client's
 
@@ -44,17 +66,11 @@ class Plan:
         return not self.changed
 
 
-PASSTHROUGH_EMPTY = Plan((), "", False, None, False)
-
-
 class Untranslatable(Exception):
     def __init__(self, kind: str, detail: str):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
-
-
-# ---------------------------------------------------------------- AST helpers (pglast nodes)
 
 
 def _walk(node):
@@ -74,47 +90,34 @@ def _walk(node):
                     stack.append(child)
 
 
-def _colref_names(ref) -> list:
+def _names(ref) -> list[str]:
     from pglast import ast
 
     return [("*" if isinstance(f, ast.A_Star) else f.sval) for f in ref.fields]
 
 
-@dataclass
-class _Source:
-    name: str  # alias or relation name, as referenced in this level
-    direct: bool  # True: the events table itself; False: a derived table carrying a hidden column
-    tainted: frozenset = frozenset()  # column names, through this source, that carry event type/payload
-
-
-@dataclass
-class _Ctx:
-    host: HostConfig
-    major: int
-    ctes: dict = field(default_factory=dict)  # CTE name -> its event-column output names (∅: none)
-
-
 class Classifier:
-    """Classifies statements for one reader major against one host layout, with an LRU cache."""
+    """Plans statements for one reader major against one host layout, with a byte-bounded LRU cache."""
 
-    def __init__(self, host: HostConfig, major: int, cache_size: int = 4096):
-        from .schema import era_now_sql, era_sql, read_check_sql, read_project_sql, returned_project_sql
-
+    def __init__(self, host: HostConfig, major: int, columns: tuple[str, ...] = (), *,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES):
+        if major not in VIEW:
+            raise ValueError(f"Classifier: major must be 1 or 2, got {major!r}")
         self.host = host
         self.major = major
-        self.cache_size = cache_size
+        # The events table's columns in table order: the RETURNING wrapper selects them by name.
+        self.columns = tuple(columns) or (host.event_id_column or "event_id", host.run_id_column, "sequence",
+                                          host.type_column, host.node_id_column or "node_id",
+                                          host.payload_column, "timestamp", "causation_id")
+        self.cache_bytes = cache_bytes
+        self.max_statement_bytes = max_statement_bytes
         self._cache: OrderedDict[str, Plan] = OrderedDict()
+        self.bytes = 0
         self.hits = self.misses = 0
         schema, _, table = host.events_table.rpartition(".")
         self._schema = schema or None
         self._table = table
-        self._needle = table.lower() if table == table.lower() else table
-        self._fold = table == table.lower()
-        self._era_sql = era_sql
-        self._era_now_sql = era_now_sql
-        self._read_check_sql = read_check_sql
-        self._read_project_sql = read_project_sql
-        self._returned_project_sql = returned_project_sql
+        self._needle = table.lower()
 
     # -- public
 
@@ -126,9 +129,13 @@ class Classifier:
             return plan
         self.misses += 1
         plan = self._classify(sql)
-        self._cache[sql] = plan
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        cost = _cost(sql, plan)
+        if cost <= self.cache_bytes:
+            self._cache[sql] = plan
+            self.bytes += cost
+            while self.bytes > self.cache_bytes:
+                old_sql, old = self._cache.popitem(last=False)
+                self.bytes -= _cost(old_sql, old)
         return plan
 
     @property
@@ -136,13 +143,23 @@ class Classifier:
         return len(self._cache)
 
     def mentions_events(self, sql: str) -> bool:
-        return self._needle in (sql.lower() if self._fold else sql)
+        low = sql.lower()
+        return self._needle in low or "u&" in low
+
+    def _worth_parsing(self, sql: str) -> bool:
+        low = sql.lower()
+        return self._needle in low or any(n in low for n in _NEEDLES)
 
     # -- internals
 
     def _classify(self, sql: str) -> Plan:
-        if not self.mentions_events(sql) and "openwop_seat" not in sql.lower():
+        if not self._worth_parsing(sql):
             return Plan((StatementPlan(PASS, sql),), sql)
+        if len(sql.encode("utf-8", "surrogateescape")) > self.max_statement_bytes:
+            refusal = StatementPlan(REFUSE, sql, "statement too large",
+                                    f"a statement that mentions the events table is larger than the seat analyses "
+                                    f"({self.max_statement_bytes} bytes, reader.max_statement_bytes)")
+            return Plan((refusal,), sql, False, refusal, True)
         from pglast import parse_sql
         from pglast.parser import ParseError
 
@@ -157,374 +174,337 @@ class Classifier:
         for raw in raw_stmts:
             start = raw.stmt_location or 0
             length = raw.stmt_len or (len(sql) - start)
-            # pglast reports statement locations in characters of the text
-            text = sql[start:start + length]
-            pieces.append(self._statement(raw.stmt, text))
-        if not pieces:
-            return Plan((StatementPlan(PASS, sql),), sql)
-        if all(p.action == PASS for p in pieces):
-            return Plan(tuple(pieces), sql)
+            pieces.append(self._statement(raw.stmt, sql[start:start + length]))
+        if not pieces or all(p.action == PASS for p in pieces):
+            return Plan(tuple(pieces) or (StatementPlan(PASS, sql),), sql)
         refused = next((p for p in pieces if p.action == REFUSE), None)
         text = "; ".join(p.sql for p in pieces)
         return Plan(tuple(pieces), text, any(p.action == TRANSLATE for p in pieces), refused, True)
 
     def _statement(self, stmt, text: str) -> StatementPlan:
-        from pglast import ast
         from pglast.stream import RawStream
 
         spoof = _seat_setting(stmt)
         if spoof:
             return StatementPlan(REFUSE, text, "openwop_seat setting", spoof)
-        if not any(isinstance(n, ast.RangeVar) and self._is_events(n) for n in _walk(stmt)):
-            return StatementPlan(PASS, text)
-        ctx = _Ctx(self.host, self.major)
         try:
-            self._reserved_name(stmt)
-            carried = self._top(stmt, ctx)
+            self._seat_relations(stmt)
+            self._server_side_sql(stmt, text)
+            if not any(self._is_events(n) for n in _walk(stmt)):
+                return StatementPlan(PASS, text)
+            new = self._rewrite(stmt)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)
-        if carried is None:
+        if new is None:
             return StatementPlan(PASS, text)
-        return StatementPlan(TRANSLATE, RawStream()(stmt), columns=tuple(sorted(carried)))
+        return StatementPlan(TRANSLATE, RawStream()(new))
 
-    def _is_events(self, rv) -> bool:
-        if rv.relname != self._table:
+    # ---- what names the events table
+
+    def _is_events(self, node) -> bool:
+        from pglast import ast
+
+        if not isinstance(node, ast.RangeVar) or node.relname != self._table:
             return False
+        if node.catalogname is not None:
+            return True  # db.schema.events: treat as the table (PostgreSQL refuses other databases anyway)
         if self._schema is None:
-            return rv.schemaname in (None, "public")
-        return rv.schemaname in (None, self._schema)
+            return node.schemaname in (None, "public")
+        return node.schemaname in (None, self._schema)
 
-    def _reserved_name(self, stmt) -> None:
-        """The hidden column's name is the seat's: a client may not produce or read a column of that name."""
+    def _seat_relations(self, stmt) -> None:
+        """A client reads the seat's relations only through the rewrite: naming them itself (a major-2 session
+        reading events_m1, say) would hand it the other reader's spelling."""
         from pglast import ast
 
         for n in _walk(stmt):
-            if (isinstance(n, ast.ResTarget) and n.name == HIDDEN) or (
-                    isinstance(n, ast.ColumnRef) and _colref_names(n)[-1] == HIDDEN):
-                raise Untranslatable("reserved column name", f"the column name {HIDDEN} is reserved for the seat")
+            if isinstance(n, ast.RangeVar) and n.schemaname == SEAT_SCHEMA and n.relname.startswith("events_"):
+                raise Untranslatable("seat relation", f"{SEAT_SCHEMA}.{n.relname} is the seat's own relation; "
+                                                      f"read the events table by its own name")
+            if isinstance(n, ast.FuncCall) and len(n.funcname) == 2 and n.funcname[0].sval == SEAT_SCHEMA and \
+                    n.funcname[1].sval in ("row_m1", "row_m2"):
+                raise Untranslatable("seat function", f"{SEAT_SCHEMA}.{n.funcname[1].sval} is called by the seat's "
+                                                      f"rewrite only")
 
-    def _top(self, stmt, ctx: _Ctx) -> frozenset[str] | None:
-        """Analyse a top-level statement; add hidden columns in place. The result's event columns when rewritten,
-        else None."""
+    def _server_side_sql(self, stmt, text: str) -> None:
+        """SQL the server would run on the session's behalf, out of the seat's sight: refused where it can be
+        seen to read the events table, and the catalog functions that run a query given as text, always."""
         from pglast import ast
 
-        if isinstance(stmt, ast.SelectStmt):
-            return self._select(stmt, ctx)
-        if isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
-            return self._dml(stmt, ctx)
+        if isinstance(stmt, (ast.DoStmt, ast.CreateFunctionStmt)) and self.mentions_events(text):
+            what = "a DO block" if isinstance(stmt, ast.DoStmt) else "a function body"
+            raise Untranslatable(f"{what} naming the events table",
+                                 f"{what} naming the events table would read it on the server, untranslated; run it "
+                                 f"from a raw session")
+        for n in _walk(stmt):
+            if isinstance(n, ast.FuncCall) and n.funcname[-1].sval.lower() in QUERY_RUNNING_FUNCTIONS and (
+                    len(n.funcname) == 1 or n.funcname[0].sval == "pg_catalog"):
+                raise Untranslatable("query-running function",
+                                     f"{n.funcname[-1].sval}() runs SQL (or reads whole tables) on the server, out "
+                                     f"of the seat's sight: it is refused in a translated session")
+
+    # ---- the rewrite
+
+    def _rewrite(self, stmt):
+        """``stmt`` with every read of the events table substituted (in place), or a new statement for a
+        RETURNING write; None when nothing reads the table (DDL on it, COPY FROM, a write without RETURNING)."""
+        from pglast import ast
+
+        for n in _walk(stmt):
+            if isinstance(n, ast.WithClause):
+                for cte in n.ctes or ():
+                    if cte.ctename == self._table:
+                        raise Untranslatable("CTE named like the events table",
+                                             f"a CTE named {cte.ctename!r} would hide the events table in some query "
+                                             f"levels and not in others; rename the CTE")
+        kind = type(stmt).__name__
+        if isinstance(stmt, (ast.ViewStmt, ast.RuleStmt, ast.CreateFunctionStmt, ast.CreatePolicyStmt,
+                             ast.AlterPolicyStmt, ast.CreateTrigStmt, ast.MergeStmt, ast.CreateStatsStmt)):
+            if isinstance(stmt, ast.CreateTrigStmt):
+                return None  # a trigger on the table: DDL, not a read (its function is separate)
+            raise Untranslatable(f"{_KIND.get(kind, kind)} over the events table",
+                                 f"{_KIND.get(kind, kind)} naming the events table would keep a read of it that no "
+                                 f"later reader's major applies to; create it from a raw session")
         if isinstance(stmt, ast.CopyStmt):
-            if stmt.is_from and stmt.relation is not None:
-                return None  # COPY events FROM: a write, the writer rule's business
-            raise Untranslatable("COPY TO", "COPY … TO of the events table cannot be translated row by row")
-        if isinstance(stmt, ast.DeclareCursorStmt):
-            self._reject_event_columns(stmt.query, ctx, "cursor over the events table")
+            return self._copy(stmt)
+        if not isinstance(stmt, _QUERY_STATEMENTS):
+            # DDL and the like on the table itself (ALTER, DROP, TRUNCATE, LOCK, GRANT, COMMENT, INDEX,
+            # VACUUM, ANALYZE): no rows come back. Only a query inside one could read it.
+            for n in _walk(stmt):
+                if isinstance(n, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
+                    raise Untranslatable(f"{kind} with a query over the events table",
+                                         f"{kind} with a query naming the events table is not translated")
             return None
-        if isinstance(stmt, ast.ExplainStmt):
-            return None  # returns a plan, not rows
-        if isinstance(stmt, ast.PrepareStmt):
-            self._reject_event_columns(stmt.query, ctx, "SQL PREPARE over the events table")
-            return None
-        if isinstance(stmt, (ast.ViewStmt, ast.CreateTableAsStmt)):
-            self._reject_event_columns(stmt.query, ctx, "view or table created from event columns")
-            return None
-        if isinstance(stmt, ast.RuleStmt):
-            raise Untranslatable("rule on the events table", "rules on the events table are not translated")
-        return None  # DDL and the rest: no rows come back
+        changed = self._substitute(stmt)
+        if isinstance(stmt, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
+            stmt, more = self._root(stmt)
+        else:  # EXPLAIN, DECLARE … CURSOR, PREPARE, CREATE TABLE AS: the statement holds the query
+            stmt.query, more = self._root(stmt.query)
+        self._leftovers(stmt)
+        return stmt if changed or more else None
 
-    def _reject_event_columns(self, query, ctx: _Ctx, kind: str) -> None:
-        """Refuse when event type/payload flow anywhere in ``query``."""
-        if query is not None and self._touches(query, ctx):
-            raise Untranslatable(kind, f"{kind}: event type/payload would reach the reader untranslated")
-
-    def _touches(self, node, ctx: _Ctx, columns_in=None) -> bool:
-        """Conservatively: does ``node`` read an event type/payload column anywhere (in ``columns_in``
-        when given: the parts of ``node`` whose column references count)?"""
+    def _root(self, q):
+        """A statement's top query level: its writes checked, data-modifying CTEs and a RETURNING write of the
+        events table wrapped to return translated rows. (query, whether it changed)."""
         from pglast import ast
 
-        names = set(self._event_columns)
-        reads = False
-        local_ctes = {c.ctename for n in _walk(node) if isinstance(n, ast.WithClause) for c in n.ctes or ()}
-        for n in _walk(node):
-            if isinstance(n, ast.RangeVar):
-                if n.schemaname is None and ctx.ctes.get(n.relname):
-                    reads = True
-                    names |= ctx.ctes[n.relname]
-                elif self._is_events(n) and not (n.schemaname is None and n.relname in local_ctes):
-                    reads = True
-        if not reads:
-            return False
-        for n in _walk(node if columns_in is None else columns_in):
-            if isinstance(n, ast.ColumnRef):
-                cols = _colref_names(n)
-                if cols[-1] == "*" or cols[-1] in names or cols == [self._table]:
-                    return True
-        # reading events without naming its type/payload columns (e.g. count(*), run_id, sequence)
-        return False
+        self._check_writes(q)
+        changed = False
+        if isinstance(q, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and \
+                q.withClause is not None:
+            changed = self._wrap_cte_writes(q)
+        if self._returning_write(q):
+            return self._wrap_returning(q), True
+        return q, changed
 
-    @property
-    def _event_columns(self) -> frozenset[str]:
-        return frozenset((self.host.type_column, self.host.payload_column))
-
-    # ---- SELECT
-
-    def _select(self, sel, ctx: _Ctx) -> frozenset[str] | None:
-        """Analyse one SELECT level. When it outputs event type/payload columns, add the hidden
-        column and return their output names; otherwise return None."""
+    def _relation(self, rv):
         from pglast import ast
-        from pglast.enums import SetOperation
 
-        if sel.op != SetOperation.SETOP_NONE:
-            if self._touches(sel, ctx):
-                raise Untranslatable("set operation", "UNION/INTERSECT/EXCEPT over event type/payload columns")
-            return None
-        if sel.withClause is not None:
-            self._with(sel.withClause, ctx)
-        if sel.valuesLists:
-            return None
-        sources: list[_Source] = []
-        for item in sel.fromClause or ():
-            self._from_item(item, ctx, sources)
-        # Everything but the target list must not look at type/payload.
-        for clause, what in ((sel.whereClause, "a predicate on"), (sel.groupClause, "GROUP BY on"),
-                             (sel.havingClause, "HAVING on"), (sel.sortClause, "ORDER BY on"),
-                             (sel.distinctClause, "DISTINCT ON"), (sel.windowClause, "a window over"),
-                             (sel.limitCount, "LIMIT over"), (sel.limitOffset, "OFFSET over")):
-            self._no_event_columns(clause, sources, ctx, what)
-        outputs: list[tuple[str, bool]] = []  # (output name, carries an event column)
-        tainted: set[str] = set()
-        star_over_derived = False
-        payload_out = False  # a star or the payload column itself: the payload leaves this level
-        for target in sel.targetList or ():
-            kind, names = self._target(target.val, sources, ctx)
-            if kind == "star":
-                tainted |= names
-                star_over_derived = star_over_derived or any(not s.direct for s in sources)
-                outputs.append(("*", True))
-                payload_out = True
-            elif kind == "column":
-                out = target.name or _colref_names(target.val)[-1]
-                tainted.add(out)
-                outputs.append((out, True))
-                payload_out = payload_out or _colref_names(target.val)[-1] == self.host.payload_column
+        alias = rv.alias if rv.alias is not None else ast.Alias(aliasname=rv.relname)
+        return ast.RangeVar(schemaname=SEAT_SCHEMA, relname=VIEW[self.major], inh=True, relpersistence="p",
+                            alias=alias, location=rv.location)
+
+    def _substitute(self, stmt) -> bool:
+        """Replace the events table in every FROM position under ``stmt``; True when anything changed."""
+        from pglast import ast
+
+        changed = False
+
+        def from_item(item):
+            nonlocal changed
+            if self._is_events(item):
+                changed = True
+                return self._relation(item)
+            if isinstance(item, ast.JoinExpr):
+                item.larg = from_item(item.larg)
+                item.rarg = from_item(item.rarg)
+            elif isinstance(item, ast.RangeTableSample):
+                if self._is_events(item.relation):
+                    raise Untranslatable("TABLESAMPLE on the events table",
+                                         "TABLESAMPLE samples the stored table, which a translated session never reads")
+            return item
+
+        for n in list(_walk(stmt)):
+            for field in ("fromClause", "usingClause"):
+                items = getattr(n, field, None) if field in getattr(n, "__slots__", ()) else None
+                if items:
+                    setattr(n, field, tuple(from_item(i) for i in items))
+        return changed
+
+    def _leftovers(self, stmt) -> None:
+        """After the substitution, the events table may remain only as the target of a write."""
+        from pglast import ast
+
+        targets = {id(n.relation) for n in _walk(stmt)
+                   if isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and n.relation is not None}
+        for n in _walk(stmt):
+            if self._is_events(n) and id(n) not in targets:
+                raise Untranslatable("events table in an unknown position",
+                                     "the statement names the events table where the seat cannot substitute it")
+
+    def _writes(self, stmt) -> bool:
+        from pglast import ast
+
+        return isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and self._is_events(stmt.relation)
+
+    def _returning_write(self, stmt) -> bool:
+        return self._writes(stmt) and stmt.returningClause is not None and bool(stmt.returningClause.exprs)
+
+    def _check_writes(self, stmt) -> None:
+        """Writes to the events table whose values or predicates read the stored type/payload of the rows
+        they change (the target's columns are stored, not translated) are refused."""
+        from pglast import ast
+
+        for n in _walk(stmt):
+            if not isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) or not self._is_events(n.relation):
+                continue
+            alias = n.relation.alias.aliasname if n.relation.alias else n.relation.relname
+            if isinstance(n, ast.InsertStmt):
+                if n.onConflictClause is not None:
+                    parts = (n.onConflictClause.targetList, n.onConflictClause.whereClause)
+                    self._no_stored_columns(parts, alias, "ON CONFLICT DO UPDATE", allow=("excluded",))
+                continue
+            if isinstance(n, ast.UpdateStmt):
+                if n.fromClause:
+                    self._no_stored_columns((n.targetList, n.whereClause), alias, "UPDATE … FROM")
+                parts = (n.targetList, n.whereClause)
+                what = "UPDATE"
             else:
-                outputs.append((target.name or "", False))
-        if not tainted:
-            return None
-        # ORDER BY / GROUP BY / DISTINCT ON naming an output column by alias or position.
-        for clause, what in ((sel.sortClause, "ORDER BY on"), (sel.groupClause, "GROUP BY on"),
-                             (sel.distinctClause, "DISTINCT ON")):
-            for n in _walk(clause):
-                if isinstance(n, ast.ColumnRef) and len(n.fields) == 1 and _colref_names(n)[0] in tainted:
-                    raise Untranslatable(f"{what} event columns", f"{what} event column {_colref_names(n)[0]}")
-                if isinstance(n, ast.A_Const) and isinstance(n.val, ast.Integer):
-                    k = n.val.ival
-                    if 1 <= k <= len(outputs) and outputs[k - 1][1]:
-                        raise Untranslatable(f"{what} event columns", f"{what} an event column (position {k})")
-        if sel.distinctClause is not None and any(d is None for d in sel.distinctClause):
-            # plain DISTINCT compares the stored spellings (DISTINCT ON's expressions were checked above)
-            raise Untranslatable("DISTINCT", "DISTINCT over event type/payload columns")
-        if sel.groupClause:
-            raise Untranslatable("GROUP BY", "GROUP BY with event type/payload columns in the result")
-        if sel.intoClause is not None:
-            raise Untranslatable("SELECT INTO", "SELECT … INTO a table from event type/payload columns")
-        carrying = [s for s in sources if s.tainted]
-        if len(carrying) != 1:
-            raise Untranslatable("join of event sources",
-                                 "a result joining the events table with itself or with another event source")
-        source = carrying[0]
-        if source.direct or not star_over_derived:
-            sel.targetList = tuple(sel.targetList) + (self._hidden_target(source, payload=payload_out),)
-        return frozenset(tainted)
+                parts = (n.whereClause,)
+                what = "DELETE"
+            if (n.fromClause if isinstance(n, ast.UpdateStmt) else n.usingClause) and n.returningClause is not None:
+                raise Untranslatable(f"{what} … RETURNING with other tables",
+                                     f"{what} of the events table joined with other tables cannot return "
+                                     f"translated rows")
+            self._no_stored_columns(parts, alias, what)
 
-    def _with(self, with_clause, ctx: _Ctx) -> None:
+    def _no_stored_columns(self, parts, alias: str, what: str, allow: tuple[str, ...] = ()) -> None:
         from pglast import ast
 
-        for cte in with_clause.ctes or ():
-            q = cte.ctequery
-            if with_clause.recursive and self._touches(q, ctx):
-                raise Untranslatable("recursive CTE", "a recursive CTE over event columns")
-            if isinstance(q, ast.SelectStmt):
-                carried = self._select(q, ctx)
-            elif isinstance(q, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
-                carried = self._dml(q, ctx)
-            else:
-                carried = None
-            if carried and cte.aliascolnames:
-                raise Untranslatable("column alias list", "a column alias list on a CTE over event columns")
-            ctx.ctes[cte.ctename] = carried or frozenset()
+        stored = {self.host.type_column, self.host.payload_column}
+        for part in parts:
+            for n in _walk(part):
+                if not isinstance(n, ast.ColumnRef):
+                    continue
+                names = _names(n)
+                if len(names) > 1 and names[-2] in allow:
+                    continue
+                if names[-1] in stored or names[-1] == "*" or names == [alias]:
+                    raise Untranslatable(f"{what} reading stored event columns",
+                                         f"{what} of the events table reads {'.'.join(names)} as stored; in a "
+                                         f"translated session only run_id, sequence and the other untranslated "
+                                         f"columns may decide or feed a write")
 
-    def _from_item(self, item, ctx: _Ctx, sources: list) -> None:
-        from pglast import ast
-
-        if isinstance(item, ast.RangeVar):
-            name = item.alias.aliasname if item.alias else item.relname
-            if item.schemaname is None and item.relname in ctx.ctes:  # a CTE hides a table of that name
-                if ctx.ctes[item.relname]:
-                    if item.alias and item.alias.colnames:
-                        raise Untranslatable("column alias list", "a column alias list over event columns")
-                    sources.append(_Source(name, False, ctx.ctes[item.relname]))
-            elif self._is_events(item):
-                if item.alias and item.alias.colnames:
-                    raise Untranslatable("column alias list", "a column alias list on the events table")
-                sources.append(_Source(name, True, self._event_columns))
-        elif isinstance(item, ast.JoinExpr):
-            if item.alias is not None and self._touches(item, ctx):
-                raise Untranslatable("aliased join", "an aliased join over event columns")
-            self._from_item(item.larg, ctx, sources)
-            self._from_item(item.rarg, ctx, sources)
-            self._no_event_columns(item.quals, sources, ctx, "a join condition on")
-        elif isinstance(item, ast.RangeSubselect):
-            carried = self._select(item.subquery, ctx)
-            if carried:
-                if item.alias is None:
-                    raise Untranslatable("subquery", "a subquery over event columns needs an alias")
-                if item.alias.colnames:
-                    raise Untranslatable("column alias list", "a column alias list over event columns")
-                sources.append(_Source(item.alias.aliasname, False, carried))
-        elif isinstance(item, ast.RangeTableSample) and isinstance(item.relation, ast.RangeVar):
-            self._from_item(item.relation, ctx, sources)
-        else:
-            # functions and the like in FROM: no event columns as arguments (LATERAL references included)
-            self._no_event_columns(item, sources, ctx, "a function in FROM over")
-            if self._touches(item, ctx):
-                raise Untranslatable("FROM item", f"{type(item).__name__} over event columns")
-
-    def _no_event_columns(self, clause, sources: list, ctx: _Ctx, what: str) -> None:
-        """Refuse when ``clause`` refers to an event type/payload column (or reads them in a sublink)."""
-        if clause is None:
-            return
-        from pglast import ast
-
-        for n in _walk(clause):
-            if isinstance(n, ast.ColumnRef) and sources and self._refers(n, sources):
-                raise Untranslatable(f"{what} event columns",
-                                     f"{what} event {_colref_names(n)[-1]} is not translated")
-            if isinstance(n, ast.SubLink) and self._sublink_touches(n, ctx):
-                raise Untranslatable(f"{what} event columns", f"{what} event columns inside a subquery")
-
-    def _refers(self, ref, sources: list) -> bool:
-        """Does a column reference name an event type/payload column (or a whole event row)?"""
-        names = _colref_names(ref)
-        col = names[-1]
-        if len(names) == 1:
-            return any(col in s.tainted or col == s.name for s in sources)
-        for s in sources:
-            if s.name == names[-2]:
-                return col == "*" or col in s.tainted
-        return False
-
-    def _target(self, val, sources: list, ctx: _Ctx) -> tuple[str, frozenset[str]]:
-        """('star', names) / ('column', ∅) when a target outputs event columns as they are, ('', ∅) when
-        it outputs none; expressions over event columns are refused."""
-        from pglast import ast
-
-        none = ("", frozenset())
-        if isinstance(val, ast.ColumnRef):
-            names = _colref_names(val)
-            if names[-1] == "*":
-                if len(names) == 1:
-                    carried = frozenset().union(*(s.tainted for s in sources)) if sources else frozenset()
-                    return ("star", carried) if carried else none
-                for s in sources:
-                    if s.name == names[-2] and s.tainted:
-                        return "star", s.tainted
-                return none
-            if sources and self._refers(val, sources):
-                if len(names) == 1 and any(names[0] == s.name for s in sources):
-                    raise Untranslatable("whole-row reference", "a whole-row reference to an event row")
-                return "column", frozenset()
-            return none
-        for n in _walk(val):
-            if isinstance(n, ast.ColumnRef) and sources and self._refers(n, sources):
-                raise Untranslatable("expression over event columns",
-                                     f"an expression over event {_colref_names(n)[-1]} is not translated")
-            if isinstance(n, ast.SubLink) and self._sublink_touches(n, ctx):
-                raise Untranslatable("subquery over event columns", "a scalar subquery returning event columns")
-        return none
-
-    def _sublink_touches(self, link, ctx: _Ctx) -> bool:
-        """EXISTS ignores its sub-select's output list; every other sublink uses it."""
-        from pglast import ast
-        from pglast.enums import SubLinkType
-
-        sub = link.subselect
-        if link.subLinkType == SubLinkType.EXISTS_SUBLINK and isinstance(sub, ast.SelectStmt) and \
-                sub.op == 0 and sub.withClause is None:
-            parts = (sub.fromClause, sub.whereClause, sub.groupClause, sub.havingClause, sub.sortClause)
-            return self._touches(sub, ctx, columns_in=parts)
-        return self._touches(sub, ctx)
-
-    def _hidden_target(self, source: _Source, fresh: bool = False, payload: bool = False):
-        """The hidden era column for ``source``; ``fresh`` reads the era with a new snapshot (RETURNING).
-
-        When a major-2 result outputs the events table's payload, the hidden column is text and carries the
-        projected payload too (``read_v2p``; see proxy.projection); otherwise it is the smallint era."""
+    def _copy(self, stmt):
         from pglast import ast, parse_sql
 
-        if source.direct:
-            q = _quote(source.name)
-            run_id = f"{q}.{_quote(self.host.run_id_column)}"
-            era = self._era_now_sql(run_id) if fresh else self._era_sql(self.host, run_id)
-            if payload and self.major == 2:
-                expr = (self._returned_project_sql(self.host, q) if fresh
-                        else self._read_project_sql(self.host, era, q))
-            else:
-                expr = self._read_check_sql(self.major, era, f"{q}.{_quote(self.host.type_column)}",
-                                            f"{q}.{_quote(self.host.run_id_column)}", f"{q}.sequence")
-        else:
-            expr = f"{_quote(source.name)}.{HIDDEN}"
-        node = parse_sql(f"SELECT {expr}")[0].stmt.targetList[0].val
-        return ast.ResTarget(name=HIDDEN, val=node)
+        if stmt.relation is not None:
+            if stmt.is_from or not self._is_events(stmt.relation):
+                return None  # COPY events FROM: a write, the writer rule's business
+            cols = ", ".join(_quote(c.sval) for c in stmt.attlist) if stmt.attlist else "*"
+            query = parse_sql(f"SELECT {cols} FROM {SEAT_SCHEMA}.{VIEW[self.major]} AS {_quote(self._table)}")[0].stmt
+            stmt.relation = None
+            stmt.attlist = None
+            stmt.query = query
+            return stmt
+        if stmt.query is not None:
+            changed = self._substitute(stmt.query)
+            stmt.query, more = self._root(stmt.query)
+            self._leftovers(stmt)
+            return stmt if changed or more else None
+        return None
 
-    # ---- INSERT/UPDATE/DELETE
+    # ---- RETURNING
 
-    def _dml(self, stmt, ctx: _Ctx) -> frozenset[str] | None:
+    def _returned(self, write, source: str):
+        """A SELECT of ``write``'s RETURNING list over the translated rows of the CTE ``source``."""
+        from pglast import parse_sql
+
+        h = self.host
+        alias = write.relation.alias.aliasname if write.relation.alias else write.relation.relname
+
+        def arg(name: str | None, cast: str) -> str:
+            return f"(openwop_seat_w.{_quote(name)})::{cast}" if name and name in self.columns else f"NULL::{cast}"
+
+        call = (f"{SEAT_SCHEMA}.{ROW_FUNCTION[self.major]}({arg(h.type_column, 'text')}, "
+                f"{arg(h.payload_column, 'jsonb')}, {arg(h.run_id_column, 'text')}, {arg('sequence', 'bigint')}, "
+                f"{arg(h.event_id_column, 'text')}, {arg(h.node_id_column, 'text')})")
+        translated = {h.type_column: "openwop_seat_r.type", h.payload_column: "openwop_seat_r.payload"}
+        cols = ", ".join(f"{translated[c]} AS {_quote(c)}" if c in translated else f"openwop_seat_w.{_quote(c)}"
+                         for c in self.columns)
+        select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w "
+                           f"CROSS JOIN LATERAL {call} openwop_seat_r) AS {_quote(alias)}")[0].stmt
+        select.targetList = write.returningClause.exprs
+        return select
+
+    def _star_returning(self, write):
         from pglast import ast
 
-        if stmt.withClause is not None:
-            self._with(stmt.withClause, ctx)
-        rel = stmt.relation
-        target_is_events = rel is not None and self._is_events(rel) and not (
-            rel.schemaname is None and rel.relname in ctx.ctes)
-        if isinstance(stmt, ast.InsertStmt):
-            if stmt.selectStmt is not None and self._touches(stmt.selectStmt, ctx):
-                kind = "copy of event rows" if target_is_events else "copy of event columns into another table"
-                raise Untranslatable(kind, f"{kind}: INSERT … SELECT of event type/payload is not translated")
-        else:
-            extra = getattr(stmt, "fromClause", None) or getattr(stmt, "usingClause", None) or ()
-            from_sources: list[_Source] = []
-            for item in extra:
-                self._from_item(item, ctx, from_sources)
-            if from_sources and self._touches(stmt, ctx):
-                raise Untranslatable("write joined with event columns",
-                                     "UPDATE … FROM / DELETE … USING over event type/payload is not translated")
-            if not target_is_events:
-                for clause in (getattr(stmt, "whereClause", None), getattr(stmt, "targetList", None)):
-                    self._reject_event_columns(clause, ctx, "write derived from event columns")
-        if not target_is_events:
-            return None
-        source = _Source(rel.alias.aliasname if rel.alias else rel.relname, True, self._event_columns)
-        if isinstance(stmt, (ast.UpdateStmt, ast.DeleteStmt)):
-            self._no_event_columns(stmt.whereClause, [source], ctx, "a predicate on")
-        if isinstance(stmt, ast.UpdateStmt):
-            for target in stmt.targetList or ():
-                self._no_event_columns(target.val, [source], ctx, "an assignment from")
-        returning = stmt.returningClause.exprs if stmt.returningClause is not None else ()
-        tainted: set[str] = set()
-        payload_out = False
-        for target in returning:
-            kind, names = self._target(target.val, [source], ctx)
-            if kind == "star":
-                tainted |= names
-                payload_out = True
-            elif kind == "column":
-                tainted.add(target.name or _colref_names(target.val)[-1])
-                payload_out = payload_out or _colref_names(target.val)[-1] == self.host.payload_column
-        if not tainted:
-            return None
-        stmt.returningClause.exprs = tuple(returning) + (self._hidden_target(source, fresh=True,
-                                                                             payload=payload_out),)
-        return frozenset(tainted)
+        write.returningClause = ast.ReturningClause(exprs=(ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),))),))
+
+    def _wrap_returning(self, write):
+        """``WITH …, written AS (write RETURNING *) SELECT <its RETURNING list> FROM <translated rows>``."""
+        from pglast import ast
+
+        select = self._returned(write, WRITTEN)
+        ctes = list(write.withClause.ctes) if write.withClause is not None else []
+        recursive = bool(write.withClause and write.withClause.recursive)
+        write.withClause = None
+        self._star_returning(write)
+        ctes.append(ast.CommonTableExpr(ctename=WRITTEN, ctequery=write))
+        select.withClause = ast.WithClause(ctes=tuple(ctes), recursive=recursive)
+        return select
+
+    def _wrap_cte_writes(self, stmt) -> bool:
+        """Data-modifying CTEs that write the events table with RETURNING: each returns translated rows."""
+        from pglast import ast
+
+        out, changed = [], False
+        for i, cte in enumerate(stmt.withClause.ctes):
+            q = cte.ctequery
+            if self._returning_write(q):
+                if q.withClause is not None:
+                    raise Untranslatable("nested WITH in a data-modifying CTE",
+                                         "a data-modifying CTE with its own WITH over the events table")
+                source = f"{WRITTEN}_{i}"
+                select = self._returned(q, source)
+                self._star_returning(q)
+                out.append(ast.CommonTableExpr(ctename=source, ctequery=q))
+                cte.ctequery = select
+                changed = True
+            out.append(cte)
+        stmt.withClause.ctes = tuple(out)
+        return changed
+
+
+# Catalog functions that run a query given as text, or read whole tables or schemas, on the server.
+QUERY_RUNNING_FUNCTIONS = frozenset((
+    "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "table_to_xml", "table_to_xmlschema",
+    "table_to_xml_and_xmlschema", "schema_to_xml", "schema_to_xmlschema", "schema_to_xml_and_xmlschema",
+    "database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema", "cursor_to_xml",
+    "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "dblink", "dblink_exec", "dblink_open", "dblink_send_query"))
+_NEEDLES = ("u&", SEAT_SCHEMA, "to_xml", "ts_stat", "ts_rewrite", "dblink")
+
+_QUERY_STATEMENTS: tuple = ()
+_KIND = {"ViewStmt": "a view", "RuleStmt": "a rule", "CreateFunctionStmt": "a function body",
+         "CreatePolicyStmt": "a policy", "AlterPolicyStmt": "a policy", "MergeStmt": "MERGE",
+         "CreateStatsStmt": "extended statistics"}
+
+
+def _init_kinds() -> None:
+    global _QUERY_STATEMENTS
+    from pglast import ast
+
+    _QUERY_STATEMENTS = (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt, ast.ExplainStmt,
+                         ast.DeclareCursorStmt, ast.PrepareStmt, ast.CreateTableAsStmt)
+
+
+_init_kinds()
+
+
+def _cost(sql: str, plan: Plan) -> int:
+    """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
+    return len(sql) + (len(plan.text) if plan.changed else 0) + 200
 
 
 def _seat_setting(stmt) -> str:

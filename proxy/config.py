@@ -128,6 +128,10 @@ class Config:
     workers: int = field(default_factory=lambda: cpu_count())
     max_client_conn: int = 1000  # sessions past their startup packet; more are refused with 53300
     client_idle_timeout: float = 0.0  # seconds; 0: off. Closes idle sessions (not in a transaction) with 57P05
+    # The statement plans each worker keeps per major (texts and rewrites), in bytes; and the largest statement
+    # naming the events table it analyses (a larger one is refused: parsing runs on the event loop).
+    plan_cache_bytes: int = 32 << 20
+    max_statement_bytes: int = 1 << 20
     metrics_listen: HostPort | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
@@ -213,7 +217,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
-                   "startup_timeout", "buffer_limit", "max_client_conn", "client_idle_timeout", "workers"})
+                   "startup_timeout", "buffer_limit", "max_client_conn", "client_idle_timeout", "workers",
+                   "plan_cache_bytes", "max_statement_bytes"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -236,6 +241,9 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         kwargs["max_client_conn"] = _integer(proxy["max_client_conn"], "proxy.max_client_conn", 1)
     if "client_idle_timeout" in proxy:
         kwargs["client_idle_timeout"] = _number(proxy["client_idle_timeout"], "proxy.client_idle_timeout", 0)
+    for key, low in (("plan_cache_bytes", 0), ("max_statement_bytes", 1024)):
+        if key in proxy:
+            kwargs[key] = _integer(proxy[key], f"proxy.{key}", low)
     rules = proxy.get("clients", [])
     if not isinstance(rules, list):
         raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")

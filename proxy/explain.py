@@ -2,16 +2,16 @@
 
 It runs the classifier ``serve`` runs (:class:`proxy.classify.Classifier`, built
 from the same ``[host]`` configuration) and prints, per statement, whether it
-passes untouched, is rewritten (which result columns carry event type/payload,
-and the text sent instead), or is refused (the kind, the reason and the error
-the client gets).
+passes untouched, is rewritten to read the seat's translated relation (and the
+text sent instead), or is refused (the kind, the reason and the error the
+client gets).
 
 What it cannot know without the database (``serve`` learns these at start):
 
 * results of views over the events table pass the classifier and are refused
   only when their rows arrive (``result_untranslatable``, ``OW007``);
-* ``serve`` drops ``[host]`` event_id/node_id/tenant columns the tables do not
-  have from the projection's arguments; here they are used as configured;
+* the events table's own column order (``serve`` reads it; here the reference
+  host's columns are assumed for a RETURNING list);
 * a session on a database other than ``host.dsn``'s is relayed untranslated
   whatever its major; here the session is assumed to be on the host database.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from .classify import HIDDEN, PASS, REFUSE, TRANSLATE, Classifier
+from .classify import PASS, REFUSE, TRANSLATE, VIEW, Classifier
 from .config import Config
 from .errors import ERRORS
 
@@ -60,12 +60,11 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
     for i, st in enumerate(plan.statements, 1):
         head = f"statement {i}: " if len(plan.statements) > 1 else ""
         if st.action == PASS:
-            out(f"{head}passthrough: sent as written (it returns no event type or payload column)")
+            out(f"{head}passthrough: sent as written (it reads nothing of the events table)")
         elif st.action == TRANSLATE:
-            out(f"{head}translated: event columns in the result: {', '.join(st.columns)}")
+            out(f"{head}translated: the events table is read as openwop_seat.{VIEW[major]}")
             out(f"  {_WHAT[major]}")
             out(f"  sent: {st.sql}")
-            out(f"  the seat strips the column {HIDDEN} from the result and maps each row by it")
         else:
             out(f"{head}refused ({st.kind}): {st.detail}")
             out(f"  the client gets SQLSTATE {refusal.sqlstate} ({refusal.code}, HTTP {refusal.http_status}); "

@@ -70,7 +70,6 @@ class Stats:
         self.bytes_out = 0
         self.refusals: Counter[str] = Counter()
         self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
-        self.rows_translated: Counter[int] = Counter()  # by reader major
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
         self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
         # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).
@@ -79,36 +78,12 @@ class Stats:
         # Shared with every session's read path (`ReadPath.attach`); raw sessions add theirs at close.
         self.statements: Counter[tuple[str, str]] = Counter()  # by (class, protocol)
         self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses relayed to clients, by SQLSTATE
-        self.payloads: Counter[tuple[str, str, str]] = Counter()  # (projected|boxed|missing, v2 type, key)
         self.seat_seconds = {"client": Histogram(), "upstream": Histogram()}  # seat's own time per chunk
         self.statement_seconds = Histogram()  # Sync/Query forwarded -> its ReadyForQuery forwarded
         self.parse_seconds = Histogram()  # classifier cache misses
 
     def count_refusal(self, sqlstate: str) -> None:
         self.refusals[sqlstate] += 1
-
-
-def payload_families(counts):
-    """The payload projection's counters (issue #5): payloads projected, keys boxed, required keys missing."""
-    projected = CounterMetricFamily("openwop_seat_payloads_projected",
-                                    "Era-2 payloads the projection changed for major-2 readers, by v2 type",
-                                    labels=["type"])
-    boxed = CounterMetricFamily("openwop_seat_payload_keys_boxed",
-                                "Keys without a seat carried under x-v1 in a hatched definition, by v2 type",
-                                labels=["type"])
-    missing = CounterMetricFamily("openwop_seat_payload_required_missing",
-                                  "Projected rows still missing a key the v2 definition requires, by type and key",
-                                  labels=["type", "key"])
-    for (what, v2type, key), n in sorted(counts.items()):
-        if what == "projected":
-            projected.add_metric([v2type], n)
-        elif what == "boxed":
-            boxed.add_metric([v2type], n)
-        else:
-            missing.add_metric([v2type, key], n)
-    yield projected
-    yield boxed
-    yield missing
 
 
 class SeatCollector:
@@ -153,20 +128,17 @@ class SeatCollector:
         for sqlstate, n in sorted(stats.refusals.items()):
             c.add_metric([sqlstate], n)
         yield c
-        rows = Counter(stats.rows_translated)
         refused = Counter(stats.statements_refused)
+        prepared = 0
         for s in live:
             if s.reader is not None:
-                rows[s.reader.major] += s.reader.rows_translated
                 refused.update(s.reader.refusals)
-        c = CounterMetricFamily("openwop_seat_rows_translated",
-                                "Event rows whose type the seat mapped, by reader major, row era and direction",
-                                labels=["major", "era", "direction"])
-        # major 2 maps era-2 rows v1 -> v2; major 1 maps era-3 rows v2 -> v1 (ReadPath.map_era)
-        c.add_metric(["1", "3", "v2_to_v1"], rows[1])
-        c.add_metric(["2", "2", "v1_to_v2"], rows[2])
-        yield c
-        yield from payload_families(stats.payloads)
+                prepared += len(s.reader.prepared)
+        g = GaugeMetricFamily("openwop_seat_prepared_statements",
+                              "Server-side statements the seat prepared for translated unnamed statements "
+                              "(plan once per session), over the open sessions")
+        g.add_metric([], prepared)
+        yield g
         c = CounterMetricFamily("openwop_seat_statements_refused",
                                 "Statements refused as untranslatable, by kind", labels=["kind"])
         for kind, n in sorted(refused.items()):
@@ -185,10 +157,15 @@ class SeatCollector:
             for major, classifier in sorted(ctx.classifiers.items()):
                 g.add_metric([str(major)], classifier.size)
             yield g
-            g = GaugeMetricFamily("openwop_seat_parse_cache_capacity", "Configured plans per classifier cache",
+            g = GaugeMetricFamily("openwop_seat_parse_cache_bytes", "Bytes held by the classifier cache",
                                   labels=["major"])
             for major, classifier in sorted(ctx.classifiers.items()):
-                g.add_metric([str(major)], classifier.cache_size)
+                g.add_metric([str(major)], classifier.bytes)
+            yield g
+            g = GaugeMetricFamily("openwop_seat_parse_cache_capacity_bytes",
+                                  "Configured bytes per classifier cache (proxy.plan_cache_bytes)", labels=["major"])
+            for major, classifier in sorted(ctx.classifiers.items()):
+                g.add_metric([str(major)], classifier.cache_bytes)
             yield g
         yield from self._connections(stats)
         yield from self._statements(stats, live, refused)

@@ -1,58 +1,61 @@
-"""The read path, sans-IO: rewrites event-reading statements and translates their rows.
+"""The read path, sans-IO: rewrites the statements of a translated session; its rows pass as sent.
 
-It sees every client message the session captures and every server message
-while a translated result may be in flight, and keeps a FIFO of the responses
-the server owes, exactly as PostgreSQL orders them (extended protocol: one
-entry per Parse/Bind/Describe/Execute/Close/Sync; simple protocol: one per
-Query). With that it knows, for each RowDescription and DataRow, which
-statement produced it, so it can:
+Every statement text a translated session sends (Query, Parse) goes through
+the classifier (:mod:`proxy.classify`), which substitutes the seat's translated
+relation for the events table.  The rows then come back from the server
+already translated, so the seat relays every DataRow as the server sent it and
+never frames the server's stream for a translated result.
 
-- strip the hidden era column from RowDescription and every DataRow;
-- map each row's `type` by its era and the reader's major (splicing bytes,
-  never re-encoding the row);
-- present a refused statement's error at the place PostgreSQL would have.
+Two things still need the order of the server's answers:
 
-Most statements on a host database never touch the events table, so the FIFO
-is kept only while some answer must be looked at. While nothing owed is
-watched ("quiet"), the read path keeps just the ReadyForQuery each
-Sync/Query/FunctionCall is owed (for latency) and the kinds of the extended
-messages since the last Sync; the session then relays the server's answers
-without framing them for the read path, looking only at RowDescriptions (for
-the leak check) and ReadyForQuery. The first message that touches a translated
-or refused statement turns the quiet bookkeeping into FIFO entries (one
-``Zq`` entry standing for the quiet answers still owed, then the open group's
-messages) and the FIFO takes over until it drains.
+- a *refused* statement is replaced by a *poison* statement that fails on the
+  server at parse analysis (so the server's transaction, pipeline and
+  ReadyForQuery are exactly those of a PostgreSQL error), and the seat swaps the
+  poison's error for its own ``statement_untranslatable``.  For that the read
+  path keeps a FIFO of the responses the server owes, exactly as PostgreSQL
+  orders them, until the poison's answer is in;
+- the leak check: a RowDescription field that comes from the events table's
+  own ``type`` (or, for major 2, ``payload``) column, or from a view over them
+  that is not the seat's, can only mean untranslated values; the session is
+  closed rather than relay them (``OW007``).  A substring test on the table
+  OIDs keeps this off the parse path.
 
-Refusals never depend on the seat alone: a row the reader rule cannot read
-fails inside the server (the hidden column's check raises), and a refused
-statement is replaced by a *poison* statement that fails on the server, so the
-server's transaction, pipeline and ReadyForQuery state are exactly those of a
-PostgreSQL error. The seat only swaps the poison's error for its own.
+Plan once per session.  The reference host sends every parameterised query as
+an unnamed Parse, which PostgreSQL parses, rewrites and plans again at every
+execution; for a statement over the translated relation that costs more than
+the page itself.  While the read path is quiet, an unnamed Parse of a
+translated statement is sent once as a *named* server-side statement
+(``openwop_seat_<n>``), and later unnamed Parses of the same text (and
+parameter types) become an empty unnamed Parse (the client still gets its
+ParseComplete, from the server) while the Bind and Describe that follow name
+the prepared statement.  A name is trusted only once the ReadyForQuery of its
+group arrived with no error in that group; names are never reused, so a
+statement the server did not keep cannot be mistaken for one it did.
+``DISCARD``/``DEALLOCATE`` forget them all.
 """
 
 from __future__ import annotations
 
 import struct
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from time import perf_counter
 
 import orjson
 
-from .classify import HIDDEN, PASS, REFUSE, Classifier, Plan
+from .classify import PASS, REFUSE, Classifier, Plan
 from .errors import BY_SQLSTATE, ERRORS
 from .wire import messages
+from .wire.codec import ProtocolViolation
 
 _I16 = struct.Struct("!h")
 _U16 = struct.Struct("!H")
 _I32 = struct.Struct("!i")
-_HIDDEN_B = HIDDEN.encode()
-_TEXT_OID = 25
-_META = b"\x1e"  # read_v2p: era, projected payload, then counts after this separator (proxy.projection)
-_JSONB_VERSION = b"\x01"
 
 # A statement that always fails at parse analysis, on any server, whatever the client bound.
 POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
+PREPARED_PREFIX = "openwop_seat_"
+MAX_PREPARED = 256  # server-side statements the seat keeps per session (then it stops adding)
 
 # Statement classes for the metrics: a statement the classifier left alone counts as an event write when it
 # starts with one of these keywords and names the events table soon after (no parse: a cheap approximation,
@@ -71,58 +74,22 @@ class EventColumns:
 
     table_oid: int
     type_attnum: int
-    # Views (and materialized views) that read events.type: their rows cannot be translated.
+    # Views (and materialized views) that read events.type, the seat's own excepted: their rows are untranslated.
     derived_oids: frozenset[int] = frozenset()
     payload_attnum: int = 0  # 0: unknown (no payload column is recognised)
-    # Views that read events.payload: their payloads cannot be projected (major 2 only).
+    # Views that read events.payload, the seat's own excepted (major 2 only).
     derived_payload_oids: frozenset[int] = frozenset()
-
-
-@dataclass
-class Layout:
-    """The shape of one result: which columns are hidden and which carry an event type."""
-
-    hidden: tuple[int, ...]
-    types: tuple[int, ...]
-    ncols: int  # as the server sends them, hidden included
-    era_binary: bool = False
-    derived: bool = False  # some column comes from a view over events.type
-    payloads: tuple[int, ...] = ()  # columns that are the events table's payload
-    hidden_text: bool = False  # the hidden column is read_v2p's text (era, projected payload, counts)
-    payload_binary: tuple[bool, ...] = ()  # per payload column: sent in binary (jsonb version byte first)
-    derived_payload: bool = False  # some column comes from a view over events.payload
-
-    @property
-    def translated(self) -> bool:
-        return bool(self.hidden)
-
-    def __post_init__(self) -> None:
-        # The columns a row changes, in order, as (index, what): 0 hidden (dropped), 1 type, 2 payload.
-        self.cuts_mapped = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types])
-        self.cuts_projected = sorted([(i, 0) for i in self.hidden] + [(i, 1) for i in self.types]
-                                     + [(i, 2) for i in self.payloads])
-        self.cuts_plain = [(i, 0) for i in sorted(self.hidden)]
-        # The one hidden column is the last (a plain `SELECT …` or `RETURNING …`): a row whose era column is
-        # just the era (nothing projected) is spliced without walking past the last type column.
-        self.hidden_last = self.hidden == (self.ncols - 1,)
-        self.types_sorted = tuple(sorted(self.types))
-        self.ncols_out = _I16.pack(self.ncols - len(self.hidden))
 
 
 @dataclass
 class Statement:
     plan: Plan
-    layout: Layout | None = None  # from a Describe of the statement (formats unknown there)
-    described: bool = False  # a Describe of it was sent: its layout arrives before any of its rows
     cls: str = "passthrough"  # its class for the statement metrics, counted per Execute
 
 
 @dataclass
 class Portal:
     statement: Statement | None
-    result_formats: tuple[int, ...]
-    layout: Layout | None = None
-    described: bool = False
 
 
 @dataclass(slots=True)
@@ -131,15 +98,11 @@ class Entry:
 
     kind: str  # 'P', 'B', 'DS', 'DP', 'E', 'C', 'S', 'Q', 'F'; 'Zq': the quiet answers owed before it
     name: str = ""
-    statement: Statement | None = None
-    portal: Portal | None = None
     refusal: object = None  # the refused StatementPlan, when this entry carries a poison
-    injected: bool = False  # a Describe the seat added itself: its answer is swallowed
     plan: Plan | None = None  # for 'Q'
     poison_index: int = -1  # for 'Q': which statement is the poison
     stmt_index: int = 0  # for 'Q': statements completed so far
-    layout: Layout | None = None  # for 'Q': the current result's layout
-    watched: bool = False  # its answers must be looked at (rewritten or swallowed)
+    watched: bool = False  # its answers must be looked at (an error swapped)
     t0: float = 0.0  # for 'S', 'Q', 'F': when it was sent (statement latency)
 
 
@@ -147,62 +110,33 @@ class Entry:
 _QUIET_KINDS = {0x50: "P", 0x42: "B", 0x45: "E", 0x43: "C"}
 
 
-def parse_row_description(body: bytes, events: EventColumns | None) -> tuple[Layout, list[tuple[int, int]]]:
-    """The layout of a RowDescription and the (start, end) byte span of each field in ``body``."""
+def leak_of(body: bytes, events: EventColumns, major: int) -> str:
+    """Why a RowDescription carries untranslated event values ('' when it does not)."""
     (n,) = _I16.unpack_from(body, 0)
     pos = 2
-    spans, hidden, types, payloads, payload_formats = [], [], [], [], []
-    binary_hidden = derived = hidden_text = derived_payload = False
-    for i in range(n):
+    for _ in range(n):
         end = body.index(b"\x00", pos)
-        name = body[pos:end]
-        table_oid, attnum, type_oid = struct.unpack_from("!IhI", body, end + 1)
-        fmt = _I16.unpack_from(body, end + 17)[0]
-        field_end = end + 19
-        spans.append((pos, field_end))
-        if name == _HIDDEN_B:
-            hidden.append(i)
-            binary_hidden = binary_hidden or fmt == 1
-            hidden_text = hidden_text or type_oid == _TEXT_OID
-        elif events is not None and table_oid == events.table_oid and attnum == events.type_attnum:
-            types.append(i)
-        elif events is not None and table_oid == events.table_oid and attnum == events.payload_attnum:
-            payloads.append(i)
-            payload_formats.append(fmt == 1)  # 0 in a statement Describe's answer: the portal's formats decide
-        elif events is not None and table_oid in events.derived_oids:
-            derived = True
-        if events is not None and table_oid in events.derived_payload_oids:
-            derived_payload = True
-        pos = field_end
-    return Layout(tuple(hidden), tuple(types), n, binary_hidden and not hidden_text, derived, tuple(payloads),
-                  hidden_text, tuple(payload_formats), derived_payload), spans
-
-
-def strip_row_description(body: bytes, layout: Layout, spans) -> bytes:
-    keep = [body[a:b] for i, (a, b) in enumerate(spans) if i not in layout.hidden]
-    return messages.message(b"T", _I16.pack(len(keep)) + b"".join(keep))
-
-
-def type_fields_of(type_map: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    """``type_map`` with each key and value as a DataRow field: the int32 length, then the bytes."""
-    return {_I32.pack(len(k)) + k: _I32.pack(len(v)) + v for k, v in type_map.items()}
+        table_oid, attnum = struct.unpack_from("!Ih", body, end + 1)
+        pos = end + 19
+        if table_oid == events.table_oid and attnum == events.type_attnum:
+            return "the events table's type column as stored"
+        if table_oid in events.derived_oids:
+            return "a column of a view over the events table's type column"
+        if major == 2:
+            if table_oid == events.table_oid and attnum == events.payload_attnum and attnum:
+                return "the events table's payload column as stored"
+            if table_oid in events.derived_payload_oids:
+                return "a column of a view over the events table's payload column"
+    return ""
 
 
 class ReadPath:
     """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one)."""
 
-    def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
-                 v1_to_v2: dict[bytes, bytes], v2_to_v1: dict[bytes, bytes] | None,
-                 type_fields: dict[bytes, bytes] | None = None):
+    def __init__(self, classifier: Classifier, major: int, events: EventColumns | None):
         self.classifier = classifier
         self.major = major
         self.events = events
-        self.type_map = v1_to_v2 if major == 2 else (v2_to_v1 or {})
-        # The same as whole DataRow fields (length included), for the fast path; shared by every session of a
-        # seat (`type_fields_of`), since a dict per session would cost kilobytes per idle connection.
-        self.type_fields = type_fields if type_fields is not None else type_fields_of(self.type_map)
-        self.map_era = b"2" if major == 2 else b"3"  # rows of this era are mapped for this reader
-        self.map_era_bin = b"\x00\x02" if major == 2 else b"\x00\x03"
         self.pending: deque[Entry] = deque()
         # Quiet bookkeeping (nothing owed is watched): when each quiet Sync/Query/FunctionCall was sent,
         # oldest first (one ReadyForQuery owed each), and the FIFO kinds of the open extended group.
@@ -212,16 +146,19 @@ class ReadPath:
         # over it: a RowDescription holding none of them cannot leak (a substring test, no parsing).
         self._leak_oids = () if events is None else tuple(
             struct.pack("!I", oid) for oid in {events.table_oid, *events.derived_oids, *events.derived_payload_oids})
-        self.statements: dict[str, Statement] = {}
+        self.statements: dict[str, Statement] = {}  # named statements that are not passthrough, for the metrics
         self.portals: dict[str, Portal] = {}
         self.active = 0  # pending entries whose answers the seat must inspect
-        self.rows_translated = 0
         self.refusals: list[str] = []
+        # Plan once per session: rewritten text (+ parameter types) -> the server-side statement holding it.
+        self.prepared: dict[bytes, str] = {}
+        self.preparing: list[list] = []  # [key, name, ReadyForQuery index that ends its group, failed]
+        self.unnamed: str | None = None  # the prepared statement the client's unnamed statement stands for
+        self.readies = 0  # ReadyForQuery messages seen while quiet
+        self._names = 0
         # Metrics; `attach` swaps in the process-wide ones (plain additions either way).
         self.statement_counts: Counter[tuple[str, str]] = Counter()  # (class, protocol)
         self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses passed on, by SQLSTATE
-        # Payload projection: (what, v2 type, key) for what in projected / boxed (keys) / missing (required)
-        self.payload_counts: Counter[tuple[str, str, str]] = Counter()
         self.statement_seconds = None  # a metrics.Histogram, or None
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
@@ -230,7 +167,6 @@ class ReadPath:
         """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
         self.statement_counts = stats.statements
         self.server_errors = stats.server_errors
-        self.payload_counts = stats.payloads
         self.statement_seconds = stats.statement_seconds
         self.parse_seconds = stats.parse_seconds
         self.on_refusal = on_refusal
@@ -277,23 +213,33 @@ class ReadPath:
         return not self.pending
 
     def on_client(self, t: int, body: bytes) -> bytes | None:
-        """Account for one client message; returns replacement bytes, or None to forward it as is."""
-        if not self.pending and self._quiet_client(t, body):
-            return None
-        return self._on_client(t, body)
+        """Account for one client message; returns replacement bytes, or None to forward it as is.
 
-    def _quiet_client(self, t: int, body: bytes) -> bool:
-        """Quiet bookkeeping of one client message; False when it needs the FIFO (it touches a translated
-        or refused statement, or a group the quiet bookkeeping cannot follow), which then takes over."""
+        A message whose body does not hold what its type promises raises ProtocolViolation (08P01), as
+        PostgreSQL ends such a session."""
+        try:
+            if not self.pending:
+                done, replacement = self._quiet_client(t, body)
+                if done:
+                    return replacement
+            return self._on_client(t, body)
+        except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
+            raise ProtocolViolation(f"invalid {chr(t)!r} message from the client: {e}") from None
+
+    def _quiet_client(self, t: int, body: bytes) -> tuple[bool, bytes | None]:
+        """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
+        needs the FIFO (a refused statement, or a group the quiet bookkeeping cannot follow)."""
         if t == 0x53:  # 'S' Sync
             self.quiet_sent.append(perf_counter())
             self.quiet_group.clear()
-            return True
+            return True, None
+        replacement = None
         if t == 0x50:  # 'P'
             name_end = body.index(b"\x00")
-            sql = body[name_end + 1:body.index(b"\x00", name_end + 1)].decode("utf-8", "surrogateescape")
+            sql_end = body.index(b"\x00", name_end + 1)
+            sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
             plan = self._classify(sql)
-            if plan.changed or plan.refused is not None:
+            if plan.refused is not None:
                 return self._unquiet()
             name = body[:name_end].decode()
             cls = self._class_of(plan.statements[0]) if plan.statements else "passthrough"
@@ -302,66 +248,95 @@ class ReadPath:
                     self.statements.pop(name, None)
             else:
                 self.statements[name] = Statement(plan, cls=cls)
+            if not name:
+                self.unnamed = None
+            if _forgets_prepared(sql):
+                self._forget_prepared()
+            if plan.changed:
+                replacement = self._translated_parse(name, plan.text, body[sql_end + 1:])
         elif t == 0x42:  # 'B'
             portal_end = body.index(b"\x00")
-            st = self.statements.get(body[portal_end + 1:body.index(b"\x00", portal_end + 1)].decode()) \
-                if self.statements else None
+            stmt_end = body.index(b"\x00", portal_end + 1)
+            stmt = body[portal_end + 1:stmt_end]
+            st = self.statements.get(stmt.decode()) if self.statements else None
             if st is not None:
-                if st.plan.translated:
-                    return self._unquiet()
-                self.portals[body[:portal_end].decode()] = Portal(st, ())
+                self.portals[body[:portal_end].decode()] = Portal(st)
             elif self.portals:
                 self.portals.pop(body[:portal_end].decode(), None)
+            if not stmt and self.unnamed is not None:
+                replacement = messages.message(b"B", body[:portal_end + 1] + self.unnamed.encode() + body[stmt_end:])
         elif t == 0x45:  # 'E'
             portal = self.portals.get(body[:body.index(b"\x00")].decode()) if self.portals else None
             st = portal.statement if portal is not None else None
-            if st is not None and st.plan.translated:
-                return self._unquiet()
             self.statement_counts[st.cls if st is not None else "passthrough", "extended"] += 1
         elif t == 0x44:  # 'D'
-            name = body[1:-1].decode()
-            if body[:1] == b"S":
-                st = self.statements.get(name) if self.statements else None
-                kind = "DS"
-            else:
-                portal = self.portals.get(name) if self.portals else None
-                st = portal.statement if portal is not None else None
-                kind = "DP"
-            if st is not None and st.plan.translated:
-                return self._unquiet()
-            self.quiet_group.append(kind)
-            return True
+            kind = body[:1]
+            if kind == b"S" and body == b"S\x00" and self.unnamed is not None:
+                replacement = messages.message(b"D", b"S" + self.unnamed.encode() + b"\x00")
+            self.quiet_group.append("DS" if kind == b"S" else "DP")
+            return True, replacement
         elif t == 0x43:  # 'C' Close
-            (self.statements if body[:1] == b"S" else self.portals).pop(body[1:-1].decode(), None)
+            kind, name = body[:1], body[1:-1].decode()
+            (self.statements if kind == b"S" else self.portals).pop(name, None)
+            if kind == b"S" and not name:
+                self.unnamed = None
         elif t == 0x51:  # 'Q'
             if self.quiet_group:
                 return self._unquiet()
-            plan = self._classify(body[:-1].decode("utf-8", "surrogateescape"))
-            if plan.changed:
+            sql = body[:-1].decode("utf-8", "surrogateescape")
+            plan = self._classify(sql)
+            if plan.refused is not None:
                 return self._unquiet()
+            self.unnamed = None  # a simple Query destroys the unnamed statement
+            if _forgets_prepared(sql):
+                self._forget_prepared()
             counts = self.statement_counts
             for st in plan.statements:
                 counts[self._class_of(st), "simple"] += 1
             self.quiet_sent.append(perf_counter())
-            return True
-        elif t == 0x46:  # 'F' FunctionCall
-            if self.quiet_group:
-                return self._unquiet()
-            self.quiet_sent.append(perf_counter())
-            return True
+            return True, (messages.query(plan.text) if plan.changed else None)
+        elif t == 0x46:  # 'F' FunctionCall: a function by OID, out of the seat's sight
+            return self._unquiet()
         else:  # Flush, Terminate, COPY traffic: nothing owed
-            return True
+            return True, None
         self.quiet_group.append(_QUIET_KINDS[t])
-        return True
+        return True, replacement
 
-    def _unquiet(self) -> bool:
+    def _translated_parse(self, name: str, text: str, tail: bytes) -> bytes:
+        """The Parse to send for a translated statement: the rewritten text; an unnamed one as a named
+        server-side statement, prepared once per session."""
+        if name:
+            return messages.message(b"P", name.encode() + b"\x00" + text.encode("utf-8", "surrogateescape")
+                                    + b"\x00" + tail)
+        key = text.encode("utf-8", "surrogateescape") + b"\x00" + tail
+        prepared = self.prepared.get(key)
+        if prepared is not None:
+            self.unnamed = prepared
+            return messages.message(b"P", b"\x00\x00\x00\x00")  # an empty unnamed statement: ParseComplete
+        if len(self.prepared) + len(self.preparing) >= MAX_PREPARED:
+            return messages.message(b"P", b"\x00" + key)
+        self._names += 1
+        prepared = f"{PREPARED_PREFIX}{self._names}"
+        # trusted once the ReadyForQuery of this group (after those already owed) came without an error
+        self.preparing.append([key, prepared, self.readies + len(self.quiet_sent) + 1, False])
+        self.unnamed = prepared
+        return messages.message(b"P", prepared.encode() + b"\x00" + key)
+
+    def _forget_prepared(self) -> None:
+        self.prepared.clear()
+        self.preparing.clear()
+        self.unnamed = None
+
+    def _unquiet(self) -> tuple[bool, None]:
         """Hand the quiet bookkeeping to the FIFO: the answers still owed, then the open group's messages."""
         if self.quiet_sent:
             self.pending.append(Entry("Zq"))
         for kind in self.quiet_group:
             self.pending.append(Entry(kind))
         self.quiet_group.clear()
-        return False
+        self.preparing.clear()  # their outcome can no longer be told apart: never trusted
+        self.unnamed = None
+        return False, None
 
     def _on_client(self, t: int, body: bytes) -> bytes | None:
         if t == 0x51:  # 'Q'
@@ -369,34 +344,21 @@ class ReadPath:
         if t == 0x50:  # 'P'
             return self._parse(body)
         if t == 0x42:  # 'B'
-            return self._bind(body)
+            portal_end = body.index(b"\x00")
+            stmt_end = body.index(b"\x00", portal_end + 1)
+            st = self.statements.get(body[portal_end + 1:stmt_end].decode())
+            self.portals[body[:portal_end].decode()] = Portal(st)
+            self._push(Entry("B"), watch=False)
+            return None
         if t == 0x44:  # 'D'
-            kind, name = body[:1], body[1:-1].decode()
-            if kind == b"S":
-                st = self.statements.get(name)
-                if st is not None:
-                    st.described = True
-                self._push(Entry("DS", name, statement=st), watch=bool(st and st.plan.translated))
-            else:
-                portal = self.portals.get(name)
-                st = portal.statement if portal else None
-                if portal is not None:
-                    portal.described = True
-                self._push(Entry("DP", name, portal=portal), watch=bool(st and st.plan.translated))
+            self._push(Entry("DS" if body[:1] == b"S" else "DP", body[1:-1].decode()), watch=False)
             return None
         if t == 0x45:  # 'E'
-            name = body[:body.index(b"\x00")].decode()
-            portal = self.portals.get(name)
-            translated = bool(portal and portal.statement and portal.statement.plan.translated)
-            injected = b""
-            if translated and not portal.described and not portal.statement.described:
-                # The client never described this result: ask the server ourselves, answer swallowed.
-                self._push(Entry("DP", name, portal=portal, injected=True), watch=True)
-                injected = messages.message(b"D", b"P" + name.encode() + b"\x00")
-            self._push(Entry("E", name, portal=portal), watch=translated)
+            portal = self.portals.get(body[:body.index(b"\x00")].decode())
+            self._push(Entry("E"), watch=False)
             self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
                                   "extended"] += 1
-            return injected + messages.message(b"E", body) if injected else None
+            return None
         if t == 0x43:  # 'C' Close
             kind, name = body[:1], body[1:-1].decode()
             (self.statements if kind == b"S" else self.portals).pop(name, None)
@@ -405,21 +367,26 @@ class ReadPath:
         if t == 0x53:  # 'S' Sync
             self._push(Entry("S", t0=perf_counter()), watch=False)
             return None
-        if t == 0x46:  # 'F' FunctionCall
-            self._push(Entry("F", t0=perf_counter()), watch=False)
-            return None
+        if t == 0x46:  # 'F' FunctionCall: refused (it names a function by OID, which the seat cannot see)
+            refusal = _FUNCTION_CALL_REFUSAL
+            entry = Entry("Q", refusal=refusal, poison_index=0, t0=perf_counter())
+            self._push(entry, watch=True)
+            self.statement_counts["refused", "function_call"] += 1
+            return messages.query(POISON_SQL)
         return None
 
     def _query(self, body: bytes) -> bytes | None:
         sql = body[:-1].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
+        if _forgets_prepared(sql):
+            self._forget_prepared()
         entry = Entry("Q", plan=plan, t0=perf_counter())
         counts = self.statement_counts
         for st in plan.statements:
             counts[self._class_of(st), "simple"] += 1
-        if not plan.changed:
+        if plan.refused is None:
             self._push(entry, watch=False)
-            return None
+            return messages.query(plan.text) if plan.changed else None
         texts = []
         for i, st in enumerate(plan.statements):
             if st.action == REFUSE and entry.poison_index < 0:
@@ -437,63 +404,53 @@ class ReadPath:
         sql_end = body.index(b"\x00", name_end + 1)
         sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
+        if _forgets_prepared(sql):
+            self._forget_prepared()
         st = Statement(plan)
         if plan.statements:
             st.cls = "refused" if plan.refused is not None else self._class_of(plan.statements[0])
         self.statements[name] = st
         if plan.refused is not None:
-            self._push(Entry("P", name, statement=st, refusal=plan.refused), watch=True)
+            self._push(Entry("P", name, refusal=plan.refused), watch=True)
             return messages.message(b"P", name.encode() + b"\x00" + POISON_SQL.encode() + b"\x00\x00\x00")
-        self._push(Entry("P", name, statement=st), watch=False)
+        self._push(Entry("P", name), watch=False)
         if not plan.changed:
             return None
-        return messages.message(b"P", body[:name_end + 1] + plan.text.encode() + body[sql_end:])
-
-    def _bind(self, body: bytes) -> bytes | None:
-        portal_end = body.index(b"\x00")
-        portal_name = body[:portal_end].decode()
-        stmt_end = body.index(b"\x00", portal_end + 1)
-        st = self.statements.get(body[portal_end + 1:stmt_end].decode())
-        pos = stmt_end + 1
-        (nfmt,) = _U16.unpack_from(body, pos)
-        pos += 2 + 2 * nfmt
-        (nparams,) = _U16.unpack_from(body, pos)
-        pos += 2
-        for _ in range(nparams):
-            (length,) = _I32.unpack_from(body, pos)
-            pos += 4 + (length if length > 0 else 0)
-        results_at = pos
-        (nres,) = _U16.unpack_from(body, pos)
-        formats = struct.unpack_from(f"!{nres}h", body, pos + 2) if nres else ()
-        portal = Portal(st, tuple(formats))
-        self.portals[portal_name] = portal
-        translated = bool(st and st.plan.translated)
-        self._push(Entry("B", portal_name, portal=portal), watch=False)
-        if translated and nres > 1 and st.layout is not None and st.layout.ncols == nres + len(st.layout.hidden):
-            # Give the hidden column(s) a text format code at their positions.
-            codes = list(formats)
-            for i in st.layout.hidden:
-                codes.insert(i, 0)
-            portal.result_formats = tuple(codes)
-            new_tail = _U16.pack(len(codes)) + struct.pack(f"!{len(codes)}h", *codes)
-            return messages.message(b"B", body[:results_at] + new_tail)
-        return None
+        return messages.message(b"P", body[:name_end + 1] + plan.text.encode("utf-8", "surrogateescape")
+                                + body[sql_end:])
 
     # ------------------------------------------------------------ server side
 
     def on_server_quiet(self, t: int, body: bytes) -> None:
         """A server message while the read path is quiet (only RowDescription, ReadyForQuery and
-        ErrorResponse are shown): the leak check, statement latency and the server's errors."""
+        ErrorResponse are shown): the leak check, statement latency, the server's errors, and the outcome
+        of the statements being prepared."""
         if t == 0x54:  # 'T'
             if self._may_leak(body):
-                self._check_leak(parse_row_description(body, self.events)[0])
+                self._check_leak(body)
         elif t == 0x5A:  # 'Z'
+            self.readies += 1
+            if self.preparing:
+                self._settle_prepared()
             if self.quiet_sent:
                 sent = self.quiet_sent.popleft()
                 if self.statement_seconds is not None:
                     self.statement_seconds.observe(perf_counter() - sent)
         elif t == 0x45:  # 'E'
+            current = self.readies + 1  # the group this error belongs to
+            for p in self.preparing:
+                if p[2] == current:
+                    p[3] = True
             self._server_error(body)
+
+    def _settle_prepared(self) -> None:
+        keep = []
+        for p in self.preparing:
+            if p[2] > self.readies:
+                keep.append(p)
+            elif not p[3]:
+                self.prepared[p[0]] = p[1]
+        self.preparing = keep
 
     def _may_leak(self, body: bytes) -> bool:
         for oid in self._leak_oids:
@@ -501,9 +458,14 @@ class ReadPath:
                 return True
         return False
 
+    def _check_leak(self, body: bytes) -> None:
+        why = leak_of(body, self.events, self.major)
+        if why:
+            raise ReadPathError(f"a result carries {why} (a view, a function or a statement shape the seat does "
+                                f"not know); the session is closed rather than pass untranslated rows")
+
     def on_server(self, t: int, body: bytes) -> bytes | None:
-        """Account for one server message: None to forward it as it is, else the bytes to send instead
-        (b"" to swallow it)."""
+        """Account for one server message: None to forward it as it is, else the bytes to send instead."""
         pending = self.pending
         head = pending[0] if pending else None
         if head is not None and head.kind == "Zq":  # answers to quiet groups, owed before the FIFO's
@@ -515,39 +477,16 @@ class ReadPath:
                 self.on_server_quiet(t, body)
             return None
         if t == 0x44:  # 'D' DataRow
-            layout = self._current_layout(head)
-            if layout is not None and layout.translated:
-                return self._translate_row(body, layout)
             return None
         if t == 0x54:  # 'T'
-            if head is None or not head.watched:  # a passthrough result: only the leak check
-                if self._may_leak(body):
-                    self._check_leak(parse_row_description(body, self.events)[0])
-                if head is not None and (head.kind == "DS" or head.kind == "DP"):
-                    self._pop()
-                return None
-            layout, spans = parse_row_description(body, self.events)
-            self._check_leak(layout)
-            if head is None:
-                return None
-            if head.kind == "Q":
-                head.layout = layout
-            elif head.kind == "DS":
+            if self._may_leak(body):
+                self._check_leak(body)
+            if head is not None and (head.kind == "DS" or head.kind == "DP"):
                 self._pop()
-                if head.statement is not None:
-                    head.statement.layout = layout
-            elif head.kind == "DP":
-                self._pop()
-                if head.portal is not None:
-                    self._set_portal_layout(head.portal, layout)
-                if head.injected:
-                    return b""
-            return strip_row_description(body, layout, spans) if layout.translated else None
+            return None
         if t == 0x6E:  # 'n' NoData
             if head is not None and head.kind in ("DS", "DP"):
                 self._pop()
-                if head.injected:
-                    return b""
             return None
         if t == 0x74:  # 't' ParameterDescription: the head stays until its 'T'/'n'
             return None
@@ -559,7 +498,6 @@ class ReadPath:
             if head is not None:
                 if head.kind == "Q":
                     head.stmt_index += 1
-                    head.layout = None
                 elif head.kind == "E":
                     self._pop()
             return None
@@ -589,59 +527,11 @@ class ReadPath:
             return None
         return None  # notices, notifications, parameter status, COPY traffic, …
 
-    def row_translator(self):
-        """The current result's DataRow translation as one callable (body -> message bytes), or None when the
-        result at the head of the FIFO is not translated: the session calls it for each DataRow instead of
-        `on_server` until the next other message, which may change the head."""
-        head = self.pending[0] if self.pending else None
-        if head is None or not head.watched:
-            return None
-        layout = self._current_layout(head)
-        if layout is None or not layout.translated:
-            return None
-        translate = self._translate_row
-        return lambda body: translate(body, layout)
-
     def _server_error(self, body: bytes) -> None:
         sqlstate = messages.parse_error_fields(body).get("C", "")
         self.server_errors[sqlstate] += 1
         if sqlstate in BY_SQLSTATE and self.on_refusal is not None:
             self.on_refusal(sqlstate, "")
-
-    def _current_layout(self, head: Entry | None) -> Layout | None:
-        if head is None:
-            return None
-        if head.kind == "Q":
-            return head.layout
-        if head.kind == "E" and head.portal is not None:
-            portal = head.portal
-            if portal.layout is None and portal.statement is not None and portal.statement.layout is not None:
-                self._set_portal_layout(portal, portal.statement.layout)
-            return portal.layout
-        return None
-
-    def _set_portal_layout(self, portal: Portal, layout: Layout) -> None:
-        fmts = portal.result_formats
-
-        def binary(i: int) -> bool:
-            return (fmts[0] == 1) if len(fmts) == 1 else (len(fmts) > i and fmts[i] == 1)
-
-        if layout.hidden:
-            layout = replace(layout, era_binary=binary(layout.hidden[0]) and not layout.hidden_text,
-                             payload_binary=tuple(binary(i) for i in layout.payloads))
-        portal.layout = layout
-
-    def _check_leak(self, layout: Layout) -> None:
-        if (layout.types and not layout.hidden) or layout.derived:
-            raise ReadPathError(
-                "a result carries the events table's type column without the seat's era column "
-                "(a view, a function or a statement shape the seat does not know); the session is closed "
-                "rather than pass untranslated rows")
-        if self.major == 2 and ((layout.payloads and not layout.hidden_text) or layout.derived_payload):
-            raise ReadPathError(
-                "a result carries the events table's payload column without the seat's projection "
-                "(a view, a function or a statement shape the seat does not know); the session is closed "
-                "rather than pass unprojected payloads")
 
     def _error(self, head: Entry | None) -> bytes | None:
         if head is None:
@@ -669,112 +559,20 @@ class ReadPath:
                                        hint="the statement was not run; see the openwop-seat README, "
                                             "'Statements the seat refuses'")
 
-    def _projection(self, rest: bytes) -> bytes:
-        """The projected payload in read_v2p's text after the era (b"" when unchanged); counts its metrics."""
-        cut = rest.find(_META)
-        if cut < 0:
-            return rest
-        payload, meta = rest[:cut], rest[cut + 1:]
-        boxed, v2type, missing = meta.decode().split("\x1e")
-        counts = self.payload_counts
-        if payload:
-            counts["projected", v2type, ""] += 1
-        if boxed != "0":
-            counts["boxed", v2type, ""] += int(boxed)
-        for key in missing.split(",") if missing else ():
-            counts["missing", v2type, key] += 1
-        return payload
 
-    def _translate_row(self, body: bytes, layout: Layout) -> bytes:
-        """Strip hidden columns and map `type` by era, splicing the row's bytes (never decoding it)."""
-        if layout.hidden_last:
-            # The era column ends the row: a 1-byte era (text, or read_v2p's text with nothing projected)
-            # or a 2-byte binary smallint. Its length field cannot be mistaken: read_v2p's longer text is
-            # JSON, which holds no NUL byte.
-            if not layout.era_binary:
-                if body[-5:-1] == b"\x00\x00\x00\x01":
-                    return self._splice_era_last(body, body[-1:] == self.map_era, len(body) - 5, layout)
-            elif body[-6:-2] == b"\x00\x00\x00\x02":
-                return self._splice_era_last(body, body[-2:] == self.map_era_bin, len(body) - 6, layout)
-        return self._translate_row_walk(body, layout)
+@dataclass(frozen=True)
+class _Refusal:
+    kind: str
+    detail: str
 
-    def _splice_era_last(self, body: bytes, mapped: bool, cut: int, layout: Layout) -> bytes:
-        """The fast path of `_translate_row`: drop the era column at ``cut``, map the type columns (each
-        type field, length included, is swapped whole), and build the message in one join."""
-        if not mapped:
-            return b"".join((b"D", _I32.pack(cut + 4), layout.ncols_out, body[2:cut]))
-        self.rows_translated += 1  # a row of the mapped era, type columns or not (as the walk counts it)
-        unpack = _I32.unpack_from
-        fields = self.type_fields
-        parts = [b"D", b"", layout.ncols_out]
-        size = cut + 4  # the message's length field: itself, the column count and the columns kept
-        last = pos = 2
-        col = 0
-        for i in layout.types_sorted:
-            while col < i:
-                (length,) = unpack(body, pos)
-                pos += 4 + (length if length > 0 else 0)
-                col += 1
-            (length,) = unpack(body, pos)
-            end = pos + 4 + (length if length > 0 else 0)
-            new = fields.get(body[pos:end])
-            if new is not None:
-                parts.append(body[last:pos])
-                parts.append(new)
-                size += len(new) - (end - pos)
-                last = end
-            pos = end
-            col = i + 1
-        parts.append(body[last:cut])
-        parts[1] = _I32.pack(size)
-        return b"".join(parts)
 
-    def _translate_row_walk(self, body: bytes, layout: Layout) -> bytes:
-        unpack = _I32.unpack_from
-        offsets = []
-        pos = 2
-        for _ in range(layout.ncols):
-            offsets.append(pos)
-            (length,) = unpack(body, pos)
-            pos += 4 + (length if length > 0 else 0)
-        offsets.append(pos)
-        h = offsets[layout.hidden[0]]
-        (hlen,) = unpack(body, h)
-        if hlen <= 0:
-            raise ReadPathError("the seat's era column was NULL")
-        projected = b""
-        if layout.hidden_text:
-            era = body[h + 4:h + 5]
-            if hlen > 1:
-                projected = self._projection(body[h + 5:h + 4 + hlen])
-            mapped = era == self.map_era
-        else:
-            era = body[h + 4:h + 4 + hlen]
-            mapped = era == (self.map_era_bin if layout.era_binary else self.map_era)
-        out = [_I16.pack(layout.ncols - len(layout.hidden))]
-        last = 2
-        type_map = self.type_map
-        cuts = (layout.cuts_projected if projected else layout.cuts_mapped) if mapped else layout.cuts_plain
-        p = 0
-        for i, what in cuts:
-            start, stop = offsets[i], offsets[i + 1]
-            out.append(body[last:start])
-            last = stop
-            if what == 1:
-                new = type_map.get(body[start + 4:stop])
-                if new is None:
-                    out.append(body[start:stop])
-                else:
-                    out.append(_I32.pack(len(new)))
-                    out.append(new)
-            elif what == 2:
-                value = _JSONB_VERSION + projected if layout.payload_binary[p] else projected
-                p += 1
-                out.append(_I32.pack(len(value)))
-                out.append(value)
-        out.append(body[last:])
-        if mapped:
-            self.rows_translated += 1
-        row = b"".join(out)
-        return b"D" + _I32.pack(len(row) + 4) + row
+_FUNCTION_CALL_REFUSAL = _Refusal(
+    "function call", "the FunctionCall message names a function by OID, which the seat cannot see into; it is "
+                     "refused in a translated session (call the function in a statement instead)")
 
+
+def _forgets_prepared(sql: str) -> bool:
+    """DISCARD ALL/PLANS and DEALLOCATE drop server-side statements, the seat's included (a cheap test: a
+    false positive only costs a re-prepare)."""
+    low = sql.lower()
+    return "deallocate" in low or "discard" in low

@@ -89,6 +89,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import __version__
+from . import relations
 from .config import Config, ConfigError, HostConfig
 from .errors import ERRORS
 
@@ -241,9 +242,19 @@ COMMENT ON TABLE openwop_seat.events_v1_original IS
     'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
 REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
 """),
+    Step(5, "add payloads_clean (era-2 runs whose stored payloads need no projection: read as stored)", """
+CREATE TABLE openwop_seat.payloads_clean (
+    run_id text PRIMARY KEY,
+    marked_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE openwop_seat.payloads_clean IS
+    'era-2 runs every stored payload of which is already v2-clean, so that major-2 reads skip the projection; '
+    'written by mark_payloads_clean, and a write that breaks it removes the row in the same transaction';
+GRANT SELECT ON openwop_seat.payloads_clean TO PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {
@@ -981,6 +992,11 @@ CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {events} FOR EACH ROW
 CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {events} FOR EACH ROW
     WHEN (OLD.{typ} IS DISTINCT FROM NEW.{typ} OR OLD.{run} IS DISTINCT FROM NEW.{run})
     EXECUTE FUNCTION {SCHEMA}.on_event_update();"""))
+        # The payloads-clean mark (proxy.relations): a write that breaks it removes it.
+        name = TRIGGER_PREFIX + "clean"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE ON {events} FOR EACH ROW
+    EXECUTE FUNCTION {SCHEMA}.on_event_clean();"""))
     return tuple(out)
 
 
@@ -1476,7 +1492,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
 
     triggers = writer_triggers(config.host, tables)
     writer_host = await qualified_host(conn, config.host)
+    columns = await relations.events_columns(conn, config.host) if "events" in tables else None
     sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host)
+           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns) if columns is not None else "")
            + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)
     installed = False
@@ -1486,7 +1504,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
         if not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
-                and not missing and not stray):
+                and not missing and not stray
+                and (columns is None or not await relations.relation_problems(conn, config.host))):
             for rel, name in stray:  # left by a migrate with another [host] configuration
                 table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
                 await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")

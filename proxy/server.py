@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 
 from .config import Config, ConfigError, load_config
 from .metrics import MetricsHTTP, Stats
-from .reader import EventColumns, ReadPath, type_fields_of
+from . import relations
+from .reader import EventColumns, ReadPath
 from .session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
@@ -52,11 +53,6 @@ class ReadContext:
     events: EventColumns
     classifiers: dict
     artifacts: object
-    type_fields: dict = field(default_factory=dict)  # by major: the read path's type map as DataRow fields
-
-    def __post_init__(self) -> None:
-        a = self.artifacts
-        self.type_fields = {2: type_fields_of(a.type_map_v1_to_v2), 1: type_fields_of(a.type_map_v2_to_v1 or {})}
 
 
 # Views and materialized views that read events.type, directly or through other views: a result
@@ -101,19 +97,33 @@ async def load_read_context(config: Config):
                 "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
                 "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", schema.quote_qualified(table))}
         derived = derived_payload = []
+        problems = []
         if row is not None:
             derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"])
             payload_attnum = columns[host.events_table].get(host.payload_column)
             if payload_attnum is not None:
                 derived_payload = await conn.fetch(DERIVED_RELATIONS, row["oid"], payload_attnum)
+            problems = await relations.relation_problems(conn, host)
+            seat_views = {r["oid"] for r in await conn.fetch(
+                "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'openwop_seat'::regnamespace")}
+            derived = [r for r in derived if r["oid"] not in seat_views]
+            derived_payload = [r for r in derived_payload if r["oid"] not in seat_views]
+            ordered = [r["attname"] for r in await conn.fetch(
+                "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
+                "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
     finally:
         await conn.close()
     if row is None:
         raise schema.SchemaError(
             f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
             f"{database!r}")
+    if problems:
+        raise schema.SchemaError("the seat's translated relations do not match the events table: "
+                                 + "; ".join(problems) + ": run openwop-seat migrate")
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
-    classifiers = {major: Classifier(host, major) for major in (1, 2)}
+    classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
+                                     max_statement_bytes=config.max_statement_bytes)
+                   for major in (1, 2)}
     events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived), payload_attnum,
                           frozenset(r["oid"] for r in derived_payload))
     for key in absent:
@@ -264,9 +274,7 @@ class SeatServer:
         ctx = self.read_context
         if major not in (1, 2) or not self.on_host_database(params):
             return None
-        a = ctx.artifacts
-        return ReadPath(ctx.classifiers[major], major, ctx.events, a.type_map_v1_to_v2, a.type_map_v2_to_v1,
-                        ctx.type_fields[major])
+        return ReadPath(ctx.classifiers[major], major, ctx.events)
 
     def _accept(self, peer: _ClientPeer) -> None:
         self.stats.client_connections += 1

@@ -417,7 +417,16 @@ class Session:
                 continue
             if t == 0x51 or t == 0x53 or t == 0x46:
                 self._queries_sent += 1
-            replacement = reader.on_client(t, body)
+            try:
+                replacement = reader.on_client(t, body)
+            except ProtocolViolation as e:
+                # the messages before it are forwarded, as PostgreSQL processes them before failing
+                if start >= 0 and start > last:
+                    parts = (parts or []) + [data[last:start]]
+                if parts:
+                    self.upstream.write(b"".join(parts))
+                self._client_violation(e)
+                return
             if start < 0:  # a held message, completed now: it comes before the chunk's span
                 if parts is None:
                     parts = []
@@ -496,10 +505,9 @@ class Session:
         quiet = reader.quiet
         state = self.state
         hold = reader.active > 0
-        row = reader.row_translator() if hold else None  # DataRows of a translated result: straight to it
         try:
             items = self._upstream_splitter.feed(data, hold, QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN,
-                                                 row)
+                                                 None)
         except ProtocolViolation as e:
             self._upstream_violation(e)
             return
@@ -513,9 +521,6 @@ class Session:
                     out.append(item[1])
                     continue
                 t, body = item[1], item[2]
-                if t == 0x44 and row is not None:
-                    out.append(row(body))
-                    continue
                 if not counted and t in BACKEND_CAPTURE:
                     state.on_backend(t, body)
                     if t == 0x5A:
@@ -524,12 +529,10 @@ class Session:
                 if kind == HELD:
                     replacement = reader.on_server(t, body)
                     out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
-                    row = reader.row_translator()
                 elif quiet:
                     reader.on_server_quiet(t, body)
                 else:
                     reader.on_server(t, body)
-                    row = reader.row_translator()
         except ReadPathError as e:
             log.error("session %s: %s", self.id, e)
             self.client.write(b"".join(out))
@@ -706,7 +709,6 @@ class Session:
             self.server.stats.statements["passthrough", "simple"] += self.raw_simple
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
-            self.server.stats.rows_translated[self.reader.major] += self.reader.rows_translated
             self.server.stats.statements_refused.update(self.reader.refusals)
         if not self.done.done():
             self.done.set_result(None)

@@ -134,7 +134,7 @@ def test_refused_statement_fails_the_server_transaction(read_seat, pg, fresh_tab
     with psycopg.connect(read_seat.dsn()) as conn:
         conn.execute(f"INSERT INTO {table} VALUES (1)")
         with pytest.raises(psycopg.Error) as e:
-            conn.execute("SELECT * FROM events WHERE type = 'run.started'")
+            conn.execute("WITH events AS (SELECT 1) SELECT * FROM events")  # a CTE hiding the table: refused
         assert e.value.sqlstate == "OW004" and "statement_untranslatable" in str(e.value)
         assert json.loads(e.value.diag.message_detail)["details"]["kind"]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
@@ -146,7 +146,8 @@ def test_refused_in_simple_protocol_multi_statement(read_seat, fresh_table):
     table = fresh_table("id int")
     with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
         with pytest.raises(psycopg.Error) as e:
-            conn.execute(f"INSERT INTO {table} VALUES (1); SELECT DISTINCT type FROM events", prepare=False)
+            conn.execute(f"INSERT INTO {table} VALUES (1); SELECT query_to_xml('SELECT 1', true, false, '')",
+                         prepare=False)
         assert e.value.sqlstate == "OW004"
         assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
 
@@ -179,7 +180,7 @@ def test_a_view_over_events_closes_the_session_instead_of_leaking(start_seat, pg
             with psycopg.connect(seat.dsn(), autocommit=True) as conn:
                 with pytest.raises(psycopg.Error) as e:
                     conn.execute(f"SELECT * FROM {view} WHERE run_id = %s", (era2,)).fetchall()
-                assert e.value.sqlstate == "OW007" and "era column" in str(e.value)
+                assert e.value.sqlstate == "OW007" and "type column" in str(e.value)
                 assert conn.closed or conn.broken
         with psycopg.connect(seat.dsn(), autocommit=True) as conn:  # a view over other columns is fine
             assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -196,7 +197,7 @@ def test_a_view_over_events_payload_closes_a_major_2_session_instead_of_leaking(
         with psycopg.connect(seat.dsn(), autocommit=True) as conn:
             with pytest.raises(psycopg.Error) as e:
                 conn.execute("SELECT payload FROM payload_view WHERE run_id = %s", (era2,)).fetchall()
-            assert e.value.sqlstate == "OW007" and "projection" in str(e.value)
+            assert e.value.sqlstate == "OW007" and "payload column" in str(e.value)
         with psycopg.connect(seat.dsn(), autocommit=True, application_name="v1-host") as conn:
             # a v1 reader reads payloads as stored anyway: the view is fine for it
             direct = pg.psql(f"SELECT count(*) FROM events WHERE run_id = '{era2}'").strip()
@@ -212,7 +213,7 @@ def test_refusal_inside_a_pipeline_discards_up_to_sync(read_seat, fresh_table):
         with pytest.raises(psycopg.Error) as e:
             with conn.pipeline() as p:
                 conn.execute(f"INSERT INTO {table} VALUES (1)")
-                conn.execute("SELECT * FROM events ORDER BY type")  # refused
+                conn.execute("WITH events AS (SELECT 1) SELECT * FROM events")  # refused
                 conn.execute(f"INSERT INTO {table} VALUES (2)")  # skipped, like after any error
                 p.sync()
         assert e.value.sqlstate == "OW004"
@@ -226,7 +227,7 @@ def test_prepared_refusal_with_asyncpg(read_seat):
         conn = await asyncpg.connect(read_seat.url())
         try:
             with pytest.raises(asyncpg.PostgresError) as e:
-                await conn.prepare("SELECT upper(type) FROM events WHERE run_id = $1")
+                await conn.prepare("UPDATE events SET node_id = 'n' WHERE type = $1")
             after = await conn.fetchval("SELECT 1")
             return e.value, after
         finally:

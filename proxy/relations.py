@@ -1,0 +1,369 @@
+"""The translated relations: what a translated session reads in place of the host's events table.
+
+A session of major 2 (or 1) never reads the events table itself.  The rewriter
+(:mod:`proxy.rewrite`) replaces every read reference to it with
+``openwop_seat.events_m2`` (``events_m1``), a view that ``migrate`` generates
+from the pinned artifacts and from the table's own columns.  The view yields
+the table's columns, in the table's order and under the same names, already
+translated by the reader rule:
+
+* the era comes from a join on the era store (``run_era``, or ``host.era_column``
+  of the runs table), read in the statement's own snapshot; for a page of one
+  run the planner probes it once, not once per row;
+* ``type`` is mapped through one jsonb constant (a binary search, not a chain
+  of comparisons), a registered vendor type passes unchanged, and any other
+  type raises ``event_type_unmapped`` through ``refuse_text``;
+* ``payload`` is projected by ``payload_v2`` (carry or fail), except where the
+  run is stamped era 3 or is marked *payloads clean* (``payloads_clean``: every
+  stored payload of the run is already v2-clean; kept by a trigger and by
+  ``mark_payloads_clean``), where the stored bytes are the answer.
+
+Whatever the statement then does with the columns (expressions, DISTINCT,
+GROUP BY, USING, predicates, window functions) works on translated values, so
+there is nothing left for the seat to track, and no row ever passes through
+Python.  A column that is not selected is not computed: reading only
+``run_id, sequence`` costs nothing extra and checks nothing, as before.
+
+Writes stay on the base table.  A ``RETURNING`` list is evaluated over the
+rows ``row_m2``/``row_m1`` return for the written rows (era read with a fresh
+snapshot, as the append trigger saw it).
+
+Everything here is generated SQL: the functions and views are (re)installed by
+``migrate`` with the other artifact objects and fingerprinted with them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .config import HostConfig
+
+SCHEMA = "openwop_seat"
+EQ = "OPERATOR(pg_catalog.=)"
+VIEW = {2: "events_m2", 1: "events_m1"}
+ROW_FUNCTION = {2: "row_m2", 1: "row_m1"}
+E, X, C = "openwop_seat_e", "openwop_seat_x", "openwop_seat_c"  # aliases inside the views
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # as format_type prints it
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _qualified(name: str) -> str:
+    if name.startswith('"'):  # already quoted (qualified_tables)
+        return name
+    return ".".join(_ident(p) for p in name.split("."))
+
+
+def _text_array(values) -> str:
+    items = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in sorted(values))
+    return _lit("{" + items + "}") + "::text[]"
+
+
+def _jsonb(mapping: dict[str, str]) -> str:
+    return _lit(json.dumps(dict(sorted(mapping.items())), separators=(",", ":"), ensure_ascii=False)) + "::jsonb"
+
+
+def _vendor(t: str, orgs) -> str:
+    if not orgs:
+        return "false"
+    return (f"(pg_catalog.strpos({t}, '.') OPERATOR(pg_catalog.>) 0 AND "
+            f"pg_catalog.split_part({t}, '.', 1) {EQ} ANY ({_text_array(orgs)}))")
+
+
+class _Era:
+    """How one view finds a row's era: the join, and the conditions over it."""
+
+    def __init__(self, host: HostConfig, run: str, run_type: str):
+        runs_key_cast = "" if run_type == "text" else "::text"
+        if host.era_column is None:
+            self.join = (f"LEFT JOIN {SCHEMA}.run_era {X} ON {X}.run_id {EQ} {run}{runs_key_cast}")
+            self.three = f"{X}.run_id IS NOT NULL"
+            self.malformed = None
+        else:
+            col = f"{X}.{_ident(host.era_column)}"
+            self.join = (f"LEFT JOIN {_qualified(host.runs_table)} {X} "
+                         f"ON {X}.{_ident(host.run_id_column)} {EQ} {run}")
+            self.three = f"{col} {EQ} 3"
+            self.malformed = f"{col} IS NOT NULL AND {col} OPERATOR(pg_catalog.<>) 3"
+
+
+def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
+    """The DDL of the translated relations over the events table with these ``columns`` (attnum order)."""
+    names = [c.name for c in columns]
+    for needed in (host.run_id_column, host.type_column, host.payload_column, "sequence"):
+        if needed not in names:
+            raise ValueError(f"the events table has no column {needed!r}")
+    types = {c.name: c.type for c in columns}
+    orgs = sorted(set(artifacts.vendor_orgs) - set(artifacts.reserved_orgs))
+    forward = {v1: artifacts.v1_to_v2[v1] for v1 in artifacts.v1_types}
+    backward = artifacts.v2_to_v1  # None: the codemap is not a bijection
+
+    def col(name: str | None, alias: str = E) -> str:
+        return f"({alias}.{_ident(name)})::text" if name else "NULL::text"
+
+    t, p = f"{E}.{_ident(host.type_column)}", f"{E}.{_ident(host.payload_column)}"
+    run, seq = f"{E}.{_ident(host.run_id_column)}", f"({E}.sequence)::bigint"
+    run_text = col(host.run_id_column)
+    era = _Era(host, f"{E}.{_ident(host.run_id_column)}", types[host.run_id_column])
+    malformed_era = (f"{SCHEMA}.refuse_text('event_row_malformed', NULL, {run_text}, NULL)")
+    type_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) {t} OR {_vendor(t, orgs)})"
+    unreadable = (f"{SCHEMA}.refuse_text(CASE WHEN {t} IS NULL THEN 'event_row_malformed' "
+                  f"ELSE 'event_type_unmapped' END, {t}, {run_text}, {seq})")
+    malformed_arm = f"\n        WHEN {era.malformed} THEN {malformed_era}" if era.malformed else ""
+
+    def cast(expr: str, name: str) -> str:
+        return f"({expr})::{types[name]}"
+
+    # major 2
+    type_m2 = cast(f"""CASE
+        WHEN {era.three} THEN {t}{malformed_arm}
+        ELSE COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) {t},
+                      CASE WHEN {_vendor(t, orgs)} THEN {t} ELSE {unreadable} END)
+    END""", host.type_column)
+    payload_m2 = cast(f"""CASE
+        WHEN {era.three} THEN {p}{malformed_arm.replace(malformed_era, malformed_era + '::jsonb')}
+        WHEN {C}_clean.run_id IS NOT NULL THEN {p}
+        WHEN {p} IS NULL AND {type_ok} THEN NULL
+        ELSE {SCHEMA}.payload_v2({t}, ({p})::jsonb, {run_text}, {seq}, {col(host.event_id_column)},
+                                 {col(host.node_id_column)})
+    END""", host.payload_column)
+    # major 1
+    if backward is not None:
+        era3_type = f"COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) {t}, {t})"
+        refused_era3 = None
+    else:
+        era3_type = (f"{SCHEMA}.refuse_text('v1_representation_refused', {t}, {run_text}, {seq})")
+        refused_era3 = era3_type
+    type_m1 = cast(f"""CASE
+        WHEN {era.three} THEN CASE WHEN {t} IS NULL
+                                    THEN {SCHEMA}.refuse_text('event_row_malformed', {t}, {run_text}, {seq})
+                                    ELSE {era3_type} END{malformed_arm}
+        ELSE {t}
+    END""", host.type_column)
+    if refused_era3 is not None:
+        payload_m1 = cast(f"CASE WHEN {era.three} THEN ({refused_era3})::jsonb{malformed_arm} ELSE {p} END",
+                          host.payload_column)
+    elif era.malformed:
+        payload_m1 = cast(f"CASE WHEN {era.malformed} THEN ({malformed_era})::jsonb ELSE {p} END",
+                          host.payload_column)
+    else:
+        payload_m1 = p
+
+    clean_join = (f"LEFT JOIN {SCHEMA}.payloads_clean {C}_clean ON {C}_clean.run_id {EQ} "
+                  f"{run}{'' if types[host.run_id_column] == 'text' else '::text'}")
+    events = _qualified(host.events_table)
+    may_read = f"(SELECT pg_catalog.has_table_privilege({_lit(_qualified(host.events_table))}::regclass, 'SELECT'))"
+
+    def view(major: int) -> str:
+        out = []
+        for c in columns:
+            if c.name == host.type_column:
+                out.append(f"{type_m2 if major == 2 else type_m1} AS {_ident(c.name)}")
+            elif c.name == host.payload_column:
+                out.append(f"{payload_m2 if major == 2 else payload_m1} AS {_ident(c.name)}")
+            else:
+                out.append(f"{E}.{_ident(c.name)}")
+        joins = f"{era.join}\n{clean_join}" if major == 2 else era.join
+        return f"""
+DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
+CREATE VIEW {SCHEMA}.{VIEW[major]} AS
+SELECT {(','+chr(10)+'       ').join(out)}
+FROM {events} {E}
+{joins}
+WHERE {may_read};
+COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
+    'the events table as a major-{major} reader sees it (openwop-seat reader rule); generated by migrate';
+GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
+"""
+
+    # RETURNING: the written rows' type and payload, by the era the append trigger saw (fresh snapshot).
+    row_args = ("t text, p jsonb, run text, seq bigint, eid text, node text")
+    tenant_fn = "NULL::text"
+    if host.tenant_column:
+        tenant_fn = (f"CASE WHEN t {EQ} 'run.started' THEN (SELECT ({C}.{_ident(host.tenant_column)})::text "
+                     f"FROM {_qualified(host.runs_table)} {C} WHERE ({C}.{_ident(host.run_id_column)})::text "
+                     f"{EQ} run LIMIT 1) END")
+    fn_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) t OR {_vendor('t', orgs)})"
+    if backward is not None:
+        m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
+                    f"        RETURN QUERY SELECT COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) t, t), p;")
+    else:
+        m1_three = (f"PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' "
+                    f"ELSE 'v1_representation_refused' END, t, run, seq);")
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_text(code text, t text, run text, seq bigint)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    -- STABLE (it only ever raises): a volatile call would keep PostgreSQL from flattening the views.
+    PERFORM {SCHEMA}.refuse_row(code, t, run, seq);
+    RETURN NULL;
+END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.payload_v2(t text, p jsonb, run text, seq bigint, eid text, node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    r text;
+BEGIN
+    IF NOT {fn_ok} THEN
+        PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
+                                    t, run, seq);
+    END IF;
+    IF p IS NULL OR {SCHEMA}.fast_v2(t, p) THEN
+        RETURN p;
+    END IF;
+    -- the run's tenant, for run.started's legacy Subject (looked up here, not in the view: a sub-select there
+    -- is planned again in every unprepared statement)
+    r := {SCHEMA}.project_row(t, p, run, seq, eid, node, {tenant_fn});  -- raises payload_unprojectable
+    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);
+    IF r {EQ} '' THEN
+        RETURN p;
+    END IF;
+    RETURN r::jsonb;
+END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.row_m2({row_args})
+RETURNS TABLE (type text, payload jsonb) LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
+        RETURN QUERY SELECT t, p;
+    ELSE
+        RETURN QUERY SELECT COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) t,
+                                     CASE WHEN {_vendor('t', orgs)} THEN t
+                                          ELSE {SCHEMA}.refuse_text(CASE WHEN t IS NULL THEN 'event_row_malformed'
+                                               ELSE 'event_type_unmapped' END, t, run, seq) END),
+                            {SCHEMA}.payload_v2(t, p, run, seq, eid, node);
+    END IF;
+END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.row_m1({row_args})
+RETURNS TABLE (type text, payload jsonb) LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
+        {m1_three}
+    ELSE
+        RETURN QUERY SELECT t, p;
+    END IF;
+END
+$ow$;
+
+-- The payloads-clean marker: a run whose stored payloads all need no projection reads them as stored.
+-- Any write that could break that (an append or update of a payload that is not v2-clean, or of a type
+-- the reader rule cannot read) removes the mark in the same transaction.
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_clean()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    v_run text := (NEW.{_ident(host.run_id_column)})::text;
+    v_t text := (NEW.{_ident(host.type_column)})::text;
+    v_p jsonb := (NEW.{_ident(host.payload_column)})::jsonb;
+BEGIN
+    IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
+       AND NOT (({_jsonb(forward)} OPERATOR(pg_catalog.?) v_t OR {_vendor('v_t', orgs)})
+                AND (v_p IS NULL OR {SCHEMA}.fast_v2(v_t, v_p))) THEN
+        DELETE FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run;
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.on_event_clean() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.mark_payloads_clean(run text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    -- Exclusive against the appends' shared run lock: no payload lands while the run is checked.
+    PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(run));
+    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
+        RETURN false;  -- an era-3 run is read as stored anyway
+    END IF;
+    IF EXISTS (SELECT 1 FROM {events} {E}
+               WHERE {run_text} {EQ} run
+                 AND NOT ({type_ok} AND ({p} IS NULL OR {SCHEMA}.fast_v2({t}, ({p})::jsonb)))) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO {SCHEMA}.payloads_clean (run_id) VALUES (run) ON CONFLICT (run_id) DO NOTHING;
+    RETURN true;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.mark_payloads_clean(text) FROM PUBLIC;
+
+{view(2)}{view(1)}"""
+
+
+# ------------------------------------------------------------------ catalog
+
+
+async def qualified_tables(conn, host: HostConfig) -> HostConfig:
+    """``host`` with the events and runs tables schema-qualified as the connected role finds them: the
+    functions here pin their search_path, and a view must not depend on the reader's."""
+    from dataclasses import replace
+
+    out = {}
+    for key in ("events_table", "runs_table"):
+        name = await conn.fetchval(
+            "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) "
+            "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = pg_catalog.to_regclass($1)", _qualified(getattr(host, key)))
+        if name is not None:
+            out[key] = name
+    return replace(host, **out)
+
+
+async def events_columns(conn, host: HostConfig) -> list[Column] | None:
+    """The events table's columns in attnum order, or None when the table does not exist."""
+    rows = await conn.fetch(
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type "
+        "FROM pg_catalog.pg_attribute a WHERE a.attrelid = pg_catalog.to_regclass($1) "
+        "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", _qualified(host.events_table))
+    return [Column(r["attname"], r["type"]) for r in rows] or None
+
+
+# The columns of the seat's view and of the events table, compared by serve and the runtime check: a view
+# that no longer matches the table (a column added, renamed or retyped after migrate) is stale.
+VIEW_COLUMNS = """
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+
+async def relation_problems(conn, host: HostConfig) -> list[str]:
+    """Why the translated relations do not match the events table as it is now ([] when they do)."""
+    table = [tuple(r) for r in await conn.fetch(VIEW_COLUMNS, _qualified(host.events_table))]
+    if not table:
+        return [f"the events table {host.events_table!r} does not exist"]
+    problems = []
+    for major, name in sorted(VIEW.items()):
+        view = [tuple(r) for r in await conn.fetch(VIEW_COLUMNS, f"{SCHEMA}.{name}")]
+        if not view:
+            problems.append(f"{SCHEMA}.{name} is missing")
+        elif view != table:
+            problems.append(f"{SCHEMA}.{name} no longer matches the columns of {host.events_table!r} "
+                            f"(the table was altered after migrate)")
+    return problems
