@@ -1,10 +1,9 @@
 """The SQL classifier on its own: a pure function from statement text and major to a plan (no database).
 
-A statement passes untouched when no event type/payload value can reach the
-reader through it; it is rewritten (translated) when it outputs event columns as
-they are, so the seat can map them by era; and it is refused when it would let
-the stored spelling of a type decide or shape the result (predicates, ordering,
-grouping, expressions, copies) or reach the reader by a road the seat cannot see.
+A translated session never reads the events table itself: every read of it, at
+any query level, is substituted by the seat's translated relation for the
+session's major, and a RETURNING write of it returns the written rows through
+the reader rule.  What cannot be substituted exactly is refused with a kind.
 """
 
 from __future__ import annotations
@@ -12,12 +11,14 @@ from __future__ import annotations
 import pytest
 from pglast import ast, parse_sql
 
-from proxy.classify import HIDDEN, PASS, REFUSE, TRANSLATE, Classifier
+from proxy.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 from proxy.config import HostConfig
 
+VIEW2, VIEW1 = "openwop_seat.events_m2", "openwop_seat.events_m1"
 
-def classify(sql: str, major: int = 2, host: HostConfig | None = None):
-    return Classifier(host or HostConfig(), major).classify(sql)
+
+def classify(sql: str, major: int = 2, host: HostConfig | None = None, **kw):
+    return Classifier(host or HostConfig(), major, **kw).classify(sql)
 
 
 def only(plan):
@@ -25,16 +26,32 @@ def only(plan):
     return plan.statements[0]
 
 
-def top_targets(stmt) -> tuple:
-    """The top-level output list of a statement: a SELECT's target list or a write's RETURNING list."""
-    if isinstance(stmt, ast.SelectStmt):
-        return tuple(stmt.targetList or ())
-    returning = stmt.returningClause
-    return tuple(returning.exprs or ()) if returning is not None else ()
+def relations(sql: str) -> list[tuple[str | None, str, bool]]:
+    """Every (schema, name, is a write target) RangeVar of a statement text."""
+    out = []
+    for raw in parse_sql(sql):
+        targets = set()
+        stack = [raw.stmt]
+        nodes = []
+        while stack:
+            n = stack.pop()
+            if isinstance(n, (list, tuple)):
+                stack.extend(n)
+            elif isinstance(n, ast.Node):
+                nodes.append(n)
+                if isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
+                    targets.add(id(n.relation))
+                stack.extend(getattr(n, f) for f in n.__slots__ if isinstance(getattr(n, f), (ast.Node, list, tuple)))
+        out += [(n.schemaname, n.relname, id(n) in targets) for n in nodes if isinstance(n, ast.RangeVar)]
+    return out
 
 
-def hidden_count(targets) -> int:
-    return sum(1 for t in targets if isinstance(t, ast.ResTarget) and t.name == HIDDEN)
+def reads_only_the_view(sql: str, major: int = 2) -> bool:
+    """The events table appears only as a write target; every read names the view of ``major``."""
+    view = ("openwop_seat", f"events_m{major}")
+    rels = relations(sql)
+    return all((s, n) == view or w for s, n, w in rels if n in ("events", f"events_m{major}")) and \
+        not any(n == f"events_m{3 - major}" for _, n, _ in rels)
 
 
 # ---------------------------------------------------------------- the host's own shapes
@@ -50,24 +67,45 @@ TRANSLATED = [
     LOG_PAGE,
     APPEND,
     APPEND_COLUMNS,
+    "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE run_id = $1",
+    "SELECT run_id, MAX(sequence) FROM events WHERE run_id = ANY($1) GROUP BY run_id",
     "SELECT e.type, e.sequence FROM events e WHERE e.run_id = $1 ORDER BY e.sequence",
-    "SELECT type AS t, run_id FROM events WHERE run_id = ANY($1) ORDER BY run_id, sequence",
-    "SELECT e.*, r.tenant_id FROM events e JOIN runs r ON r.run_id = e.run_id WHERE e.run_id = $1",
     "SELECT * FROM public.events WHERE run_id = $1",
-    "SELECT * FROM events WHERE run_id = $1 ORDER BY sequence FOR UPDATE",
     "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING type, sequence",
     "UPDATE events SET node_id = $2 WHERE event_id = $1 RETURNING *",
     "DELETE FROM events WHERE run_id = $1 RETURNING event_id, type",
+    # shapes the column-tracking classifier could not follow: now plain substitutions
+    "SELECT * FROM events JOIN events e2 USING (type)",
+    "SELECT type FROM events NATURAL FULL JOIN events AS x",
+    "SELECT * FROM (VALUES ((SELECT type FROM events LIMIT 1))) v(t)",
+    "SELECT r.run_id, l.t FROM runs r, LATERAL (SELECT upper(type) AS t FROM events e WHERE e.run_id = r.run_id) l",
+    "WITH x AS (SELECT * FROM events) SELECT (SELECT count(*) FROM events) FROM x",
+    "EXPLAIN ANALYZE SELECT type::int FROM events",
+    'SELECT * FROM U&"\\0065vents"',
+    "SELECT DISTINCT type FROM events ORDER BY type",
+    "SELECT type, count(*) FROM events GROUP BY type HAVING count(*) > 1",
+    "SELECT * FROM events WHERE type = 'agent.tool-called'",
+    "SELECT payload->>'x', type || '!' FROM events",
+    "SELECT lag(type) OVER (PARTITION BY run_id ORDER BY sequence) FROM events",
+    "SELECT type FROM events UNION SELECT 'x' INTERSECT SELECT type FROM events",
+    "DECLARE c CURSOR FOR SELECT * FROM events",
+    "PREPARE p AS SELECT type FROM events WHERE run_id = $1",
+    "CREATE TABLE copy AS SELECT * FROM events",
+    "SELECT * INTO copy2 FROM events",
+    "COPY events TO STDOUT",
+    "COPY events (type, run_id) TO STDOUT",
+    "COPY (SELECT type FROM events) TO STDOUT",
+    "INSERT INTO events SELECT * FROM events WHERE run_id = $1",
+    "INSERT INTO archive SELECT * FROM events",
+    "SELECT e FROM events e",
+    "SELECT * FROM runs r WHERE EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id AND e.type = 'x')",
 ]
 
-# Statements whose answers carry no event type/payload: untouched, the text sent as it came.
+# Statements that read nothing of the events table: untouched, the text sent as it came.
 PASSED = [
-    "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE run_id = $1",
-    "SELECT run_id, MAX(sequence) FROM events WHERE run_id = ANY($1) GROUP BY run_id",
     "DELETE FROM events WHERE run_id = $1",
-    "SELECT count(*) FROM events WHERE run_id = $1",
-    "SELECT event_id, sequence FROM events WHERE run_id = $1 ORDER BY sequence",
+    "DELETE FROM events WHERE run_id = ANY($1::text[])",
     "UPDATE events SET node_id = NULL WHERE run_id = $1",
     "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -78,173 +116,144 @@ PASSED = [
     "SELECT * FROM events_archive WHERE type = 'run.started' ORDER BY type",
     "SELECT * FROM other.events WHERE type = 'x'",
     "COPY events FROM STDIN",
-    "EXPLAIN SELECT * FROM events WHERE type = 'run.started'",
     "CREATE INDEX ON events (run_id, sequence)",
+    "ALTER TABLE events ADD COLUMN extra int",
+    "TRUNCATE events",
+    "LOCK TABLE events IN SHARE MODE",
+    "CREATE TRIGGER t BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION f()",
+    "INSERT INTO events (event_id) VALUES ('x') ON CONFLICT (event_id) DO UPDATE SET node_id = excluded.type",
     "BEGIN",
     "",
 ]
 
 
-@pytest.mark.parametrize("sql", TRANSLATED)
-def test_host_reads_and_appends_are_translated(sql):
-    plan = classify(sql)
-    st = only(plan)
-    assert st.action == TRANSLATE
-    assert plan.translated and plan.changed and plan.refused is None
-    assert plan.text == st.sql != sql
-
-
-@pytest.mark.parametrize("sql", TRANSLATED)
 @pytest.mark.parametrize("major", [1, 2])
-def test_rewritten_text_parses_and_carries_the_hidden_column_once_at_the_top(sql, major):
+@pytest.mark.parametrize("sql", TRANSLATED)
+def test_every_read_of_the_events_table_is_substituted(sql, major):
     plan = classify(sql, major)
-    stmts = parse_sql(plan.text)
-    assert len(stmts) == 1
-    stmt = stmts[0].stmt
-    assert hidden_count(top_targets(stmt)) == 1
-    # the client's own output list is kept, in its order, ahead of the hidden column
-    original = top_targets(parse_sql(sql)[0].stmt)
-    assert len(top_targets(stmt)) == len(original) + 1
-    assert top_targets(stmt)[-1].name == HIDDEN
-    assert plan.text.count(HIDDEN) == 1
-    # rendering the rewritten statement again gives the same text
-    from pglast.stream import RawStream
-    assert RawStream()(stmt) == plan.text
+    st = only(plan)
+    assert st.action == TRANSLATE, st
+    assert plan.translated and plan.changed
+    assert reads_only_the_view(plan.text, major), plan.text
 
 
 @pytest.mark.parametrize("sql", PASSED)
-def test_statements_without_event_columns_pass_verbatim(sql):
+def test_statements_that_read_no_event_rows_pass_verbatim(sql):
     plan = classify(sql)
-    assert not plan.changed and plan.passthrough
-    assert plan.text == sql
-    assert plan.refused is None and not plan.translated
+    assert not plan.changed and plan.text == sql
     assert all(st.action == PASS for st in plan.statements)
 
 
-def test_host_shape_through_a_cte_carries_the_column_inside_the_cte():
-    sql = "WITH x AS (SELECT * FROM events WHERE run_id = $1) SELECT * FROM x ORDER BY sequence"
-    plan = classify(sql)
-    assert only(plan).action == TRANSLATE
-    stmt = parse_sql(plan.text)[0].stmt
-    cte = stmt.withClause.ctes[0].ctequery
-    assert hidden_count(cte.targetList) == 1
-    assert hidden_count(stmt.targetList) == 0  # the outer `*` brings it along
-    assert plan.text.count(HIDDEN) == 1
+def test_substitution_keeps_the_name_the_statement_used():
+    assert "FROM openwop_seat.events_m2 AS events WHERE" in classify(LOG_PAGE).text
+    assert "FROM openwop_seat.events_m2 AS e WHERE" in classify("SELECT e.type FROM events e WHERE true").text
+    assert "openwop_seat.events_m1 AS events" in classify(LOG_PAGE, 1).text
 
 
-def test_cte_with_column_list_adds_a_reference_to_the_cte_column():
-    sql = "WITH x AS (SELECT * FROM events WHERE run_id = $1) SELECT x.type AS t, x.sequence FROM x"
-    plan = classify(sql)
-    stmt = parse_sql(plan.text)[0].stmt
-    assert hidden_count(stmt.withClause.ctes[0].ctequery.targetList) == 1
-    assert hidden_count(stmt.targetList) == 1
-    ref = stmt.targetList[-1].val
-    assert isinstance(ref, ast.ColumnRef) and [f.sval for f in ref.fields] == ["x", HIDDEN]
+@pytest.mark.parametrize("sql", [APPEND, APPEND_COLUMNS, "DELETE FROM events WHERE run_id = $1 RETURNING type"])
+def test_a_returning_write_returns_the_written_rows_through_the_reader_rule(sql):
+    text = only(classify(sql)).sql
+    (stmt,) = [r.stmt for r in parse_sql(text)]
+    assert isinstance(stmt, ast.SelectStmt)
+    ctes = {c.ctename: c.ctequery for c in stmt.withClause.ctes}
+    write = ctes[WRITTEN]
+    assert isinstance(write, (ast.InsertStmt, ast.DeleteStmt)) and write.relation.relname == "events"
+    assert "openwop_seat.row_m2(" in text
+    if sql.startswith("WITH next"):
+        assert list(ctes)[0] == "next"  # the write's own CTEs come first, in order
+
+
+def test_a_data_modifying_cte_over_events_returns_translated_rows():
+    text = only(classify("WITH w AS (DELETE FROM events WHERE run_id = '1' RETURNING *) SELECT type FROM w")).sql
+    stmt = parse_sql(text)[0].stmt
+    names = [c.ctename for c in stmt.withClause.ctes]
+    assert names == [f"{WRITTEN}_0", "w"] and "openwop_seat.row_m2(" in text
+
+
+def test_returning_columns_follow_the_tables_own_order():
+    c = Classifier(HostConfig(), 2, ("run_id", "sequence", "type", "payload", "event_id", "node_id"))
+    text = only(c.classify("INSERT INTO events VALUES (1) RETURNING *")).sql
+    inner = text[text.index("(SELECT openwop_seat_w"):]
+    assert inner.index("run_id") < inner.index("sequence") < inner.index("AS type") < inner.index("AS payload")
 
 
 # ---------------------------------------------------------------- refusals
 
 REFUSED = [
-    # (statement, a word the refusal's kind must contain)
-    ("SELECT * FROM events WHERE type = 'run.started'", "predicate"),
-    ("SELECT * FROM events WHERE run_id = $1 AND type IN ('a', 'b')", "predicate"),
-    ("SELECT e.* FROM events e JOIN runs r ON r.run_id = e.run_id AND e.type = 'x'", "join condition"),
-    ("SELECT * FROM events ORDER BY type", "ORDER BY"),
-    ("SELECT sequence FROM events WHERE run_id = $1 ORDER BY type, sequence", "ORDER BY"),
-    ("SELECT DISTINCT type FROM events", "DISTINCT"),
-    ("SELECT type, count(*) FROM events GROUP BY type", "GROUP BY"),
-    ("SELECT count(DISTINCT type) FROM events", "expression"),
-    ("SELECT payload->>'x' FROM events WHERE run_id = $1", "expression"),
-    ("SELECT upper(type) FROM events", "expression"),
-    ("COPY events TO STDOUT", "COPY"),
-    ("COPY (SELECT * FROM events) TO STDOUT", "COPY"),
-    ("DECLARE c CURSOR FOR SELECT * FROM events", "cursor"),
-    ("SELECT a.type, b.type FROM events a JOIN events b ON a.run_id = b.run_id AND b.sequence = a.sequence + 1",
-     "join"),
-    ("SELECT * FROM events a, events b", "join"),
-    ("SELECT * FROM events WHERE run_id = $1 UNION SELECT * FROM events WHERE run_id = $2", "set operation"),
-    ("SELECT type FROM events UNION ALL SELECT 'x'", "set operation"),
-    ("SELECT row_to_json(e) FROM events e", "expression"),
-    ("SELECT e FROM events e", "whole-row"),
-    ("INSERT INTO other SELECT type FROM events", "another table"),
+    ("WITH events AS (SELECT 1) SELECT * FROM events", "CTE named like the events table"),
+    ("WITH x AS (SELECT * FROM events), events AS (SELECT 2) SELECT 1", "CTE named like the events table"),
     ("CREATE VIEW v AS SELECT * FROM events", "view"),
-    ("CREATE TABLE t AS SELECT type FROM events", "table created"),
-    ("PREPARE p AS SELECT * FROM events", "PREPARE"),
-    ("SELECT (SELECT type FROM events LIMIT 1)", "subquery"),
-    ("SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM events WHERE type = 'run.failed')", "predicate"),
-    ("WITH RECURSIVE r AS (SELECT * FROM events UNION ALL SELECT * FROM r) SELECT * FROM r", "recursive"),
-    ("INSERT INTO events SELECT * FROM events WHERE run_id = $1", "copy of event rows"),
-    ("SELEC * FROM events", "unparsable"),
-    ("SELECT * FROM events WHERE", "unparsable"),
+    ("CREATE RULE r AS ON INSERT TO runs DO ALSO SELECT * FROM events", "rule"),
+    ("CREATE FUNCTION f() RETURNS SETOF events LANGUAGE sql BEGIN ATOMIC SELECT * FROM events; END",
+     "function body"),
+    ("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$ SELECT count(*) FROM events $$", "function body"),
+    ("DO $$ BEGIN PERFORM * FROM events; END $$", "DO block"),
+    ("SELECT query_to_xml('select * from ev' || 'ents', true, false, '')", "query-running function"),
+    ("SELECT table_to_xml('runs', true, false, '')", "query-running function"),
+    ("SELECT * FROM openwop_seat.events_m1", "seat relation"),
+    ("SELECT * FROM openwop_seat.row_m2('a', null, 'r', 1, null, null)", "seat function"),
+    ("UPDATE events SET payload = '{}' WHERE type = 'x'", "UPDATE reading stored event columns"),
+    ("UPDATE events SET node_id = type WHERE run_id = $1", "UPDATE reading stored event columns"),
+    ("DELETE FROM events WHERE payload ? 'x'", "DELETE reading stored event columns"),
+    ("DELETE FROM events e WHERE e IS NOT NULL", "DELETE reading stored event columns"),
+    ("INSERT INTO events (event_id) VALUES ('x') ON CONFLICT (event_id) DO UPDATE SET node_id = events.type",
+     "ON CONFLICT DO UPDATE reading stored event columns"),
+    ("DELETE FROM events USING runs WHERE events.run_id = runs.run_id RETURNING *", "RETURNING with other tables"),
+    ("SELECT * FROM events TABLESAMPLE SYSTEM (10)", "TABLESAMPLE"),
+    ("MERGE INTO events e USING runs r ON e.run_id = r.run_id WHEN MATCHED THEN DELETE", "MERGE"),
+    ("SET openwop_seat.major = 2", "openwop_seat setting"),
+    ("SELECT FROM events WHERE", "unparsable statement"),
 ]
 
 
-@pytest.mark.parametrize("sql, word", REFUSED)
-def test_refused_with_a_meaningful_kind(sql, word):
-    plan = classify(sql)
-    st = only(plan)
+@pytest.mark.parametrize("sql, kind", REFUSED)
+def test_refused_with_a_meaningful_kind(sql, kind):
+    st = only(classify(sql))
     assert st.action == REFUSE, st
-    assert word.lower() in st.kind.lower(), st.kind
-    assert st.detail
-    assert plan.refused == st and plan.changed and not plan.translated
+    assert kind in st.kind and st.detail
 
 
 def test_refusal_in_a_multi_statement_string_names_the_first_refused_statement():
-    plan = classify("SELECT 1; SELECT DISTINCT type FROM events; SELECT * FROM events ORDER BY type")
-    assert [st.action for st in plan.statements] == [PASS, REFUSE, REFUSE]
+    plan = classify("SELECT 1; WITH events AS (SELECT 1) SELECT * FROM events; SELECT query_to_xml('x', true, true, '')")
+    assert [s.action for s in plan.statements] == [PASS, REFUSE, REFUSE]
     assert plan.refused is plan.statements[1]
-    assert "DISTINCT" in plan.refused.kind
+
+
+def test_a_statement_larger_than_the_analysis_limit_is_refused_without_parsing():
+    sql = "SELECT * FROM events WHERE node_id IN (" + ",".join(["'x'"] * 600) + ")"
+    assert only(classify(sql, max_statement_bytes=2048)).kind == "statement too large"
+    assert only(classify(sql)).action == TRANSLATE
+    # a statement that does not mention the table is never analysed, whatever its size
+    assert only(classify("SELECT " + "1," * 5000 + "1", max_statement_bytes=2048)).action == PASS
 
 
 def test_unparsable_statement_not_mentioning_events_passes():
-    # nothing to protect: the server answers with its own syntax error
-    sql = "SELEC 1"
-    assert classify(sql).text == sql and not classify(sql).changed
+    plan = classify("SELEC 1")
+    assert only(plan).action == PASS and not plan.changed
 
 
-# ---------------------------------------------------------------- the cache, majors, multi-statement text
+# ---------------------------------------------------------------- cache
 
 
 def test_cache_same_text_twice_is_one_miss_and_one_hit():
     c = Classifier(HostConfig(), 2)
-    first = c.classify(LOG_PAGE)
-    second = c.classify(LOG_PAGE)
-    assert (c.misses, c.hits) == (1, 1)
-    assert second is first
-    c.classify(LOG_PAGE + " ")  # another text is another entry
-    assert (c.misses, c.hits) == (2, 1)
+    assert c.classify(LOG_PAGE) is c.classify(LOG_PAGE)
+    assert (c.misses, c.hits, c.size) == (1, 1, 1)
 
 
-def test_cache_is_bounded_and_evicts_the_least_recently_used():
-    c = Classifier(HostConfig(), 2, cache_size=2)
-    c.classify("SELECT 1")
-    c.classify("SELECT 2")
-    c.classify("SELECT 1")  # refresh
-    c.classify("SELECT 3")  # evicts SELECT 2
-    c.classify("SELECT 1")
-    assert (c.misses, c.hits) == (3, 2)
-    c.classify("SELECT 2")
-    assert c.misses == 4
+def test_cache_is_bounded_in_bytes_and_evicts_the_least_recently_used():
+    c = Classifier(HostConfig(), 2, cache_bytes=2000)
+    texts = [f"SELECT * FROM events WHERE run_id = '{i}'" for i in range(40)]
+    for t in texts:
+        c.classify(t)
+    assert c.bytes <= 2000 and 0 < c.size < 40
+    assert texts[-1] in c._cache and texts[0] not in c._cache
+    big = "SELECT * FROM events WHERE node_id = '" + "x" * 5000 + "'"
+    c.classify(big)
+    assert big not in c._cache and c.bytes <= 2000  # larger than the whole cache: planned, not kept
 
 
-@pytest.mark.parametrize("sql", [LOG_PAGE, APPEND])
-def test_plans_differ_by_major(sql):
-    # Both results carry the payload: major 2 projects it (read_v2p; returned_v2p, its RETURNING form, for
-    # the append), major 1 passes it unchanged (read_v1).
-    v2, v1 = classify(sql, 2).text, classify(sql, 1).text
-    assert f"openwop_seat.{'returned_v2p' if sql == APPEND else 'read_v2p'}(" in v2 and "read_v1" not in v2
-    assert "openwop_seat.read_v1(" in v1 and "read_v2" not in v1
-    assert "CAST(events.payload AS jsonb)" in v2 and "payload" not in v1.split("__openwop_era")[0].split("*,")[1]
-
-
-def test_major_2_projects_only_when_the_payload_leaves_the_statement():
-    assert "read_v2p(" not in classify("SELECT sequence, type FROM events WHERE run_id = $1", 2).text
-    assert "read_v2(" in classify("SELECT sequence, type FROM events WHERE run_id = $1", 2).text
-    assert "read_v2p(" in classify("SELECT e.payload FROM events e WHERE run_id = $1", 2).text
-    assert "read_v2p(" in classify("SELECT e.* FROM events e", 2).text
-    # the tenant is read in the statement itself, and only for run.started rows
-    text = classify("SELECT payload FROM events", 2).text
-    assert "CASE WHEN events.type OPERATOR(pg_catalog.=) 'run.started' THEN (SELECT" in text
+# ---------------------------------------------------------------- multi-statement strings and layout
 
 
 def test_multi_statement_keeps_passthrough_statements_verbatim():
@@ -255,151 +264,37 @@ def test_multi_statement_keeps_passthrough_statements_verbatim():
     assert plan.statements[0].sql == first
     assert plan.statements[2].sql.strip() == last.strip()
     assert plan.text.startswith(first + "; ")
-    assert plan.text.rstrip().endswith(last.strip())
-    assert plan.statements[1].sql in plan.text
-    assert plan.translated and plan.changed
     assert len(parse_sql(plan.text)) == 3
 
 
 @pytest.mark.parametrize("sql, passed", [
-    # pglast reports statement locations in characters, not UTF-8 bytes: a non-ASCII character before
-    # a statement shifts its slice.  Today the first cuts the closing quote off `'é'` (the server then
-    # fails the whole string with a syntax error), and the second sends `SELECT 1` for `SELECT 12`.
     ("SELECT 'é' AS a; SELECT * FROM events WHERE run_id = $1; SELECT 12 AS b",
      ["SELECT 'é' AS a", "SELECT 12 AS b"]),
-    ("SELECT * FROM events WHERE node_id = 'é'; SELECT 12; SELECT 3", ["SELECT 12", "SELECT 3"]),
     ("SELECT '✓ events'; SELECT * FROM events WHERE node_id = 'ü'; SELECT '→'",
      ["SELECT '✓ events'", "SELECT '→'"]),
 ])
 def test_multi_statement_with_non_ascii_text_keeps_passthrough_statements_verbatim(sql, passed):
     plan = classify(sql)
-    assert [st.action for st in plan.statements].count(TRANSLATE) == 1
     assert [st.sql.strip() for st in plan.statements if st.action == PASS] == passed
     assert len(parse_sql(plan.text)) == len(plan.statements)
-
-
-def test_all_passthrough_multi_statement_is_the_original_text():
-    sql = "SELECT max(sequence) FROM events WHERE run_id = $1;\n  SELECT 'events' -- done"
-    plan = classify(sql)
-    assert plan.text == sql and not plan.changed
-
-
-# ---------------------------------------------------------------- host layout
 
 
 @pytest.mark.parametrize("sql, action", [
     ("SELECT * FROM app.events WHERE run_id = $1", TRANSLATE),
     ("SELECT * FROM events WHERE run_id = $1", TRANSLATE),
     ("SELECT * FROM other.events WHERE run_id = $1", PASS),
-    ("SELECT * FROM other.events WHERE type = 'x' ORDER BY type", PASS),
-    ("SELECT * FROM app.events WHERE type = 'x'", REFUSE),
+    ("SELECT * FROM public.events WHERE run_id = $1", PASS),
 ])
 def test_schema_qualified_events_table(sql, action):
-    plan = classify(sql, host=HostConfig(events_table="app.events"))
-    assert only(plan).action == action
+    assert only(classify(sql, host=HostConfig(events_table="app.events"))).action == action
 
 
-def test_default_layout_matches_public_and_unqualified_only():
-    assert only(classify("SELECT * FROM public.events")).action == TRANSLATE
-    assert only(classify("SELECT * FROM events")).action == TRANSLATE
-    assert only(classify("SELECT * FROM app.events")).action == PASS
-
-
-def test_configured_type_column_is_the_one_protected():
+def test_configured_columns_are_the_ones_guarded_in_writes():
     host = HostConfig(type_column="kind")
-    assert only(classify("SELECT * FROM events WHERE kind = 'x'", host=host)).action == REFUSE
-    plan = classify("SELECT kind, sequence FROM events WHERE run_id = $1", host=host)
-    assert only(plan).action == TRANSLATE
-    assert "CAST(events.kind AS text)" in plan.text
+    assert only(classify("UPDATE events SET x = 1 WHERE kind = 'x'", host=host)).action == REFUSE
+    assert only(classify("UPDATE events SET x = 1 WHERE type = 'x'", host=host)).action == PASS
 
 
-# ---------------------------------------------------------------- found by these tests: the classifier must change
-#
-# Each statement below lets the stored (untranslated) spelling of an event type
-# reach the reader, or decide which rows it gets or in which order, yet the
-# classifier passes it or translates it as if harmless.  They must be refused.
-
-LEAKS = [
-    # an expression over a type column renamed in a derived table: passed untouched, stored types reach the reader
-    "SELECT upper(s.t) FROM (SELECT type AS t FROM events WHERE run_id = $1) s",
-    "SELECT s.t || '' FROM (SELECT type AS t, run_id FROM events) s",
-    # the same through column aliases of the table or of a CTE
-    "SELECT upper(e.d) FROM events e(a, b, c, d)",
-    "WITH x(a, b, c, d) AS (SELECT * FROM events) SELECT d || '' FROM x",
-    # a scalar subquery over a CTE of events: no hidden column, no table origin, the stored type goes out
-    "WITH x AS (SELECT * FROM events WHERE run_id = $1) SELECT (SELECT type FROM x LIMIT 1)",
-    # a set operation over CTE references (the set-operation check only looks for the events table itself)
-    "WITH x AS (SELECT * FROM events) SELECT * FROM (SELECT * FROM x UNION ALL SELECT * FROM x) u",
-    "WITH x AS (SELECT * FROM events) SELECT u.type FROM (SELECT type FROM x UNION SELECT type FROM x) u",
-    # a predicate on type inside a sub-select over a CTE
-    "WITH x AS (SELECT * FROM events) SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM x WHERE type = 'a')",
-    # a predicate on a renamed type column of a derived table: translated, filtered by the stored spelling
-    "SELECT * FROM (SELECT type AS t, run_id FROM events) s WHERE s.t = 'run.started'",
-    # ordering by type, by position or by output alias: translated, ordered by the stored spelling
-    "SELECT type FROM events WHERE run_id = $1 ORDER BY 1",
-    "SELECT type AS t FROM events WHERE run_id = $1 ORDER BY t",
-    "SELECT * FROM (SELECT type AS t, sequence FROM events) s ORDER BY s.t",
-    # writes to another table joined to events: FROM/USING is never looked at
-    "UPDATE runs SET status = 'done' FROM events e WHERE e.run_id = runs.run_id AND e.type = 'run.completed'",
-    "UPDATE runs SET status = status FROM events e WHERE e.run_id = runs.run_id RETURNING e.type || ''",
-    "DELETE FROM runs USING events e WHERE e.run_id = runs.run_id RETURNING upper(e.type)",
-    "UPDATE runs SET status = status FROM events e WHERE e.run_id = runs.run_id RETURNING e.type",
-    # SELECT INTO creates a table from event columns (as CREATE TABLE AS, which is refused); the rewrite even
-    # stores the hidden column in it, and later reads of the new table show it to the client
-    "SELECT type INTO TEMP copied FROM events",
-    "SELECT * INTO copied FROM events WHERE run_id = $1",
-    # a client-supplied column named like the hidden one: the seat strips it and reads the era from it,
-    # so `3` makes a major-2 reader get era-2 rows untranslated
-    f"SELECT *, 3 AS {HIDDEN} FROM events WHERE run_id = $1",
-    f"SELECT type, '3' AS {HIDDEN} FROM events",
-    f"SELECT s.* FROM (SELECT *, 3 AS {HIDDEN} FROM events) s",
-]
-
-
-@pytest.mark.parametrize("sql", LEAKS)
-def test_stored_spellings_never_reach_the_reader_by_a_side_road(sql):
-    st = only(classify(sql))
-    assert st.action == REFUSE, f"{st.action}: {sql}"
-    assert st.kind and st.detail
-
-
-# Harmless statements the classifier breaks: the result would read exactly under the reader rule,
-# yet the statement is refused, or passed in a form that fails (the read path then sees a type
-# column without its era column and fails the read as `event_row_malformed`).
-
-
-def test_renamed_type_column_of_a_derived_table_is_translated():
-    sql = ("SELECT s.t, s.sequence, s.run_id FROM (SELECT type AS t, sequence, run_id FROM events "
-           "WHERE run_id = ANY($1)) s ORDER BY s.run_id, s.sequence")
-    plan = classify(sql)
-    assert only(plan).action == TRANSLATE  # today: passed untouched, and the seat fails the read
-    stmt = parse_sql(plan.text)[0].stmt
-    assert hidden_count(stmt.targetList) == 1
-
-
-def test_cte_named_events_shadows_the_table():
-    # `events` here is the CTE, not the events table: nothing to translate.  Today the rewrite
-    # references "events"."run_id", which the CTE does not have, and the server fails the statement.
-    sql = "WITH events AS (SELECT 1 AS type) SELECT type FROM events"
-    assert only(classify(sql)).action == PASS
-
-
-def test_distinct_on_non_event_columns_is_translated():
-    # DISTINCT ON (run_id) picks rows by run and sequence only; the type column is output as it is
-    sql = "SELECT DISTINCT ON (run_id) * FROM events WHERE run_id = ANY($1) ORDER BY run_id, sequence"
-    assert only(classify(sql)).action == TRANSLATE
-
-
-def test_exists_over_event_rows_passes():
-    # EXISTS yields one boolean whatever the sub-select's output list is
-    sql = "SELECT EXISTS (SELECT * FROM events WHERE run_id = $1)"
-    assert only(classify(sql)).action == PASS
-
-
-def test_lateral_function_over_payload_is_refused():
-    assert only(classify("SELECT e.run_id, j.key FROM events e, jsonb_each(e.payload) j")).action == REFUSE
-
-
-def test_tablesample_of_events_is_translated():
-    plan = classify("SELECT * FROM events TABLESAMPLE SYSTEM (50) WHERE run_id = $1")
-    assert only(plan).action == TRANSLATE and HIDDEN in plan.text
+def test_plans_differ_by_major():
+    assert VIEW2 in classify(LOG_PAGE, 2).text and VIEW1 in classify(LOG_PAGE, 1).text
+    assert "row_m1(" in classify(APPEND, 1).text

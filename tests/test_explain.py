@@ -2,7 +2,7 @@
 
 The command runs as a subprocess.  What it prints as sent is then run on the
 real database (the suite's migrated `postgres` database) to show it is the
-statement the seat would send, hidden era column included; what it refuses is
+statement the seat would send, over the seat's translated relation; what it refuses is
 refused by a running seat with the same SQLSTATE and reason.
 """
 
@@ -19,7 +19,6 @@ import psycopg
 import pytest
 
 from conftest import ROOT, render_config
-from proxy.classify import HIDDEN
 from proxy.errors import ERRORS
 
 EVENT_COLUMNS = ["event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id"]
@@ -29,7 +28,7 @@ APPEND = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM event
           "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
           "SELECT $1, $2, next.seq, $3, $4, $5, now(), $6 FROM next RETURNING *")
 RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
-GROUPED = "SELECT type, count(*) FROM events GROUP BY type"
+GROUPED = "WITH events AS (SELECT 1) SELECT * FROM events"  # refused: a CTE hiding the events table
 
 
 @pytest.fixture(scope="module")
@@ -74,38 +73,38 @@ def test_a_statement_without_event_columns_passes(config):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "major: 2 (proxy.default_major)",
-        "passthrough: sent as written (it returns no event type or payload column)"]
+        "passthrough: sent as written (it reads nothing of the events table)"]
 
 
 def test_a_log_page_is_translated_and_what_it_sends_runs(pg, config):
     out = explain(config, LOG_PAGE)
     assert out.returncode == 0, out.stderr
-    assert "translated: event columns in the result: payload, type" in out.stdout
+    assert "translated: the events table is read as openwop_seat.events_m2" in out.stdout
     text = sent(out.stdout)
-    assert "openwop_seat.read_v2p(" in text
+    assert "FROM openwop_seat.events_m2 AS events" in text
     run = f"explain-{uuid.uuid4().hex[:8]}"
     seed = (f"INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) VALUES "
             f"('{run}-1', '{run}', 1, 'run.started', '{{\"inputs\": {{}}}}', now())")
     rows = run_sql(pg, text, run, 0, 10, setup=seed)
-    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS
     assert rows[0]["type"] == "run.started"
     # Major 1 reads the same page with the era check only: the payload is not projected.
     one = explain(config, "--major", "1", LOG_PAGE)
     assert one.returncode == 0, one.stderr
     assert one.stdout.startswith("major: 1 (--major)\n")
-    assert "openwop_seat.read_v1(" in sent(one.stdout) and "read_v2p" not in sent(one.stdout)
-    assert list(run_sql(pg, sent(one.stdout), run, 0, 10, setup=seed)[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+    assert "openwop_seat.events_m1 AS events" in sent(one.stdout)
+    assert list(run_sql(pg, sent(one.stdout), run, 0, 10, setup=seed)[0].keys()) == EVENT_COLUMNS
 
 
 def test_an_append_with_returning_is_translated_and_what_it_sends_runs(pg, config):
     out = explain(config, APPEND)
     assert out.returncode == 0, out.stderr
-    assert "translated: event columns in the result: payload, type" in out.stdout
+    assert "translated: the events table is read as openwop_seat.events_m2" in out.stdout
     text = sent(out.stdout)
-    assert "RETURNING *, openwop_seat.returned_v2p(" in text  # RETURNING reads a fresh era (era_now inside)
+    assert "openwop_seat.row_m2(" in text  # RETURNING reads a fresh era (era_now inside)
     run = f"explain-{uuid.uuid4().hex[:8]}"
     rows = run_sql(pg, text, f"{run}-1", run, "run.started", None, json.dumps({"inputs": {}}), None)
-    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS + [HIDDEN]
+    assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS
     assert rows[0]["sequence"] == 1
 
 
@@ -115,21 +114,22 @@ def test_a_refused_statement_says_why_as_a_running_seat_does(config, seat):
     code = ERRORS["statement_untranslatable"]
     assert out.stdout.splitlines() == [
         "major: 2 (proxy.default_major)",
-        "refused (GROUP BY on event columns): GROUP BY on event type is not translated",
+        "refused (CTE named like the events table): a CTE named 'events' would hide the events table in some "
+        "query levels and not in others; rename the CTE",
         f"  the client gets SQLSTATE {code.sqlstate} (statement_untranslatable, HTTP 500); the statement is not run"]
     with psycopg.connect(seat.dsn(), autocommit=True) as conn:
         with pytest.raises(psycopg.Error) as refused:
             conn.execute(GROUPED)
     assert refused.value.sqlstate == code.sqlstate
-    assert refused.value.diag.message_primary == "statement_untranslatable: GROUP BY on event type is not translated"
+    assert refused.value.diag.message_primary.startswith("statement_untranslatable: a CTE named 'events' would hide")
 
 
 def test_several_statements_and_a_raw_session(config):
     out = explain(config, f"SELECT 1; {GROUPED}")
     assert out.returncode == 1
     lines = out.stdout.splitlines()
-    assert lines[1] == "statement 1: passthrough: sent as written (it returns no event type or payload column)"
-    assert lines[2].startswith("statement 2: refused (GROUP BY on event columns)")
+    assert lines[1] == "statement 1: passthrough: sent as written (it reads nothing of the events table)"
+    assert lines[2].startswith("statement 2: refused (CTE named like the events table)")
     assert lines[-1].startswith("sent together in one Query message, they fail as if the refused statement")
     raw = explain(config, "--major", "raw", GROUPED)
     assert raw.returncode == 0
@@ -155,7 +155,7 @@ def test_a_missing_config_file_is_a_configuration_error(tmp_path):
     assert "configuration error: cannot read config file" in out.stderr
 
 
-def test_the_columns_named_are_the_result_columns_that_carry_event_values():
+def test_the_relation_named_is_the_one_of_the_major():
     from proxy.config import Config
     from proxy.explain import explain as explain_in_process
 
@@ -163,4 +163,4 @@ def test_the_columns_named_are_the_result_columns_that_carry_event_values():
     status = explain_in_process(Config(), "SELECT e.type AS kind, e.run_id FROM events e WHERE e.run_id = $1", 1,
                                 out=lines.append)
     assert status == 0
-    assert lines[1] == "translated: event columns in the result: kind"
+    assert lines[1] == "translated: the events table is read as openwop_seat.events_m1"
