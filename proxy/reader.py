@@ -43,7 +43,7 @@ from time import perf_counter
 
 import orjson
 
-from .classify import PASS, REFUSE, Classifier, Plan
+from .classify import PASS, REFUSE, Classifier, Plan, StatementPlan
 from .errors import BY_SQLSTATE, ERRORS
 from .wire import messages
 from .wire.codec import ProtocolViolation
@@ -79,6 +79,23 @@ class EventColumns:
     payload_attnum: int = 0  # 0: unknown (no payload column is recognised)
     # Views that read events.payload, the seat's own excepted (major 2 only).
     derived_payload_oids: frozenset[int] = frozenset()
+
+
+class RelationWatch:
+    """What every translated session of a seat checks its results against, kept fresh by the server
+    (``SeatServer._watch_relations``): the events table's columns and the views over them, and why the
+    translated relations are stale ('' when they match the table)."""
+
+    def __init__(self, events: EventColumns | None, stale: str = ""):
+        self.stale = stale
+        self.set(events)
+
+    def set(self, events: EventColumns | None) -> None:
+        self.events = events
+        # The 4-byte table OIDs a RowDescription field must carry to come from the events table or a view
+        # over it: a RowDescription holding none of them cannot leak (a substring test, no parsing).
+        self.leak_oids = () if events is None else tuple(
+            struct.pack("!I", oid) for oid in {events.table_oid, *events.derived_oids, *events.derived_payload_oids})
 
 
 @dataclass
@@ -133,10 +150,11 @@ def leak_of(body: bytes, events: EventColumns, major: int) -> str:
 class ReadPath:
     """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one)."""
 
-    def __init__(self, classifier: Classifier, major: int, events: EventColumns | None):
+    def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
+                 watch: RelationWatch | None = None):
         self.classifier = classifier
         self.major = major
-        self.events = events
+        self.watch = watch if watch is not None else RelationWatch(events)
         self.pending: deque[Entry] = deque()
         # Quiet bookkeeping (nothing owed is watched): when each quiet Sync/Query/FunctionCall was sent,
         # oldest first (one ReadyForQuery owed each), and the FIFO kinds of the open extended group.
@@ -146,6 +164,8 @@ class ReadPath:
         # over it: a RowDescription holding none of them cannot leak (a substring test, no parsing).
         self._leak_oids = () if events is None else tuple(
             struct.pack("!I", oid) for oid in {events.table_oid, *events.derived_oids, *events.derived_payload_oids})
+        host = classifier.host
+        self._stored_columns = {host.type_column, host.payload_column}
         self.statements: dict[str, Statement] = {}  # named statements that are not passthrough, for the metrics
         self.portals: dict[str, Portal] = {}
         self.active = 0  # pending entries whose answers the seat must inspect
@@ -178,6 +198,11 @@ class ReadPath:
         plan = classifier.classify(sql)
         if classifier.misses != misses and self.parse_seconds is not None:
             self.parse_seconds.observe(perf_counter() - start)
+        if plan.translated and self.watch.stale:
+            refusal = StatementPlan(REFUSE, sql, "translated relations stale",
+                                    f"the seat's translated relations no longer match the events table "
+                                    f"({self.watch.stale}): run openwop-seat migrate")
+            return Plan((refusal,), sql, False, refusal, True)
         return plan
 
     def _class_of(self, st) -> str:
@@ -421,10 +446,10 @@ class ReadPath:
 
     # ------------------------------------------------------------ server side
 
-    def on_server_quiet(self, t: int, body: bytes) -> None:
+    def on_server_quiet(self, t: int, body: bytes) -> bytes | None:
         """A server message while the read path is quiet (only RowDescription, ReadyForQuery and
         ErrorResponse are shown): the leak check, statement latency, the server's errors, and the outcome
-        of the statements being prepared."""
+        of the statements being prepared. Returns the bytes to send instead of an ErrorResponse, or None."""
         if t == 0x54:  # 'T'
             if self._may_leak(body):
                 self._check_leak(body)
@@ -442,6 +467,8 @@ class ReadPath:
                 if p[2] == current:
                     p[3] = True
             self._server_error(body)
+            return self._withhold_stored_row(body)
+        return None
 
     def _settle_prepared(self) -> None:
         keep = []
@@ -453,13 +480,13 @@ class ReadPath:
         self.preparing = keep
 
     def _may_leak(self, body: bytes) -> bool:
-        for oid in self._leak_oids:
+        for oid in self.watch.leak_oids:
             if oid in body:
                 return True
         return False
 
     def _check_leak(self, body: bytes) -> None:
-        why = leak_of(body, self.events, self.major)
+        why = leak_of(body, self.watch.events, self.major)
         if why:
             raise ReadPathError(f"a result carries {why} (a view, a function or a statement shape the seat does "
                                 f"not know); the session is closed rather than pass untranslated rows")
@@ -474,7 +501,7 @@ class ReadPath:
                 if not self.quiet_sent:
                     self._pop()
             elif t == 0x54 or t == 0x45:
-                self.on_server_quiet(t, body)
+                return self.on_server_quiet(t, body)
             return None
         if t == 0x44:  # 'D' DataRow
             return None
@@ -516,6 +543,7 @@ class ReadPath:
             replacement = self._error(head)
             if replacement is None:  # the server's own error reaches the client
                 self._server_error(body)
+                return self._withhold_stored_row(body)
             return replacement
         if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
             while self.pending:
@@ -526,6 +554,27 @@ class ReadPath:
                     break
             return None
         return None  # notices, notifications, parameter status, COPY traffic, …
+
+    def _withhold_stored_row(self, body: bytes) -> bytes | None:
+        """A constraint's DETAIL prints the failing row, or a key, as stored: after the writer rule that is the
+        other era's spelling of what this session wrote. The DETAIL is replaced; the rest is the server's."""
+        if b"DFailing row contains" not in body and b"DKey (" not in body:
+            return None
+        fields = messages.parse_error_fields(body)
+        detail = fields.get("D", "")
+        if detail.startswith("Key ("):
+            columns = {c.strip().strip('"') for c in detail[5:detail.find(")")].split(",")}
+            if not columns & self._stored_columns:
+                return None
+        elif not detail.startswith("Failing row contains"):
+            return None
+        out = bytearray()
+        for code, value in _error_field_list(body):
+            if code == "D":
+                value = ("the row (or key) as stored is withheld by openwop-seat: its event type and payload are in "
+                         "the vocabulary of the run's era, not this session's")
+            out += code.encode() + value.encode("utf-8", "surrogateescape") + b"\x00"
+        return messages.message(b"E", bytes(out) + b"\x00")
 
     def _server_error(self, body: bytes) -> None:
         sqlstate = messages.parse_error_fields(body).get("C", "")
@@ -569,6 +618,15 @@ class _Refusal:
 _FUNCTION_CALL_REFUSAL = _Refusal(
     "function call", "the FunctionCall message names a function by OID, which the seat cannot see into; it is "
                      "refused in a translated session (call the function in a statement instead)")
+
+
+def _error_field_list(body: bytes) -> list[tuple[str, str]]:
+    """An ErrorResponse's fields in order, as (code, value)."""
+    out = []
+    for part in body.split(b"\x00"):
+        if part:
+            out.append((chr(part[0]), part[1:].decode("utf-8", "surrogateescape")))
+    return out
 
 
 def _forgets_prepared(sql: str) -> bool:

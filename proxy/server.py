@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from .config import Config, ConfigError, load_config
 from .metrics import MetricsHTTP, Stats
 from . import relations
-from .reader import EventColumns, ReadPath
+from .reader import EventColumns, ReadPath, RelationWatch
 from .session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
@@ -45,6 +45,9 @@ def upstream_ssl_context(config: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+RELATION_CHECK_SECONDS = 2.0
+
+
 @dataclass
 class ReadContext:
     """What every translated session of this seat shares: artifacts, classifiers, the events table."""
@@ -53,6 +56,11 @@ class ReadContext:
     events: EventColumns
     classifiers: dict
     artifacts: object
+    watch: RelationWatch | None = None  # kept fresh by SeatServer._watch_relations
+
+    def __post_init__(self) -> None:
+        if self.watch is None:
+            self.watch = RelationWatch(self.events)
 
 
 # Views and materialized views that read events.type, directly or through other views: a result
@@ -71,6 +79,20 @@ WITH RECURSIVE derived(oid) AS (
 )
 SELECT oid FROM derived
 """
+
+
+async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
+    """(views over events.type, views over events.payload, why the translated relations are stale): what a
+    seat learns at start and re-reads while it runs. The seat's own views are not counted as leaks."""
+    seat_views = {r["oid"] for r in await conn.fetch(
+        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'openwop_seat'::regnamespace")}
+    derived = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, type_attnum)]
+    derived_payload = []
+    if payload_attnum is not None:
+        derived_payload = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, payload_attnum)]
+    problems = await relations.relation_problems(conn, host)
+    return (frozenset(o for o in derived if o not in seat_views),
+            frozenset(o for o in derived_payload if o not in seat_views), "; ".join(problems))
 
 
 async def load_read_context(config: Config):
@@ -96,18 +118,10 @@ async def load_read_context(config: Config):
             columns[table] = {r["attname"]: r["attnum"] for r in await conn.fetch(
                 "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
                 "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", schema.quote_qualified(table))}
-        derived = derived_payload = []
-        problems = []
         if row is not None:
-            derived = await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"])
             payload_attnum = columns[host.events_table].get(host.payload_column)
-            if payload_attnum is not None:
-                derived_payload = await conn.fetch(DERIVED_RELATIONS, row["oid"], payload_attnum)
-            problems = await relations.relation_problems(conn, host)
-            seat_views = {r["oid"] for r in await conn.fetch(
-                "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'openwop_seat'::regnamespace")}
-            derived = [r for r in derived if r["oid"] not in seat_views]
-            derived_payload = [r for r in derived_payload if r["oid"] not in seat_views]
+            derived, derived_payload, problems = await relation_state(conn, host, row["oid"], row["attnum"],
+                                                                      payload_attnum)
             ordered = [r["attname"] for r in await conn.fetch(
                 "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
                 "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
@@ -118,14 +132,13 @@ async def load_read_context(config: Config):
             f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
             f"{database!r}")
     if problems:
-        raise schema.SchemaError("the seat's translated relations do not match the events table: "
-                                 + "; ".join(problems) + ": run openwop-seat migrate")
+        raise schema.SchemaError(f"the seat's translated relations do not match the events table: {problems}: "
+                                 f"run openwop-seat migrate")
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
                                      max_statement_bytes=config.max_statement_bytes)
                    for major in (1, 2)}
-    events = EventColumns(row["oid"], row["attnum"], frozenset(r["oid"] for r in derived), payload_attnum,
-                          frozenset(r["oid"] for r in derived_payload))
+    events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:
         log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
                     "'Payload projection')", key, getattr(config.host, key))
@@ -251,6 +264,7 @@ class SeatServer:
                             "already stamped era 3 are refused")
             else:
                 await check_claim_secret(self.config, self.claim_secret)
+            self._spawn(self._watch_relations())
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
                                                   reuse_address=True, backlog=1024,
@@ -265,6 +279,39 @@ class SeatServer:
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode}})
 
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_relations(self) -> None:
+        """Re-read, every RELATION_CHECK_SECONDS, the views over the events table (a view created after start
+        is a leak the result check must know) and whether the translated relations still match the table
+        (DDL on it after start): while they do not, translated statements are refused, never mis-translated."""
+        from . import schema
+
+        while True:
+            await asyncio.sleep(RELATION_CHECK_SECONDS)
+            ctx = self.read_context
+            if ctx is None:
+                return
+            ev = ctx.watch.events
+            try:
+                conn = await asyncio.wait_for(schema.connect(self.config.host.dsn), self.config.connect_timeout)
+                try:
+                    derived, derived_payload, stale = await relation_state(
+                        conn, self.config.host, ev.table_oid, ev.type_attnum, ev.payload_attnum or None)
+                finally:
+                    await conn.close()
+            except Exception as e:  # noqa: BLE001 - the database may be away for a while; keep what we had
+                log.warning("relation check failed: %s", e)
+                continue
+            if stale != ctx.watch.stale:
+                (log.error if stale else log.info)("translated relations %s", stale or "match the events table again")
+            ctx.watch.stale = stale
+            if derived != ev.derived_oids or derived_payload != ev.derived_payload_oids:
+                ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
+
     def on_host_database(self, params: dict[str, str]) -> bool:
         ctx = self.read_context
         return ctx is not None and params.get("database", params.get("user")) == ctx.database
@@ -274,7 +321,7 @@ class SeatServer:
         ctx = self.read_context
         if major not in (1, 2) or not self.on_host_database(params):
             return None
-        return ReadPath(ctx.classifiers[major], major, ctx.events)
+        return ReadPath(ctx.classifiers[major], major, ctx.events, ctx.watch)
 
     def _accept(self, peer: _ClientPeer) -> None:
         self.stats.client_connections += 1

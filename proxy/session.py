@@ -55,6 +55,8 @@ READ_FRONTEND = frozenset(b"QPBDECSFX")
 READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
 # …and while it is quiet: the session state's, and RowDescription for the leak check.
 QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
+# ErrorResponses of a translated session are always held: a DETAIL may print a row as stored (proxy.reader).
+ERROR_HELD = frozenset(b"E")
 
 if TYPE_CHECKING:
     from .server import SeatServer
@@ -507,7 +509,7 @@ class Session:
         hold = reader.active > 0
         try:
             items = self._upstream_splitter.feed(data, hold, QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN,
-                                                 None)
+                                                 None, ERROR_HELD)
         except ProtocolViolation as e:
             self._upstream_violation(e)
             return
@@ -527,7 +529,7 @@ class Session:
                         self._readies += 1
                         self._ready_at = time.monotonic()
                 if kind == HELD:
-                    replacement = reader.on_server(t, body)
+                    replacement = reader.on_server_quiet(t, body) if quiet else reader.on_server(t, body)
                     out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
                 elif quiet:
                     reader.on_server_quiet(t, body)

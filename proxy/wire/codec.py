@@ -403,10 +403,12 @@ class StreamSplitter:
     def at_boundary(self) -> bool:
         return not self._need and not self._hdr
 
-    def feed(self, data: bytes, hold: bool, capture: frozenset[int], rows=None) -> list:
+    def feed(self, data: bytes, hold: bool, capture: frozenset[int], rows=None,
+             hold_types: frozenset[int] = frozenset()) -> list:
         """``rows``: with ``hold``, a function that rewrites a DataRow body into its message bytes; the
         DataRows that lead the chunk (before any other held message, which may change the result they
-        belong to) go through it here and come back as ``(RAW, bytes)``."""
+        belong to) go through it here and come back as ``(RAW, bytes)``. ``hold_types``: messages of
+        these types are held even when ``hold`` is false."""
         out: list = []
         n = len(data)
         pos = 0
@@ -433,7 +435,7 @@ class StreamSplitter:
                     end = pos + 1 + length
                     if end <= n and 4 <= length:
                         # the common case: the whole message is in this chunk; slice, don't assemble
-                        if hold:
+                        if hold or t in hold_types:
                             if raw_from is not None:
                                 out.append((RAW, data[raw_from:pos]))
                                 raw_from = None
@@ -449,10 +451,10 @@ class StreamSplitter:
                                 out.append((SEEN, t, data[pos + 5:end]))
                         pos = end
                         continue
-                self._held = hold
-                self._seen = not hold and data[pos] in capture
+                self._held = hold or data[pos] in hold_types
+                self._seen = not self._held and data[pos] in capture
                 rows = None
-                if hold and raw_from is not None:
+                if self._held and raw_from is not None:
                     out.append((RAW, data[raw_from:pos]))
                     raw_from = None
             take = min(5 - len(self._hdr), n - pos)

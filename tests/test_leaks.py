@@ -1,0 +1,276 @@
+"""The reader rule against hostile but ordinary SQL: no shape hands a reader the other era's spelling.
+
+Each shape runs through the seat for major 2 over an era-2 run (stored in v1 spelling) and for major 1
+over an era-3 run (stored in v2 spelling).  It either returns rows, in which no value (column, or string
+inside a JSON value, or error text) is a spelling the reader must never see, or it gets a documented
+refusal.  The forbidden spellings are the renamed types of the other vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from proxy.artifacts import load_artifacts
+
+A = load_artifacts()
+RENAMED_V1 = sorted(A.renamed)
+RENAMED_V2 = sorted(A.v1_to_v2[t] for t in RENAMED_V1)
+FORBIDDEN = {2: set(RENAMED_V1), 1: set(RENAMED_V2)}
+
+
+@pytest.fixture(scope="module")
+def leak_seat(start_seat):
+    return start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
+
+
+@pytest.fixture(scope="module")
+def logs(pg):
+    """An era-2 run holding every renamed v1 type and an era-3 run holding every renamed v2 type."""
+    tag = uuid.uuid4().hex[:8]
+    era2, era3 = f"leak2-{tag}", f"leak3-{tag}"
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't'), (%s, 't')", (era2, era3))
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, 'n1', '{}'::jsonb, now(), NULL)",
+                            [(f"{era2}-{i}", era2, i, t, ) for i, t in enumerate(RENAMED_V1)]
+                            + [(f"{era3}-{i}", era3, i, t) for i, t in enumerate(RENAMED_V2)])
+        conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (era3,))
+    yield {2: era2, 1: era3}
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("DELETE FROM events WHERE run_id IN (%s, %s)", (era2, era3))
+        conn.execute("DELETE FROM runs WHERE run_id IN (%s, %s)", (era2, era3))
+        conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = %s", (era3,))
+
+
+def strings(value) -> list[str]:
+    """Every string in a value: itself, or those inside a JSON document, a row, a list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        out = [value]
+        try:
+            out += strings(json.loads(value))
+        except (ValueError, TypeError):
+            pass
+        return out
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings(k) + strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in strings(v)]
+    return [str(value)]
+
+
+def connect(seat, major: int, **kw):
+    return psycopg.connect(seat.dsn(), autocommit=True, application_name="v1-host" if major == 1 else "app", **kw)
+
+
+def tokens(values) -> set[str]:
+    """Every type-like token of every string in ``values``, lower-cased (so an upper() cannot hide one)."""
+    return {t.lower() for s in strings(values) for t in re.findall(r"[A-Za-z0-9_.\-]+", s)}
+
+
+MINE = {2: {t.lower() for t in RENAMED_V2}, 1: {t.lower() for t in RENAMED_V1}}
+assert not {t.lower() for t in FORBIDDEN[2]} & MINE[2] and not {t.lower() for t in FORBIDDEN[1]} & MINE[1]
+
+
+def assert_clean(values, major: int) -> None:
+    seen = tokens(values) & {t.lower() for t in FORBIDDEN[major]}
+    assert not seen, f"major {major} saw stored spellings of the other era: {sorted(seen)[:5]}"
+
+
+def assert_translated(values, major: int) -> None:
+    """Some value carries a renamed type in this reader's own spelling (the shape did read event types)."""
+    assert tokens(values) & MINE[major], f"major {major}: no translated type in {str(values)[:300]}"
+
+
+# Shapes that must read translated rows: (name, SQL with %(run)s).
+READS = [
+    ("join using type", "SELECT type FROM events JOIN events e2 USING (type) WHERE events.run_id = %(run)s"),
+    ("natural full join",
+     "SELECT * FROM (SELECT type FROM events WHERE run_id = %(run)s) a NATURAL FULL JOIN "
+     "(SELECT type, run_id FROM events WHERE run_id = %(run)s) b"),
+    ("scalar subquery in VALUES",
+     "SELECT * FROM (VALUES ((SELECT type FROM events WHERE run_id = %(run)s ORDER BY sequence LIMIT 1))) v(t)"),
+    ("lateral expression",
+     "SELECT l.t FROM runs r, LATERAL (SELECT upper(e.type) || ':' || e.payload::text AS t FROM events e "
+     "WHERE e.run_id = r.run_id) l WHERE r.run_id = %(run)s"),
+    ("unicode-escaped name", 'SELECT type FROM U&"\\0065vents" WHERE run_id = %(run)s'),
+    ("distinct, group, order",
+     "SELECT DISTINCT type FROM events WHERE run_id = %(run)s GROUP BY type ORDER BY type"),
+    ("window", "SELECT lag(type) OVER (ORDER BY sequence) FROM events WHERE run_id = %(run)s"),
+    ("set operation",
+     "SELECT type FROM events WHERE run_id = %(run)s UNION SELECT type FROM events WHERE run_id = %(run)s"),
+    ("whole row", "SELECT e FROM events e WHERE e.run_id = %(run)s"),
+    ("row to json", "SELECT row_to_json(e) FROM events e WHERE e.run_id = %(run)s"),
+    ("aggregate", "SELECT string_agg(type, ',' ORDER BY sequence), jsonb_agg(payload) FROM events "
+                  "WHERE run_id = %(run)s"),
+    ("cte at two levels",
+     "WITH x AS (SELECT * FROM events WHERE run_id = %(run)s) "
+     "SELECT x.type, (SELECT max(type) FROM events WHERE run_id = %(run)s) FROM x"),
+    ("exists with a predicate on type",
+     "SELECT r.run_id, (SELECT array_agg(type) FROM events WHERE run_id = r.run_id) FROM runs r "
+     "WHERE r.run_id = %(run)s AND EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id AND e.type LIKE '%%.%%')"),
+    ("explain analyze",
+     "EXPLAIN (ANALYZE, COSTS OFF) SELECT type FROM events WHERE run_id = %(run)s"),
+    ("insert ... returning of a copy",
+     "WITH c AS (INSERT INTO events SELECT event_id || '-copy', run_id || '-copy', sequence, type, node_id, payload, "
+     "timestamp, causation_id FROM events WHERE run_id = %(run)s RETURNING *) SELECT type FROM c"),
+]
+
+# Shapes that must be refused (OW004): (name, SQL).
+REFUSALS = [
+    ("CTE hiding the table", "WITH events AS (SELECT 'x' AS type) SELECT (SELECT type FROM public.events "
+                             "WHERE run_id = %(run)s LIMIT 1) FROM events"),
+    ("upsert reading the stored row",
+     "INSERT INTO events VALUES (%(run)s || '-0', %(run)s, 0, 'x', NULL, NULL, now(), NULL) "
+     "ON CONFLICT (event_id) DO UPDATE SET node_id = events.type RETURNING node_id"),
+    ("DO block", "DO $$ BEGIN RAISE EXCEPTION '%%', (SELECT type FROM events LIMIT 1); END $$"),
+    ("query_to_xml", "SELECT query_to_xml('select type from ev' || 'ents', true, false, '')"),
+    ("table_to_xml", "SELECT table_to_xml('events', true, false, '')"),
+    ("view over events", "CREATE VIEW leak_view AS SELECT * FROM events"),
+    ("SQL function over events", "CREATE FUNCTION leak_f() RETURNS SETOF text LANGUAGE sql AS "
+                                 "$$ SELECT type FROM events $$"),
+    ("the other major's relation", "SELECT type FROM openwop_seat.events_m1 WHERE run_id = %(run)s"),
+    ("the other major's relation", "SELECT type FROM openwop_seat.events_m2 WHERE run_id = %(run)s"),
+    ("update by stored type", "UPDATE events SET node_id = 'x' WHERE type = 'agent.toolCalled'"),
+]
+
+
+@pytest.mark.parametrize("major", [2, 1])
+@pytest.mark.parametrize("name, sql", READS, ids=[n for n, _ in READS])
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_a_read_shape_returns_only_this_readers_spellings(leak_seat, logs, major, name, sql, binary):
+    with connect(leak_seat, major) as conn:
+        cur = conn.cursor(binary=binary)
+        try:
+            cur.execute(sql, {"run": logs[major]})
+            rows = cur.fetchall()
+        finally:
+            conn.execute("DELETE FROM events WHERE run_id = %s", (logs[major] + "-copy",))
+    assert rows, name
+    assert_clean(rows, major)
+    if "explain" not in name:
+        assert_translated(rows, major)
+
+
+@pytest.mark.parametrize("major", [2, 1])
+@pytest.mark.parametrize("name, sql", REFUSALS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(REFUSALS)])
+def test_a_shape_the_seat_cannot_substitute_is_refused(leak_seat, logs, major, name, sql):
+    with connect(leak_seat, major) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(sql, {"run": logs[major]})
+        assert e.value.sqlstate == "OW004", (name, e.value)
+        assert_clean([str(e.value), e.value.diag.message_detail], major)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_predicate_on_type_matches_this_readers_spelling(leak_seat, logs, major):
+    v1, v2 = RENAMED_V1[0], A.v1_to_v2[RENAMED_V1[0]]
+    mine, other = (v2, v1) if major == 2 else (v1, v2)
+    with connect(leak_seat, major) as conn:
+        q = "SELECT count(*) FROM events WHERE run_id = %s AND type = %s"
+        assert conn.execute(q, (logs[major], mine)).fetchone() == (1,)
+        assert conn.execute(q, (logs[major], other)).fetchone() == (0,)
+        q = "SELECT count(*) FROM events JOIN (VALUES (%s)) v(type) USING (type) WHERE run_id = %s"
+        assert conn.execute(q, (mine, logs[major])).fetchone() == (1,)
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_failing_cast_error_carries_the_translated_value(leak_seat, logs, major):
+    with connect(leak_seat, major) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("EXPLAIN ANALYZE SELECT type::int FROM events WHERE run_id = %s", (logs[major],))
+        assert e.value.sqlstate == "22P02"
+        assert_clean([str(e.value)], major)
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_cursors_prepare_and_copy_read_translated_rows(leak_seat, logs, major):
+    run = logs[major]
+    with connect(leak_seat, major) as conn:
+        with conn.transaction():
+            conn.execute(f"DECLARE c CURSOR FOR SELECT * FROM events WHERE run_id = '{run}'")
+            cursor_rows = conn.execute("FETCH ALL FROM c").fetchall()
+        conn.execute("PREPARE leak_p (text) AS SELECT type, payload FROM events WHERE run_id = $1")
+        prepared = conn.execute(f"EXECUTE leak_p ('{run}')").fetchall()
+        conn.execute("DEALLOCATE leak_p")
+        with conn.cursor().copy(f"COPY (SELECT type FROM events WHERE run_id = '{run}') TO STDOUT") as copy:
+            copied = [bytes(b).decode() for b in copy]
+        with conn.cursor().copy("COPY events TO STDOUT") as copy:
+            whole = "".join(bytes(b).decode() for b in copy)
+        named = conn.cursor(name="leak_named")
+        conn.autocommit = False
+        named.execute("SELECT type FROM events WHERE run_id = %s", (run,))
+        server_side = named.fetchall()
+        conn.rollback()
+    for got in (cursor_rows, prepared, copied, server_side, whole):
+        assert got
+        assert_clean(got, major)
+        assert_translated(got, major)
+
+
+def test_a_failing_row_detail_does_not_print_the_stored_row(leak_seat, logs):
+    """A v2 writer's append into an era-2 run is stored in v1 spelling by the writer rule; a NOT NULL
+    violation's DETAIL would print that row."""
+    v2 = A.v1_to_v2[RENAMED_V1[0]]
+    with connect(leak_seat, 2) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("INSERT INTO events VALUES (%s, %s, 999, %s, NULL, '{}', NULL, NULL)",
+                         (logs[2] + "-null", logs[2], v2))
+        assert e.value.sqlstate == "23502"
+        assert "withheld by openwop-seat" in e.value.diag.message_detail
+        assert_clean([str(e.value), e.value.diag.message_detail], 2)
+
+
+def test_a_view_created_after_the_seat_started_closes_the_session(leak_seat, pg, logs):
+    pg.psql("CREATE VIEW late_view AS SELECT run_id, type FROM events; GRANT SELECT ON late_view TO PUBLIC")
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the seat re-reads the views over the events table every few seconds
+            with connect(leak_seat, 2) as conn:
+                try:
+                    rows = conn.execute("SELECT type FROM late_view WHERE run_id = %s", (logs[2],)).fetchall()
+                except psycopg.Error as e:
+                    assert e.sqlstate == "OW007", e
+                    break
+            assert rows, "the view returned nothing"
+            assert time.monotonic() < deadline, "the view was never noticed"
+            time.sleep(0.5)
+    finally:
+        pg.psql("DROP VIEW late_view")
+
+
+def test_ddl_on_the_events_table_is_noticed_and_translated_reads_are_refused_until_migrate(leak_seat, pg, logs):
+    # a rebuilt type column cannot happen under the seat's relations: PostgreSQL refuses the drop
+    with pytest.raises(RuntimeError, match="depend"):
+        pg.psql("ALTER TABLE events DROP COLUMN type")
+    pg.psql("ALTER TABLE events ADD COLUMN late_extra int")
+    try:
+        deadline = time.monotonic() + 30
+        with connect(leak_seat, 2) as conn:
+            while True:
+                try:
+                    conn.execute("SELECT type FROM events WHERE run_id = %s", (logs[2],)).fetchall()
+                except psycopg.Error as e:
+                    assert e.sqlstate == "OW004" and "migrate" in str(e)
+                    break
+                assert time.monotonic() < deadline, "the altered table was never noticed"
+                time.sleep(0.5)
+    finally:
+        pg.psql("ALTER TABLE events DROP COLUMN late_extra")
+    deadline = time.monotonic() + 30
+    with connect(leak_seat, 2) as conn:  # back as it was: translated again, with no restart
+        while True:
+            try:
+                assert conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (logs[2],)).fetchone()[0] > 0
+                break
+            except psycopg.Error:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
