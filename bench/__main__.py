@@ -1,5 +1,11 @@
 """``python -m bench`` (``make bench``): the seat against direct PostgreSQL and PgBouncer, in alternating rounds.
 
+The workloads (bench/report.py's THROUGHPUT): pgbench -S in each protocol mode; 100-row pages of era-3
+runs read by major 2 (text, binary), of era-2 runs read by major 1 (text), of payloads-clean era-2 runs
+translated type-only for major 2 (text, binary), and of era-2 runs needing payload projection (text,
+reported with no goal); the host's append as a v2 writer into era-2 runs; latency at one client; and
+idle-connection memory.  Direct PostgreSQL and PgBouncer read the same pages untranslated.
+
 Each round runs every workload against direct, PgBouncer and the seat in that order, so drift of the
 machine over the run falls on all three alike; the idle-connection memory is measured once at the end,
 on a fresh seat and a fresh PgBouncer.  Prints one table and whether each goal is met, and writes
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         pgbench = os.path.join(cluster.bin, "pgbench")
         if not os.path.exists(pgbench):
             pgbench = shutil.which("pgbench") or pgbench
-        print(f"loading data (pgbench -i -s {args.scale}, {len(seed.PAGE_RUNS)} pages of {seed.PAGE_ROWS} "
-              f"renamed events, {len(seed.APPEND_RUNS)} runs to append into) ...", flush=True)
+        print(f"loading data (pgbench -i -s {args.scale}; runs of {seed.PAGE_ROWS} events: "
+              f"{len(seed.PAGE_RUNS)} era-2 payloads-clean, {len(seed.ERA3_RUNS)} era-3, "
+              f"{len(seed.PROJECTION_RUNS)} era-2 needing projection; {len(seed.APPEND_RUNS)} runs to append "
+              f"into) ...", flush=True)
         seed.load(cluster, pgbench, args.scale)
         bouncer = stack.PgBouncer(pgbouncer_bin, cluster, args.idle_connections + 100)
         running.append(bouncer)
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(seed.check_translation(seat.port, bouncer.port, cluster.port))
         ports = {"direct": cluster.port, "pgbouncer": bouncer.port, "seat": seat.port}
         document = {
-            "bench": "openwop-seat make bench (issue #6)",
+            "bench": "openwop-seat make bench (issues #6, #15)",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit,
             "dirty": dirty,
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                          "idle_memory": {"unit": "KiB per connection",
                                          "what": "VmRSS after minus before N idle connections, over N"}},
         "goals": {k: {"op": op, "threshold": t, "goal": words} for k, (op, t, words) in report.GOALS.items()},
+        "reported": {k: {"what": words} for k, words in report.REPORTED.items()},
         "rounds": {"throughput": results.throughput, "latency": results.latency},
         "memory": results.memory,
         "summary": summary,
@@ -158,18 +167,27 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
     names = seed.renamed_types()
     scratch = Path(tempfile.mkdtemp(prefix="openwop-seat-bench-"))
     try:
-        page, append = workloads.page_script(scratch), workloads.append_script(scratch)
+        page = workloads.page_script(scratch, seed.PAGE_RUNS, "page")
+        era3 = workloads.page_script(scratch, seed.ERA3_RUNS, "era3-page")
+        projection = workloads.page_script(scratch, seed.PROJECTION_RUNS, "projection-page")
+        append = workloads.append_script(scratch)
         payload = json.dumps(seed.APPEND_PAYLOAD)
         pgbench_args = {
             "passthrough_simple": lambda t: ["-S", "-M", "simple"],
             "passthrough_extended": lambda t: ["-S", "-M", "extended"],
             "passthrough_prepared": lambda t: ["-S", "-M", "prepared"],
+            "era3_page_text": lambda t: ["-f", str(era3), "-M", "extended"],
+            "era2_page_major1_text": lambda t: ["-f", str(page), "-M", "extended"],
             "translated_text": lambda t: ["-f", str(page), "-M", "extended"],
+            "projection_page_text": lambda t: ["-f", str(projection), "-M", "extended"],
             # the seat's sessions are claimed v2 writers: the v2 name; direct and PgBouncer are v1 writers
             "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended",
                                               "-D", f"type={names[seed.APPEND_V1] if t == 'seat' else seed.APPEND_V1}",
                                               "-D", "node=n-1", "-D", f"payload={payload}"],
         }
+        # the major-1 session: the seat's [[proxy.clients]] rule; the same application_name on every target
+        pgbench_env = {"era2_page_major1_text": {"PGAPPNAME": seed.V1_APPLICATION}}
+        binary_runs = {"era3_page_binary": seed.ERA3_RUNS, "translated_binary": seed.PAGE_RUNS}
         for round_no in range(args.rounds):
             for workload in selected:
                 if workload == "idle_memory":
@@ -178,11 +196,12 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
                     port = ports[target]
                     started = time.monotonic()
                     if workload in pgbench_args:
-                        figure = workloads.pgbench_tps(pgbench, port, pgbench_args[workload](target), args.seconds)
+                        figure = workloads.pgbench_tps(pgbench, port, pgbench_args[workload](target), args.seconds,
+                                                       env=pgbench_env.get(workload))
                         results.add_throughput(workload, round_no, target, figure)
                         shown = f"{figure:,.0f} {report.THROUGHPUT[workload][0]}"
-                    elif workload == "translated_binary":
-                        figure = workloads.binary_pages(port, args.seconds)
+                    elif workload in binary_runs:
+                        figure = workloads.binary_pages(port, args.seconds, binary_runs[workload])
                         results.add_throughput(workload, round_no, target, figure)
                         shown = f"{figure:,.0f} pages/s"
                     else:

@@ -1,10 +1,18 @@
-"""The benchmark's data: the host's tables, pgbench's tables, era-2 event pages and runs to append into.
+"""The benchmark's data: the host's tables, pgbench's tables, event pages of both eras and runs to append into.
 
-Every event row is stored the way a v1 host wrote it (era 2: no ``openwop_seat.run_era`` row) and
-carries a *renamed* type (one whose v2 name differs in the pinned codemap), so each row of a page read
-through the seat is translated: the type through the codemap, the payload projected onto its v2
-definition.  The payloads are realistic for their type and already fit the v2 definitions, so they
-project cleanly (no ``OW002``).  :func:`check_translation` proves both before anything is measured.
+* :data:`PAGE_RUNS`: era-2 runs (no ``openwop_seat.run_era`` row), stored as a v1 host wrote them, every
+  row of a *renamed* type (one whose v2 name differs in the pinned codemap).  Their payloads are
+  realistic for their type and already fit the v2 definitions, and each run is marked payloads-clean
+  (``openwop_seat.mark_payloads_clean``) after loading, so a major-2 read maps the type only and a
+  major-1 read returns the rows as stored.
+* :data:`ERA3_RUNS`: era-3 runs (a ``run_era`` row), the same turn of types stored under their v2 names
+  with the same payloads: a major-2 read returns them as stored.
+* :data:`PROJECTION_RUNS`: era-2 runs like the page runs, except that about one row in five has a
+  payload that needs projection (``run.started`` without ``owner``, ``output.chunk`` without ``runId``,
+  ``approval.requested`` in its v1 shape); not marked clean.
+* :data:`APPEND_RUNS`: era-2 runs to append into.
+
+:func:`check_translation` proves each of these readings before anything is measured.
 
 Run ids are decimal strings so that pgbench (whose variables are numbers) binds them as the host
 does, as a text parameter: ``run_id = $1``.
@@ -27,7 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import HOST_SCHEMA  # noqa: E402  (the reference host's tables, shared with the tests)
 
 PAGE_ROWS = 100
-PAGE_RUNS = range(1_000_001, 1_000_011)  # 10 era-2 runs of PAGE_ROWS renamed events each
+PAGE_RUNS = range(1_000_001, 1_000_011)  # 10 era-2 runs of PAGE_ROWS renamed events each, payloads-clean
+ERA3_RUNS = range(1_100_001, 1_100_011)  # 10 era-3 runs: the same pages stored under their v2 names
+PROJECTION_RUNS = range(1_200_001, 1_200_011)  # 10 era-2 runs, about 1 row in 5 needing payload projection
 APPEND_RUNS = range(2_000_001, 2_001_001)  # 1,000 era-2 runs: 8 writers rarely wait for one another's lock
 TENANT = "acme"
 
@@ -91,6 +101,30 @@ TURN = ("agent.invocation.started", "tool.session.opened", "agent.reasoning.delt
         "agent.invocation.completed")
 
 
+def projection_event(seq: int) -> tuple[str, dict] | None:
+    """The v1 type and payload of row ``seq`` of a projection run when it needs projection, else None.
+
+    The first row is ``run.started`` without ``owner`` (the read stamps the legacy Subject of the run's
+    tenant); every fifth row is ``output.chunk`` without ``runId`` (every 25th instead
+    ``approval.requested`` in its v1 shape, with ``message`` and ``timeout``): 21 rows of 100.
+    """
+    if seq == 1:
+        return "run.started", {"workflowId": "wf-quarterly-report", "inputs": {"quarter": "Q3", "regions": 4},
+                               "transport": "rest"}
+    if seq % 25 == 0:
+        return "approval.requested", {"artifactId": f"art-{seq}", "artifactType": "report",
+                                      "title": "Approve the quarterly summary",
+                                      "message": "Please review the regional figures before they are sent.",
+                                      "timeout": 3_600_000, "onTimeout": "reject", "actions": ["accept", "reject"]}
+    if seq % 5 == 0:
+        return "output.chunk", {"nodeId": node_of(seq), "chunk": REASONING[(seq * 3) % 60:][:48], "channel": "text"}
+    return None
+
+
+def node_of(seq: int) -> str:
+    return f"n-{(seq - 1) // 25}"
+
+
 class SeedError(RuntimeError):
     """The data or the seat is not what the benchmark needs; nothing would be measured honestly."""
 
@@ -106,7 +140,11 @@ def renamed_types() -> dict[str, str]:
 
 
 def load(cluster, pgbench: str, scale: int) -> None:
-    """The host's tables, the seat's schema (migrate), pgbench's tables, and the event data; then ANALYZE."""
+    """The host's tables, the seat's schema (migrate), pgbench's tables, and the event data; then ANALYZE.
+
+    The page runs are marked payloads-clean (each mark must succeed) and the projection runs' rows are
+    checked with ``openwop_seat.fast_v2``: false exactly for the rows :func:`projection_event` makes.
+    """
     cluster.psql(HOST_SCHEMA)
     migrate = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn", cluster.dsn()],
                              capture_output=True, text=True, cwd=ROOT)
@@ -116,13 +154,16 @@ def load(cluster, pgbench: str, scale: int) -> None:
                            "-U", "postgres", "postgres"], capture_output=True, text=True)
     if init.returncode != 0:
         raise SeedError(f"pgbench -i failed:\n{init.stderr}")
+    names = renamed_types()
     rows = []
-    for run in PAGE_RUNS:
+    for run in (*PAGE_RUNS, *ERA3_RUNS, *PROJECTION_RUNS):
         for seq in range(1, PAGE_ROWS + 1):
             v1 = TURN[(seq - 1) % len(TURN)]
-            rows.append((f"ev-{run}-{seq}", str(run), seq, v1, f"n-{(seq - 1) // 25}",
-                         json.dumps(page_payload(v1, seq)), None))
-    runs = [(str(r), TENANT) for r in (*PAGE_RUNS, *APPEND_RUNS)]
+            t, payload = (names[v1] if run in ERA3_RUNS else v1), page_payload(v1, seq)
+            if run in PROJECTION_RUNS and projection_event(seq) is not None:
+                t, payload = projection_event(seq)
+            rows.append((f"ev-{run}-{seq}", str(run), seq, t, node_of(seq), json.dumps(payload), None))
+    runs = [(str(r), TENANT) for r in (*PAGE_RUNS, *ERA3_RUNS, *PROJECTION_RUNS, *APPEND_RUNS)]
 
     async def insert() -> None:
         conn = await asyncpg.connect(host="127.0.0.1", port=cluster.port, user="postgres", database="postgres")
@@ -132,6 +173,21 @@ def load(cluster, pgbench: str, scale: int) -> None:
                 await conn.executemany(
                     "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
                     "VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), $7)", rows)
+                # the era-3 runs are stamped after their events (an unclaimed session may not append to one)
+                await conn.executemany("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES ($1, 3, 'bench')",
+                                       [(str(r),) for r in ERA3_RUNS])
+            for run in PAGE_RUNS:
+                if await conn.fetchval("SELECT openwop_seat.mark_payloads_clean($1)", str(run)) is not True:
+                    raise SeedError(f"openwop_seat.mark_payloads_clean({run!r}) did not mark the page run: its "
+                                    f"payloads do not all fit v2 as the bench assumes")
+            for run in PROJECTION_RUNS:
+                needs = await conn.fetch(
+                    "SELECT sequence, openwop_seat.fast_v2(type, payload) AS fast FROM events WHERE run_id = $1",
+                    str(run))
+                wrong = [r["sequence"] for r in needs if r["fast"] is not (projection_event(r["sequence"]) is None)]
+                if len(needs) != PAGE_ROWS or wrong:
+                    raise SeedError(f"projection run {run}: openwop_seat.fast_v2 disagrees with the bench on which "
+                                    f"rows need projection (sequences {wrong[:10]})")
             await conn.execute("ANALYZE")
         finally:
             await conn.close()
@@ -139,18 +195,32 @@ def load(cluster, pgbench: str, scale: int) -> None:
     asyncio.run(insert())
 
 
-async def check_translation(seat_port: int, reference_port: int, cluster_port: int) -> None:
-    """Fail unless the seat translates every row of every page and the v2 append, and the reference does not.
+V1_APPLICATION = "v1-bench"  # the application_name the bench's seat config gives major 1
 
-    The page through the seat must carry the v2 name of every stored type (and a JSON object payload);
-    the same page through ``reference_port`` (PgBouncer) the stored v1 names.  One append through the seat,
-    written with the v2 name into an era-2 run, must return the v2 name, be stored by the v1 name, and
-    leave the run era 2.
+
+async def check_translation(seat_port: int, reference_port: int, cluster_port: int) -> None:
+    """Fail unless every page reads through the seat as the workloads assume, and the v2 append works.
+
+    * page runs (era 2, payloads-clean), major 2: the v2 name of every stored type, the payload as stored;
+      through ``reference_port`` (PgBouncer) the stored v1 names;
+    * era-3 runs, major 2: every page equal to direct PostgreSQL's, row for row;
+    * page runs, major 1 (application_name :data:`V1_APPLICATION`): every page equal to direct's;
+    * projection runs, major 2: the v2 name of every stored type, no error, and at least one payload of
+      each page different from the stored one;
+    * one append through the seat, written with the v2 name into an era-2 run, must return the v2 name,
+      be stored by the v1 name, and leave the run era 2.
     """
     names = renamed_types()
-    seat = await asyncpg.connect(host="127.0.0.1", port=seat_port, user="postgres", database="postgres")
-    ref = await asyncpg.connect(host="127.0.0.1", port=reference_port, user="postgres", database="postgres")
-    direct = await asyncpg.connect(host="127.0.0.1", port=cluster_port, user="postgres", database="postgres")
+    v1_to_v2 = load_artifacts().v1_to_v2
+
+    def connect(port: int, **settings):
+        return asyncpg.connect(host="127.0.0.1", port=port, user="postgres", database="postgres",
+                               server_settings=settings or None)
+
+    seat = await connect(seat_port)
+    seat_v1 = await connect(seat_port, application_name=V1_APPLICATION)
+    ref = await connect(reference_port)
+    direct = await connect(cluster_port)
     try:
         for run in PAGE_RUNS:
             translated = await seat.fetch(PAGE_SQL, str(run), 0)
@@ -161,8 +231,27 @@ async def check_translation(seat_port: int, reference_port: int, cluster_port: i
                 if s["type"] not in names or t["type"] != names[s["type"]]:
                     raise SeedError(f"run {run} sequence {s['sequence']}: the seat read {t['type']!r} for the "
                                     f"stored {s['type']!r}; the page is not translated as the bench assumes")
-                if not isinstance(json.loads(t["payload"]), dict):
-                    raise SeedError(f"run {run} sequence {s['sequence']}: the seat's payload is not an object")
+                if json.loads(t["payload"]) != json.loads(s["payload"]):
+                    raise SeedError(f"run {run} sequence {s['sequence']}: the seat changed a payload of a "
+                                    f"payloads-clean run")
+            major1 = await seat_v1.fetch(PAGE_SQL, str(run), 0)
+            if major1 != await direct.fetch(PAGE_SQL, str(run), 0):
+                raise SeedError(f"run {run}: a major-1 page through the seat differs from direct PostgreSQL's")
+        for run in ERA3_RUNS:
+            through, plain = await seat.fetch(PAGE_SQL, str(run), 0), await direct.fetch(PAGE_SQL, str(run), 0)
+            if len(plain) != PAGE_ROWS or through != plain:
+                raise SeedError(f"era-3 run {run}: the page through the seat differs from direct PostgreSQL's "
+                                f"({len(through)} / {len(plain)} rows)")
+        for run in PROJECTION_RUNS:
+            through, plain = await seat.fetch(PAGE_SQL, str(run), 0), await direct.fetch(PAGE_SQL, str(run), 0)
+            if len(through) != PAGE_ROWS or len(plain) != PAGE_ROWS:
+                raise SeedError(f"projection run {run}: a page of {len(through)} / {len(plain)} rows, not {PAGE_ROWS}")
+            for t, s in zip(through, plain):
+                if t["type"] != v1_to_v2.get(s["type"]):
+                    raise SeedError(f"projection run {run} sequence {s['sequence']}: the seat read {t['type']!r} "
+                                    f"for the stored {s['type']!r}")
+            if all(json.loads(t["payload"]) == json.loads(s["payload"]) for t, s in zip(through, plain)):
+                raise SeedError(f"projection run {run}: no payload of the page was projected")
         run = str(APPEND_RUNS[0])
         async with seat.transaction():
             await seat.execute("SELECT pg_advisory_xact_lock(hashtext($1), 1)", run)
@@ -174,5 +263,5 @@ async def check_translation(seat_port: int, reference_port: int, cluster_port: i
             raise SeedError(f"a v2 append through the seat returned {row['type']!r}, stored {stored_type!r}, "
                             f"run_era rows {era_rows}: the writer rule is not at work as the bench assumes")
     finally:
-        for conn in (seat, ref, direct):
+        for conn in (seat, seat_v1, ref, direct):
             await conn.close()

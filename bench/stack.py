@@ -8,7 +8,8 @@
   authentication, a free port.  Debian's pgbouncer refuses to run as root, so as root it runs as
   the account the cluster runs as (``postgres``).  The system service is not used.
 * The seat: ``python -m proxy serve`` with ``workers = 1``, so one process, like single-threaded
-  PgBouncer.
+  PgBouncer; its sessions are major 2, except those whose application_name is
+  :data:`bench.seed.V1_APPLICATION`, which are major 1 (a ``[[proxy.clients]]`` rule).
 
 Each class stops what it started; :func:`machine` describes where the figures were taken.
 """
@@ -30,6 +31,8 @@ import asyncpg
 
 from proxy import __version__
 from proxy.devcluster import DevCluster, free_port
+
+from .seed import V1_APPLICATION
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -181,7 +184,9 @@ class Seat(_Process):
         config = self.dir / "openwop-seat.toml"
         config.write_text(render_config({
             "proxy": {"listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{cluster.port}",
-                      "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5},
+                      "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5, "default_major": 2,
+                      # the major-1 reader of the era2_page_major1_text workload (pgbench's PGAPPNAME)
+                      "clients": [{"application_name": V1_APPLICATION, "major": 1}]},
             "host": {"dsn": cluster.dsn()},
         }))
         with open(self.log_path, "wb") as log:

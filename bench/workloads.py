@@ -1,8 +1,9 @@
 """The measurements: one function per kind, each against one target's port, each returning figures.
 
 * :func:`pgbench_tps`: pgbench for a fixed time; transactions per second (without connection time).
-  The passthrough workloads (``-S`` in each protocol mode), the translated page in text format
-  (a custom script, ``-M extended`` as the host sends it) and the host's append are all pgbench.
+  The passthrough workloads (``-S`` in each protocol mode), the page reads in text format (a custom
+  script over one set of runs, :func:`page_script`, ``-M extended`` as the host sends it; the major-1
+  read with ``PGAPPNAME`` set) and the host's append are all pgbench.
 * :func:`binary_pages`: the same page read by asyncpg, which binds binary result formats; several
   connections in one process, pages per second.
 * :func:`latency`: pgbench ``-S -M extended`` at one client with per-transaction logs (``-l``);
@@ -26,7 +27,7 @@ from pathlib import Path
 import asyncpg
 import uvloop
 
-from .seed import PAGE_ROWS, PAGE_RUNS, PAGE_SQL, APPEND_RUNS
+from .seed import PAGE_ROWS, PAGE_SQL, APPEND_RUNS
 from .stack import rss_kib
 
 CLIENTS = 8  # the issue's pgbench setting for every throughput workload: 8 clients, 2 threads
@@ -37,10 +38,10 @@ class WorkloadError(RuntimeError):
     """A measurement did not run cleanly (a client error, a failed transaction, a short page)."""
 
 
-def page_script(directory: Path) -> Path:
-    """The host's page read as a pgbench script: a random era-2 run, every row after sequence 0."""
-    path = directory / "page.sql"
-    path.write_text(f"\\set run random({PAGE_RUNS[0]}, {PAGE_RUNS[-1]})\n"
+def page_script(directory: Path, runs: range, name: str = "page") -> Path:
+    """The host's page read as a pgbench script: a random run of ``runs``, every row after sequence 0."""
+    path = directory / f"{name}.sql"
+    path.write_text(f"\\set run random({runs[0]}, {runs[-1]})\n"
                     "\\set after 0\n"
                     f"{PAGE_SQL.replace('$1', ':run').replace('$2', ':after')};\n")
     return path
@@ -66,11 +67,15 @@ def append_script(directory: Path) -> Path:
 
 
 def pgbench_tps(pgbench: str, port: int, args: list[str], seconds: int, clients: int = CLIENTS,
-                threads: int = THREADS) -> float:
-    """Run pgbench against ``port`` for ``seconds``; its tps without initial connection time."""
+                threads: int = THREADS, env: dict[str, str] | None = None) -> float:
+    """Run pgbench against ``port`` for ``seconds``; its tps without initial connection time.
+
+    ``env``: extra environment variables for pgbench (libpq reads e.g. ``PGAPPNAME``).
+    """
     cmd = [pgbench, "-n", "-c", str(clients), "-j", str(threads), "-T", str(seconds), "-h", "127.0.0.1",
            "-p", str(port), "-U", "postgres", *args, "postgres"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
+                          env={**os.environ, **env} if env else None)
     failed = re.search(r"^number of failed transactions: (\d+)", done.stdout, re.M)
     tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", done.stdout, re.M)
     if done.returncode != 0 or tps is None or (failed and int(failed.group(1)) > 0):
@@ -80,15 +85,16 @@ def pgbench_tps(pgbench: str, port: int, args: list[str], seconds: int, clients:
     return float(tps.group(1))
 
 
-def binary_pages(port: int, seconds: int, connections: int = CLIENTS) -> float:
-    """Pages per second: ``connections`` asyncpg connections in one process, each reading pages in a loop."""
+def binary_pages(port: int, seconds: int, page_runs: range, connections: int = CLIENTS) -> float:
+    """Pages per second: ``connections`` asyncpg connections in one process, each reading pages of
+    ``page_runs`` in a loop."""
 
     async def run() -> float:
         conns = await asyncio.gather(*(asyncpg.connect(host="127.0.0.1", port=port, user="postgres",
                                                        database="postgres") for _ in range(connections)))
         try:
             stmts = [await c.prepare(PAGE_SQL) for c in conns]
-            runs = [str(r) for r in PAGE_RUNS]
+            runs = [str(r) for r in page_runs]
             deadline = time.monotonic() + seconds
 
             async def loop(stmt, k: int) -> int:

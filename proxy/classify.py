@@ -12,7 +12,7 @@ is nothing to track column by column and nothing to do per row in the seat.
 Writes stay on the base table (the writer rule's triggers guard them).  A
 ``RETURNING`` list of a write to the events table is evaluated over the written
 rows as the reader rule returns them: the write becomes a data-modifying CTE
-and the list is selected from ``row_m2``/``row_m1`` over its rows.
+and the list is selected over its rows with ``type_m2``/``payload_m2`` (``_m1``) applied.
 
 What cannot be substituted exactly is refused (``statement_untranslatable``,
 the plan's ``kind`` and ``detail`` say why): a CTE that takes the events
@@ -37,7 +37,8 @@ from .config import HostConfig
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
-ROW_FUNCTION = {2: "row_m2", 1: "row_m1"}
+# The written rows' type and payload as the reader rule returns them (proxy.relations): RETURNING reads them.
+WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
@@ -222,7 +223,7 @@ class Classifier:
                 raise Untranslatable("seat relation", f"{SEAT_SCHEMA}.{n.relname} is the seat's own relation; "
                                                       f"read the events table by its own name")
             if isinstance(n, ast.FuncCall) and len(n.funcname) == 2 and n.funcname[0].sval == SEAT_SCHEMA and \
-                    n.funcname[1].sval in ("row_m1", "row_m2"):
+                    n.funcname[1].sval in ("type_m1", "type_m2", "payload_m1", "payload_m2"):
                 raise Untranslatable("seat function", f"{SEAT_SCHEMA}.{n.funcname[1].sval} is called by the seat's "
                                                       f"rewrite only")
 
@@ -426,12 +427,18 @@ class Classifier:
         def arg(name: str | None, cast: str) -> str:
             return f"(openwop_seat_w.{_quote(name)})::{cast}" if name and name in self.columns else f"NULL::{cast}"
 
-        call = (f"{SEAT_SCHEMA}.{ROW_FUNCTION[self.major]}({arg(h.type_column, 'text')}, "
-                f"{arg(h.payload_column, 'jsonb')}, {arg(h.run_id_column, 'text')}, {arg('sequence', 'bigint')}, "
-                f"{arg(h.event_id_column, 'text')}, {arg(h.node_id_column, 'text')})")
-        translated = {h.type_column: "openwop_seat_r.type", h.payload_column: "openwop_seat_r.payload"}
+        type_fn, payload_fn = WRITTEN_FUNCTIONS[self.major]
+        era = "openwop_seat_r.era"
+        translated = {
+            h.type_column: f"{SEAT_SCHEMA}.{type_fn}({arg(h.type_column, 'text')}, {era}, "
+                           f"{arg(h.run_id_column, 'text')}, {arg('sequence', 'bigint')})",
+            h.payload_column: f"{SEAT_SCHEMA}.{payload_fn}({arg(h.type_column, 'text')}, "
+                              f"{arg(h.payload_column, 'jsonb')}, {era}, {arg(h.run_id_column, 'text')}, "
+                              f"{arg('sequence', 'bigint')}, {arg(h.event_id_column, 'text')}, "
+                              f"{arg(h.node_id_column, 'text')})"}
         cols = ", ".join(f"{translated[c]} AS {_quote(c)}" if c in translated else f"openwop_seat_w.{_quote(c)}"
                          for c in self.columns)
+        call = f"(SELECT {SEAT_SCHEMA}.era_now({arg(h.run_id_column, 'text')}) AS era)"
         select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w "
                            f"CROSS JOIN LATERAL {call} openwop_seat_r) AS {_quote(alias)}")[0].stmt
         select.targetList = write.returningClause.exprs

@@ -25,8 +25,9 @@ Python.  A column that is not selected is not computed: reading only
 ``run_id, sequence`` costs nothing extra and checks nothing, as before.
 
 Writes stay on the base table.  A ``RETURNING`` list is evaluated over the
-rows ``row_m2``/``row_m1`` return for the written rows (era read with a fresh
-snapshot, as the append trigger saw it).
+written rows with ``type_m2``/``payload_m2`` (``_m1``) applied, the era read
+with a fresh snapshot (``era_now``), as the append trigger saw it; a column the
+list does not name is not computed.
 
 Everything here is generated SQL: the functions and views are (re)installed by
 ``migrate`` with the other artifact objects and fingerprinted with them.
@@ -42,7 +43,6 @@ from .config import HostConfig
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"
 VIEW = {2: "events_m2", 1: "events_m1"}
-ROW_FUNCTION = {2: "row_m2", 1: "row_m1"}
 E, X, C = "openwop_seat_e", "openwop_seat_x", "openwop_seat_c"  # aliases inside the views
 
 
@@ -188,8 +188,6 @@ COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
 GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
 """
 
-    # RETURNING: the written rows' type and payload, by the era the append trigger saw (fresh snapshot).
-    row_args = ("t text, p jsonb, run text, seq bigint, eid text, node text")
     tenant_fn = "NULL::text"
     if host.tenant_column:
         tenant_fn = (f"CASE WHEN t {EQ} 'run.started' THEN (SELECT ({C}.{_ident(host.tenant_column)})::text "
@@ -198,10 +196,12 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
     fn_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) t OR {_vendor('t', orgs)})"
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
-                    f"        RETURN QUERY SELECT COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) t, t), p;")
+                    f"        RETURN COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) t, t);")
+        m1_payload = ""
     else:
         m1_three = (f"PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' "
                     f"ELSE 'v1_representation_refused' END, t, run, seq);")
+        m1_payload = f"IF era {EQ} 3 THEN\n        {m1_three}\n    END IF;"
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_text(code text, t text, run text, seq bigint)
 RETURNS text LANGUAGE plpgsql STABLE
@@ -239,33 +239,56 @@ BEGIN
 END
 $ow$;
 
-CREATE OR REPLACE FUNCTION {SCHEMA}.row_m2({row_args})
-RETURNS TABLE (type text, payload jsonb) LANGUAGE plpgsql VOLATILE
+-- RETURNING of a write: the written row's type and payload by the era the append trigger saw (era_now, a
+-- fresh snapshot, passed in). STABLE, so that a column the RETURNING list does not name is not computed.
+CREATE OR REPLACE FUNCTION {SCHEMA}.type_m2(t text, era smallint, run text, seq bigint)
+RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 BEGIN
-    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
-        RETURN QUERY SELECT t, p;
-    ELSE
-        RETURN QUERY SELECT COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) t,
-                                     CASE WHEN {_vendor('t', orgs)} THEN t
-                                          ELSE {SCHEMA}.refuse_text(CASE WHEN t IS NULL THEN 'event_row_malformed'
-                                               ELSE 'event_type_unmapped' END, t, run, seq) END),
-                            {SCHEMA}.payload_v2(t, p, run, seq, eid, node);
+    IF era {EQ} 3 THEN
+        RETURN t;
     END IF;
+    RETURN COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) t,
+                    CASE WHEN {_vendor('t', orgs)} THEN t
+                         ELSE {SCHEMA}.refuse_text(CASE WHEN t IS NULL THEN 'event_row_malformed'
+                                                   ELSE 'event_type_unmapped' END, t, run, seq) END);
 END
 $ow$;
 
-CREATE OR REPLACE FUNCTION {SCHEMA}.row_m1({row_args})
-RETURNS TABLE (type text, payload jsonb) LANGUAGE plpgsql VOLATILE
+CREATE OR REPLACE FUNCTION {SCHEMA}.payload_m2(t text, p jsonb, era smallint, run text, seq bigint, eid text,
+                                               node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 BEGIN
-    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
-        {m1_three}
-    ELSE
-        RETURN QUERY SELECT t, p;
+    IF era {EQ} 3 THEN
+        RETURN p;
     END IF;
+    RETURN {SCHEMA}.payload_v2(t, p, run, seq, eid, node);
+END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.type_m1(t text, era smallint, run text, seq bigint)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF era {EQ} 3 THEN
+        {m1_three}
+    END IF;
+    RETURN t;
+END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.payload_m1(t text, p jsonb, era smallint, run text, seq bigint, eid text,
+                                               node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    {m1_payload}
+    RETURN p;
 END
 $ow$;
 

@@ -1,4 +1,4 @@
-"""`make bench` (issue #6) kept from rotting: a tiny run end to end, and its refusals of bad arguments.
+"""`make bench` (issues #6, #15) kept from rotting: a tiny run end to end, and its refusals of bad arguments.
 
 The run starts its own PostgreSQL, PgBouncer (installing it when missing and running as root, else
 failing with the install command) and seat, like `make bench`, with 1 round of 1 s per measurement
@@ -14,8 +14,10 @@ import sys
 
 from conftest import ROOT
 
-RATIO_KEYS = {"passthrough_simple", "passthrough_extended", "passthrough_prepared", "translated_text",
-              "translated_binary", "append_v2_into_era2", "p50_added_us", "p99_ratio", "idle_conn_kib"}
+RATIO_KEYS = {"passthrough_simple", "passthrough_extended", "passthrough_prepared", "era3_page_text",
+              "era3_page_binary", "era2_page_major1_text", "translated_text", "translated_binary",
+              "projection_page_text", "append_v2_into_era2", "p50_added_us", "p99_ratio", "idle_conn_kib"}
+REPORTED_KEYS = {"projection_page_text"}  # measured with no goal: never judged met or not met
 
 
 def bench(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
@@ -35,7 +37,12 @@ def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
                                         "python"}
     for workload in RATIO_KEYS & set(document["rounds"]["throughput"]):
         assert set(document["rounds"]["throughput"][workload][0]) == {"direct", "pgbouncer", "seat"}
-    assert "seat/pgbouncer" in done.stdout and "goals (issue #6):" in done.stdout
+    assert set(document["goals"]) == RATIO_KEYS - REPORTED_KEYS
+    assert set(document["goals_met"]) == RATIO_KEYS - REPORTED_KEYS
+    assert set(document["reported"]) == REPORTED_KEYS
+    assert "seat/pgbouncer" in done.stdout and "goals (issues #6, #15):" in done.stdout
+    assert any(line.split()[:1] == ["projection_page_text"] and "reported" in line.split()
+               for line in done.stdout.splitlines())
 
 
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path):

@@ -158,7 +158,7 @@ def test_a_returning_write_returns_the_written_rows_through_the_reader_rule(sql)
     ctes = {c.ctename: c.ctequery for c in stmt.withClause.ctes}
     write = ctes[WRITTEN]
     assert isinstance(write, (ast.InsertStmt, ast.DeleteStmt)) and write.relation.relname == "events"
-    assert "openwop_seat.row_m2(" in text
+    assert "openwop_seat.type_m2(" in text and "openwop_seat.era_now(" in text
     if sql.startswith("WITH next"):
         assert list(ctes)[0] == "next"  # the write's own CTEs come first, in order
 
@@ -167,7 +167,7 @@ def test_a_data_modifying_cte_over_events_returns_translated_rows():
     text = only(classify("WITH w AS (DELETE FROM events WHERE run_id = '1' RETURNING *) SELECT type FROM w")).sql
     stmt = parse_sql(text)[0].stmt
     names = [c.ctename for c in stmt.withClause.ctes]
-    assert names == [f"{WRITTEN}_0", "w"] and "openwop_seat.row_m2(" in text
+    assert names == [f"{WRITTEN}_0", "w"] and "openwop_seat.type_m2(" in text
 
 
 def test_returning_columns_follow_the_tables_own_order():
@@ -191,7 +191,7 @@ REFUSED = [
     ("SELECT query_to_xml('select * from ev' || 'ents', true, false, '')", "query-running function"),
     ("SELECT table_to_xml('runs', true, false, '')", "query-running function"),
     ("SELECT * FROM openwop_seat.events_m1", "seat relation"),
-    ("SELECT * FROM openwop_seat.row_m2('a', null, 'r', 1, null, null)", "seat function"),
+    ("SELECT openwop_seat.type_m2('a', 2::smallint, 'r', 1)", "seat function"),
     ("UPDATE events SET payload = '{}' WHERE type = 'x'", "UPDATE reading stored event columns"),
     ("UPDATE events SET node_id = type WHERE run_id = $1", "UPDATE reading stored event columns"),
     ("DELETE FROM events WHERE payload ? 'x'", "DELETE reading stored event columns"),
@@ -297,4 +297,4 @@ def test_configured_columns_are_the_ones_guarded_in_writes():
 
 def test_plans_differ_by_major():
     assert VIEW2 in classify(LOG_PAGE, 2).text and VIEW1 in classify(LOG_PAGE, 1).text
-    assert "row_m1(" in classify(APPEND, 1).text
+    assert "type_m1(" in classify(APPEND, 1).text

@@ -74,14 +74,21 @@ def test_read_path_metrics(start_seat, pg):
                 assert conn.execute("SELECT type FROM events WHERE run_id = 'metrics-run'").fetchone() == (
                     "agent.reasoning-delta",)
             try:
-                conn.execute("SELECT * FROM events ORDER BY type")
+                conn.execute("WITH events AS (SELECT 1) SELECT * FROM events")
             except psycopg.Error:
                 pass
+            cur = conn.cursor()
+            for _ in range(2):  # an unnamed Parse of a translated statement: prepared once on the server
+                cur.execute("SELECT type FROM events WHERE run_id = %s", ("metrics-run",), prepare=False)
             _, text = get(seat.metrics_port, "/metrics")
-        assert metric(text, 'openwop_seat_rows_translated_total{direction="v1_to_v2",era="2",major="2"}') == 3
+        assert metric(text, 'openwop_seat_statements_total{class="event_read",protocol="simple"}') == 3
+        assert metric(text, 'openwop_seat_statements_total{class="event_read",protocol="extended"}') == 2
+        assert metric(text, "openwop_seat_prepared_statements") == 1  # the session is still open
         assert metric(text, 'openwop_seat_parse_cache_hits_total{major="2"}') >= 2
         assert metric(text, 'openwop_seat_parse_cache_misses_total{major="2"}') >= 2
-        assert 'openwop_seat_statements_refused_total{kind="ORDER BY on event columns"} 1.0' in text
+        assert metric(text, 'openwop_seat_parse_cache_bytes{major="2"}') > 0
+        assert 'openwop_seat_statements_refused_total{kind="CTE named like the events table"} 1.0' in text
+        assert "openwop_seat_rows_translated" not in text  # rows are translated in the database, not counted
     finally:
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("DELETE FROM events WHERE run_id = 'metrics-run'")

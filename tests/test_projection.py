@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import asyncpg
@@ -214,30 +212,6 @@ def test_a_refused_row_leaves_the_transaction_as_postgres_would(loaded, pp_seat)
                             ("pp1.variable-changed-carrier-taken",)).fetchone() == ("variable.changed",)
 
 
-def test_projection_metrics_count_projected_boxed_and_missing(loaded, start_seat):
-    seat = start_seat()  # its own counters
-    ok = [c for c in CASES if "error" not in c["expect"]]
-    read_psycopg(seat.dsn(), None, [run_id(c) for c in ok])
-    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-
-    def value(name: str, **labels) -> float:
-        for m in re.finditer(rf"^{name}{{(.*)}} (\S+)$", text, re.MULTILINE):
-            if dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) == labels:
-                return float(m.group(2))
-        return 0.0
-
-    for v2type in {c["expect"]["type"] for c in ok}:
-        cases = [c for c in ok if c["expect"]["type"] == v2type]
-        assert value("openwop_seat_payloads_projected_total", type=v2type) == \
-            sum(c["expect"]["changed"] for c in cases), v2type
-        assert value("openwop_seat_payload_keys_boxed_total", type=v2type) == \
-            sum(c["expect"].get("boxed", 0) for c in cases), v2type
-        for key in {k for c in cases for k in c["expect"]["missing"]}:
-            assert value("openwop_seat_payload_required_missing_total", type=v2type, key=key) == \
-                sum(key in c["expect"]["missing"] for c in cases), (v2type, key)
-
-
 def test_fork_of_a_projected_prefix_reads_back_byte_equal(pg, pp_seat):
     """Fork as the host does it: read the parent (era 2) as major 2, append each event to a new run through the
     seat (stamped era 3), read the child: type, sequence and payload bytes equal the parent's projected read."""
@@ -294,18 +268,19 @@ def test_an_append_whose_returned_payload_cannot_be_seated_fails_and_stores_noth
     assert pg.psql(f"SELECT string_agg(sequence::text, ',') FROM events WHERE run_id = '{rid}'").strip() == "1"
 
 
-def test_fast_path_is_planned_once_per_session_not_per_statement(pg, loaded):
-    """read_v2p is inlined into the statement, but its per-type fast test is a plpgsql call: an inlined
-    SQL body is parsed again at every planning, and that body (a branch per v1 type) cost milliseconds
-    per unprepared statement. The plan shows the call, and no inlined per-type branch."""
+def test_the_translated_relation_is_flattened_and_projects_by_one_call(pg, loaded):
+    """The read relation is a view PostgreSQL flattens into the statement (the page's run filter reaches the
+    index); its payload check is one plpgsql call per era-2 row, planned once per session, with no per-type
+    branch inlined into the statement's plan."""
     from proxy.classify import Classifier
     from proxy.config import HostConfig
 
     sql = Classifier(HostConfig(), 2).classify(
         "SELECT * FROM events WHERE run_id = 'pp1.provider-usage' ORDER BY sequence").text
     plan = pg.psql(f"EXPLAIN (VERBOSE) {sql}")
-    assert "openwop_seat.fast_v2(events.type, events.payload)" in plan, plan
-    assert "read_v2p" not in plan and "agent.toolCalled'::text THEN" not in plan, plan
+    assert "openwop_seat.payload_v2(" in plan, plan
+    assert "Subquery Scan" not in plan and "events_run_id_sequence_key" in plan, plan
+    assert "fast_v2" not in plan and "agent.toolCalled'::text THEN" not in plan, plan
 
 
 def test_per_statement_helpers_are_plpgsql_planned_once_per_session(pg):

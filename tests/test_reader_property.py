@@ -300,25 +300,24 @@ def test_seat_reads_like_direct_but_for_the_type_column(prop_seat, pg, logs, sha
 
 
 def test_every_shape_is_rewritten_by_the_classifier():
-    """The shapes above exercise the translating path (all but the one without a type column)."""
-    from proxy.classify import PASS, TRANSLATE, Classifier
+    """The shapes above exercise the translating path: every one reads the translated relation, the one
+    without a type column included (it reads the events table)."""
+    from proxy.classify import TRANSLATE, Classifier
     from proxy.config import HostConfig
 
     for major in (2, 1):
         classifier = Classifier(HostConfig(), major)
         for shape in SHAPES:
             plan = classifier.classify(shape.sql.format(p="$1"))
-            assert [s.action for s in plan.statements] == [PASS if shape.type_col is None else TRANSLATE], shape.name
+            assert [s.action for s in plan.statements] == [TRANSLATE], shape.name
 
 
 @pytest.mark.parametrize("driver", ["psycopg-text", "asyncpg"])
 def test_type_column_renamed_inside_a_derived_table_reads_translated(prop_seat, pg, driver):
     """`SELECT s.t … FROM (SELECT type AS t …) s` outputs the type column as it is and must read like `type AS t`.
 
-    Today the classifier passes it untouched (it only knows the name `type` one level up), so the
-    result carries the type column without the era column and the seat fails the read with
-    event_row_malformed instead of returning the rows.
-    """
+    The column-tracking classifier once passed it untouched; with the relation substituted there is nothing
+    to track."""
     sql = ("SELECT s.t, s.sequence, s.run_id FROM (SELECT type AS t, sequence, run_id FROM events "
            "WHERE run_id = ANY({p})) s ORDER BY s.run_id, s.sequence")
     eras = _insert(pg.dsn(), FULL_LOG)

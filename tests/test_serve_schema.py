@@ -60,9 +60,19 @@ def test_refuses_a_newer_layout(pg, host_db, tmp_path):
 
 def test_refuses_without_the_events_table(pg, host_db, tmp_path):
     migrate(pg, host_db)
-    pg.psql("DROP TABLE events", dbname=host_db)
+    pg.psql("DROP TABLE events CASCADE", dbname=host_db)  # the seat's translated relations depend on it
     out = serve(pg, host_db, tmp_path)
     assert out.returncode == 1 and "events_table" in out.stderr
+
+
+def test_refuses_when_the_translated_relations_no_longer_match_the_table(pg, host_db, tmp_path):
+    migrate(pg, host_db)
+    pg.psql("ALTER TABLE events ADD COLUMN extra int", dbname=host_db)
+    out = serve(pg, host_db, tmp_path)
+    assert out.returncode == 1 and "no longer matches the columns" in out.stderr and "migrate" in out.stderr
+    migrate(pg, host_db)  # regenerates them over the table as it is now
+    for view in ("events_m2", "events_m1"):
+        pg.psql(f"SELECT extra FROM openwop_seat.{view} LIMIT 0", dbname=host_db)
 
 
 def test_refuses_an_unreachable_host_database(pg, tmp_path):

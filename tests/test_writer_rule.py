@@ -700,8 +700,8 @@ def test_verify_refuses_missing_disabled_or_foreign_triggers(pg, make_db, monkey
         run_verify(column)
     migrate(pg, db, column)
     names = pg.psql("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1", dbname=db).split()
-    assert names == ["zz_openwop_seat_append", "zz_openwop_seat_keep_era_column", "zz_openwop_seat_stamp_era_column",
-                     "zz_openwop_seat_update"]
+    assert names == ["zz_openwop_seat_append", "zz_openwop_seat_clean", "zz_openwop_seat_keep_era_column",
+                     "zz_openwop_seat_stamp_era_column", "zz_openwop_seat_update"]
 
 
 def test_missing_host_tables_are_reported_and_installed_later(pg, make_db, monkeypatch):
