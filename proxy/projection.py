@@ -263,7 +263,7 @@ BEGIN
         FOR b IN SELECT jsonb_array_elements_text(sh -> 'u') LOOP
             SELECT * INTO sub FROM {s}.project_obj(b, v, path);
             IF cardinality(sub.unseated) = 0 THEN
-                val := sub.val; boxed := sub.boxed;
+                val := sub.val; boxed := sub.boxed; unseated := sub.unseated;  -- not an earlier branch's verdict
                 RETURN;
             END IF;
             IF first THEN
