@@ -13,7 +13,10 @@ One run, one READ COMMITTED transaction, in this order:
 4. every event row of the run through ``try_v2p`` with era 2 (``read_v2p`` of
    the read path, returning refusals), and the type mapping the seat applies
    (``renamed_types``): a run with a row that would fail is skipped and
-   reported, nothing changed;
+   reported, nothing changed; so is a run with a row whose projected payload
+   would not validate against its v2 definition (a required key nothing
+   provides: ``schema_invalid``), unless ``--allow-schema-invalid`` says to
+   write it anyway (counted in the summary);
 5. the run's rows, as they are, into ``openwop_seat.events_v1_original``
    (type and payload in their text forms, and the whole row as its row type's
    text);
@@ -70,6 +73,7 @@ class Summary:
     events_rewritten: int = 0
     events_preserved: int = 0
     already: int = 0
+    invalid_written: int = 0  # schema-invalid payloads written (only with --allow-schema-invalid)
     skipped: list = field(default_factory=list)  # (run, code or None, reason)
 
     @property
@@ -80,10 +84,12 @@ class Summary:
 class Backfill:
     """The SQL of one configuration, and the conversion and restore of one run."""
 
-    def __init__(self, conn, config, *, dry_run: bool = False):
+    def __init__(self, conn, config, *, dry_run: bool = False, allow_invalid: bool = False):
         self.conn = conn
         self.host = host = config.host
         self.dry_run = dry_run
+        self.allow_invalid = allow_invalid
+        self.invalid = 0  # schema-invalid rows of the last run planned
         e = "e"
         run = run_col(host, e)
         typ = f"{e}.{quote_ident(host.type_column)}"
@@ -161,14 +167,26 @@ class Backfill:
             raise Skip(f"{len(refused)} of its {len(rows)} events would fail the reader rule; the first, at "
                        f"sequence {refused[0]['seq']}: {first.get('error')}: {first.get('message')}",
                        first.get("error"))
+        invalid = []  # (sequence, v2 type, missing keys)
         for r in rows:
             v = r["v"]
             cut = v.find(META_SEPARATOR)
             projected = v[1:cut] if cut >= 0 else v[1:]
+            if cut >= 0:
+                _, v2type, missing = v[cut + 1:].split(META_SEPARATOR)
+                if missing:
+                    invalid.append((r["seq"], v2type, missing))
             if r["t2"] != r["t"] or projected:
                 seqs.append(r["seq"])
                 types.append(r["t2"])
                 payloads.append(projected or None)
+        if invalid and not self.allow_invalid:
+            seq, v2type, missing = invalid[0]
+            raise Skip(f"{len(invalid)} of its {len(rows)} events would be written schema-invalid (their v2 "
+                       f"definition requires a key nothing in the row provides); the first, at sequence {seq}: "
+                       f"{v2type} without {missing.replace(',', ', ')}; --allow-schema-invalid writes them as they "
+                       f"read", "schema_invalid")
+        self.invalid = len(invalid)
         return len(rows), seqs, types, payloads
 
     async def convert(self, run: str) -> str:
@@ -257,7 +275,7 @@ async def _runs_all(conn, host, batch: int):
 
 
 async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, batch: int,
-                       progress: Progress | None = None, out=print) -> Summary:
+                       progress: Progress | None = None, out=print, allow_invalid: bool = False) -> Summary:
     """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.cutover.open_checked`."""
     import asyncpg
 
@@ -275,7 +293,7 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
     else:
         total = await conn.fetchval(f"SELECT count(DISTINCT {run_col(host)}) FROM {events_from(host)}")
         pages = _runs_all(conn, host, batch)
-    b = Backfill(conn, config, dry_run=dry_run)
+    b = Backfill(conn, config, dry_run=dry_run, allow_invalid=allow_invalid)
     await b.prepare()
     s = Summary()
     done = 0
@@ -310,6 +328,7 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
                 s.converted += 1
                 s.events_preserved += n
                 s.events_rewritten += len(seqs)
+                s.invalid_written += b.invalid
             if progress is not None:
                 progress.update(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
                                 f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
@@ -331,7 +350,11 @@ def render(s: Summary, dry_run: bool) -> str:
     else:
         head = (f"converted {s.converted:,} runs to era 3 ({s.events_rewritten:,} events rewritten, "
                 f"{s.events_preserved:,} preserved in {ORIGINALS})")
-    lines = [head, f"already era 3: {s.already:,} runs", f"skipped: {len(s.skipped):,} runs"]
+    lines = [head]
+    if s.invalid_written:
+        lines.append(f"schema-invalid payloads {'that would be ' if dry_run else ''}written "
+                     f"(--allow-schema-invalid): {s.invalid_written:,} events")
+    lines += [f"already era 3: {s.already:,} runs", f"skipped: {len(s.skipped):,} runs"]
     by_code: dict[str, int] = {}
     for _, code, _ in s.skipped:
         by_code[code or "other"] = by_code.get(code or "other", 0) + 1
@@ -352,6 +375,8 @@ def cmd_backfill(config, args) -> int:
         return fail(EXIT_USAGE, f"--batch must be at least 1, got {args.batch}")
     if args.restore is not None and args.dry_run:
         return fail(EXIT_USAGE, "--dry-run does not apply to --restore")
+    if args.restore is not None and args.allow_schema_invalid:
+        return fail(EXIT_USAGE, "--allow-schema-invalid does not apply to --restore")
     runs = None
     if args.runs is not None:
         runs = list(dict.fromkeys(args.runs))  # each run once, in the order given
@@ -370,7 +395,8 @@ def cmd_backfill(config, args) -> int:
                 await b.prepare()
                 return await b.restore(args.restore)
             return await run_backfill(conn, config, runs=runs, dry_run=args.dry_run, batch=args.batch,
-                                      progress=Progress("backfill", enabled=not args.no_progress), out=say)
+                                      progress=Progress("backfill", enabled=not args.no_progress), out=say,
+                                      allow_invalid=args.allow_schema_invalid)
         finally:
             await conn.close()
 
