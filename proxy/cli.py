@@ -138,6 +138,11 @@ def _add_backfill(commands) -> None:
                        help="put RUN_ID back as it was before its backfill: its preserved rows and era 2")
     backfill.add_argument("--dry-run", action="store_true",
                           help="report what would be converted or skipped; change nothing (read only)")
+    backfill.add_argument("--repair", metavar="FILE",
+                          help="a JSON object naming stored type spellings the codemap lacks and the codemap type "
+                               "each stands for, e.g. {\"node.interrupt.resolved\": \"interrupt.resolved\"}: "
+                               "the runs converted read those rows as that type; originals preserved, runs "
+                               "stamped with source backfill-repair, every repair listed in the summary")
     backfill.add_argument("--allow-schema-invalid", action="store_true",
                           help="write payloads that would not validate against their v2 definition (a required "
                                "key nothing in the row provides) as they read, instead of skipping their runs; "
