@@ -16,10 +16,13 @@ What is generated here is data plus one generic engine, not per-type code:
 * ``project_obj(shape, value, path)`` walks one object against one shape:
   a declared key stays (its nested object is walked against its own shape);
   a key the shape's own patterns admit stays; in an open shape any key stays;
-  in a closed, hatched shape the other keys are boxed under ``"x-v1"``; in a
-  closed shape without the hatch they are *unseated* (their dotted paths are
-  returned).  The hatch belongs to each shape: a nested closed object without
-  it refuses even ``x-`` keys (spec digest §2.2 step 5).
+  in a closed, hatched shape the other keys are boxed under the carrier
+  (``[host] payload_carrier``, default ``"x-v1"``; ``"<carrier>.seat"`` when
+  the host wrote the carrier itself); in a closed shape without the hatch
+  they are *unseated* (their dotted paths are returned).  The hatch belongs to
+  each shape: a nested closed object without it refuses even ``x-`` keys (spec
+  digest §2.2 step 5).  A hatch key's value is opaque: nothing under it is
+  looked at.  The choices where the spec is silent are ADR 0007's.
 * ``project_v2(type, payload, node, run, tenant)`` applies the value
   transformations the spec names, then the walk, then fills required
   ``nodeId``/``runId`` from the row's own columns; it reports the unseated
@@ -51,7 +54,8 @@ from .payloads import HATCH_PATTERN, ObjectShape
 CARRIER = "x-v1"  # the default carrier: the key, admitted by the hatch, that holds a hatched object's unseated keys
 SECOND_CARRIER_SUFFIX = ".seat"  # the carrier when the host itself wrote a key of the carrier's name (ADR 0007)
 # The spelling a configured carrier must have: a hatch prefix and a name of letters, digits, '-' and '.' segments.
-CARRIER_GRAMMAR = r"^(openwop-[a-z0-9]+(-[a-z0-9]+)*|x-[a-z0-9]+(-[a-z0-9]+)*|vendor\.[a-z][a-z0-9]*(-[a-z0-9]+)*(\.[a-z0-9]+(-[a-z0-9]+)*)*)$"
+CARRIER_GRAMMAR = (r"^(openwop-[a-z0-9]+(-[a-z0-9]+)*|x-[a-z0-9]+(-[a-z0-9]+)*"
+                   r"|vendor\.[a-z][a-z0-9]*(-[a-z0-9]+)*(\.[a-z0-9]+(-[a-z0-9]+)*)*)$")
 # The v2 interrupt kind enum (nodeSuspended.kind, interruptResolved.kind, suspend-request kind); a stored kind
 # outside it reads as "custom", the original carried (ADR 0007).
 INTERRUPT_KINDS = ("approval", "clarification", "external-event", "custom", "conversation.start",
@@ -508,8 +512,8 @@ def _fast_condition(shape: ObjectShape, kind_enum: bool = False) -> str:
     (``kind_enum``) no ``kind`` outside the interrupt kind enum."""
     parts = ["pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.=) 'object'"]
     if kind_enum:
-        parts.append(f"COALESCE((p OPERATOR(pg_catalog.->>) 'kind') OPERATOR(pg_catalog.=) ANY ({_array(INTERRUPT_KINDS)}), "
-                     "NOT (p OPERATOR(pg_catalog.?) 'kind'))")
+        parts.append(f"COALESCE((p OPERATOR(pg_catalog.->>) 'kind') OPERATOR(pg_catalog.=) "
+                     f"ANY ({_array(INTERRUPT_KINDS)}), NOT (p OPERATOR(pg_catalog.?) 'kind'))")
     if shape.closed:
         parts.append(f"(p OPERATOR(pg_catalog.-) {_array(shape.declared)}) OPERATOR(pg_catalog.=) '{{}}'::jsonb")
     nested = sorted(set(shape.nested) | set(shape.items) | set(shape.discriminated))
