@@ -102,8 +102,9 @@ def _add_audit(commands) -> None:
         "audit", help="pre-flight: read every era-2 run through the reader rule, offline, and report what would fail",
         description="Read every era-2 run's events with the functions migrate installed (the reader rule and the "
                     "payload projection), in batches of runs, each a REPEATABLE READ READ ONLY transaction streamed "
-                    "through a server-side cursor; report what would fail and why. Exit 0: nothing would fail; "
-                    "1: some events would fail; 2: bad flags or configuration; 3: the database is unreachable or "
+                    "through a server-side cursor; report what would fail and why, and what would read but not "
+                    "validate (schema-invalid). Exit 0: nothing would fail and nothing is schema-invalid; "
+                    "1: some events would fail or are schema-invalid; 2: bad flags or configuration; 3: the database is unreachable or "
                     "not migrated with these artifacts.")
     audit.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     audit.add_argument("--dsn", required=True, metavar="DSN", help="libpq-style connection string or URL of the "
