@@ -8,11 +8,16 @@ second carrier, and that the enums the generated SQL holds are the vendored sche
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from conftest import HOST_SCHEMA, ROOT, render_config
 from proxy import schema
 from proxy.artifacts import load_artifacts
 from proxy.config import ConfigError, HostConfig, parse_config
@@ -103,3 +108,31 @@ def test_a_carrier_the_host_wrote_is_left_alone_and_the_second_carrier_used(vend
     _, unseated, _ = _project(vendor_carrier, "variable.changed",
                               {"name": "t", "value": 2, "vendor.openwop-app": host, "vendor.openwop-app.seat": 1})
     assert unseated == ["value"]  # both taken: refused, never merged into the host's value
+
+
+def _migrate(pg, db: str, config) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "proxy", "migrate", "--config", str(config), "--dsn",
+                           pg.dsn(dbname=db)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+
+
+def test_migrate_writes_the_configured_carrier_and_refuses_an_unregistered_org(pg, tmp_path):
+    """From the configuration file to the installed read function: a major-2 read of an era-2 row boxes
+    under the configured carrier; an unregistered vendor.<org> carrier stops migrate, naming the key."""
+    db = f"ow_carrier_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=db)
+        bad = tmp_path / "bad.toml"
+        bad.write_text(render_config({"host": {"payload_carrier": "vendor.acme"}}))
+        out = _migrate(pg, db, bad)
+        assert out.returncode != 0 and "host.payload_carrier" in out.stderr and "not registered" in out.stderr
+        good = tmp_path / "good.toml"
+        good.write_text(render_config({"host": {"payload_carrier": "vendor.openwop-app"}}))
+        out = _migrate(pg, db, good)
+        assert out.returncode == 0, out.stderr
+        got = pg.psql("SELECT openwop_seat.read_v2p(2::smallint, 'variable.changed', "
+                      "'{\"name\": \"t\", \"value\": 2}'::jsonb, 'r', 1, 'e', NULL, 'acme')", dbname=db).strip()
+        assert got.split("\x1e")[0] == '2{"name": "t", "vendor.openwop-app": {"value": 2}}'
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
