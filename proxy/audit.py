@@ -37,7 +37,7 @@ import orjson
 from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
                       UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col, unavailable)
 from .projection import META_SEPARATOR
-from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
+from .schema import SCHEMA, TRY_REFUSED, quote_ident, quote_literal, read_project_sql
 
 DEFAULT_BATCH = 500  # runs per transaction
 RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(__file__), "spec", "schemas", "v2", "run-event.schema.json")
@@ -110,6 +110,7 @@ class Report:
     invalid: dict = field(default_factory=dict)  # (v2 type, key) -> Failure: schema-invalid after projection
     invalid_events: int = 0
     invalid_runs: set = field(default_factory=set)
+    repaired_runs: int | None = None  # era-3 runs backfill converted with --repair (None: the era store keeps no source)
 
     @property
     def ok(self) -> bool:
@@ -185,6 +186,7 @@ class Report:
                               for (t, key), f in sorted(self.invalid.items(), key=lambda i: (-i[1].count, i[0]))],
             "vendorTypesByOrg": self.vendor_types(artifacts),
             "vendorTypesOffGrammar": self.vendor_off_grammar(artifacts),
+            "repairedRuns": self.repaired_runs,
             "typesNeverSeen": self.never_seen(artifacts),
             "requiredKeysMissing": [{"type": t, "key": k, "count": n} for (t, k), n in sorted(self.missing.items())],
             "projectedByType": dict(sorted(self.projected.items())),
@@ -237,6 +239,11 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
         null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True)
         async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
             report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+    if host.era_column is None:  # run_era says who stamped a run; an era column does not
+        from .backfill import REPAIR_SOURCE
+
+        report.repaired_runs = await conn.fetchval(
+            f"SELECT count(*) FROM {SCHEMA}.run_era WHERE source = $1", REPAIR_SOURCE)
     if progress is not None:
         progress.done(_progress_text(report, total))
     return report
@@ -289,6 +296,8 @@ def render(report: Report, artifacts) -> str:
                  f"{len(j['requiredKeysMissing'])} type/key pairs")
     for m in j["requiredKeysMissing"]:
         lines.append(f"  {m['type']}: {m['key']} ({m['count']:,} events)")
+    if report.repaired_runs is not None:
+        lines.append(f"runs converted by backfill --repair (run_era.source backfill-repair): {report.repaired_runs:,}")
     never = j["typesNeverSeen"]
     lines.append(f"types never seen: {len(never)} of the codemap's {len(artifacts.v1_types)} v1 types")
     for i in range(0, len(never), 6):

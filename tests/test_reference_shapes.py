@@ -79,6 +79,19 @@ def test_audit_reports_each_class_on_the_reference_hosts_runs(pg, tmp_path):
         assert [(i["type"], i["key"], i["count"]) for i in r["schemaInvalid"]] == [
             ("node.started", "typeId", 3), ("run.completed", "outputs", 3)]
         assert r["events"] == {"scanned": 18, "wouldFail": 3, "schemaInvalid": 6, "projected": 6}
+        assert r["repairedRuns"] == 0
+        # after a repairing backfill of one run the audit counts it, and reads the other two as before
+        path = tmp_path / "repair.json"
+        path.write_text(json.dumps(REPAIR))
+        out = subprocess.run(base + ["backfill", "--dsn", pg.dsn(dbname=db), "--runs", "ref-gate-1", "--repair",
+                                     str(path), "--allow-schema-invalid", "--no-progress"],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        assert out.returncode == EXIT_OK, out.stdout + out.stderr
+        out = subprocess.run(base + ["audit", "--dsn", pg.dsn(dbname=db), "--json", str(report), "--no-progress"],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+        r = json.loads(report.read_text())
+        assert r["repairedRuns"] == 1 and r["runs"]["era3Skipped"] == 1 and r["runs"]["wouldFail"] == 2
+        assert "runs converted by backfill --repair (run_era.source backfill-repair): 1" in out.stdout
     finally:
         pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
 
