@@ -94,8 +94,7 @@ def payload_families(counts):
                                     "Era-2 payloads the projection changed for major-2 readers, by v2 type",
                                     labels=["type"])
     boxed = CounterMetricFamily("openwop_seat_payload_keys_boxed",
-                                "Keys without a seat carried under the payload carrier (x-v1 by default) in a "
-                                "hatched definition, by v2 type",
+                                "Keys without a seat carried under x-v1 in a hatched definition, by v2 type",
                                 labels=["type"])
     missing = CounterMetricFamily("openwop_seat_payload_required_missing",
                                   "Projected rows still missing a key the v2 definition requires, by type and key",
