@@ -411,7 +411,7 @@ BEGIN
                 val := val || jsonb_build_object('owner', jsonb_build_object('tenant', rt,
                     'subject', jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', {_lit(LEGACY_SUBJECT_ID)},
                                                   'tenant', rt, 'lane', 'api-key', 'kind', 'user')));
-            END IF;  -- no tenant to stamp with: left as stored (ADR 0007), and audit counts it schema-invalid
+            END IF;  -- no tenant to stamp with: left as stored (ADR 0007)
         ELSIF jsonb_typeof(o) = 'object'
               AND (NOT o ? 'principal' OR jsonb_typeof(o -> 'principal') = 'string')
               AND (NOT o ? 'principalKind' OR jsonb_typeof(o -> 'principalKind') = 'string')
