@@ -6,6 +6,14 @@ functions ``migrate`` installed (``try_v2p``: ``read_v2p`` with each refusal
 returned instead of raised, see :mod:`proxy.schema`), so it reads every row
 exactly as a seat would; only the counting is done here.
 
+Three classes of result (ADR 0007).  An event *would fail* when a major-2
+read refuses it (``failures``).  An event is *schema-invalid* when it reads,
+but its projected payload would not validate against its v2 definition: a
+required key that nothing in the row provides (``schemaInvalid``, per v2 type
+and key; the projection never synthesises one).  Both make the audit fail
+(exit 1).  A registered-vendor type that fails the v2 event-type grammar
+(``vendorTypesOffGrammar``) is read as stored and only flagged.
+
 Batches.  The events table is walked in run-id order, ``--batch`` runs at a
 time; each batch is one ``REPEATABLE READ READ ONLY`` transaction (the eras
 of its runs and their events are read in one snapshot) whose rows stream
@@ -17,7 +25,9 @@ rows as stored.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,9 +37,17 @@ import orjson
 from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
                       UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col, unavailable)
 from .projection import META_SEPARATOR
-from .schema import TRY_REFUSED, quote_ident, quote_literal, read_project_sql
+from .schema import SCHEMA, TRY_REFUSED, quote_ident, quote_literal, read_project_sql
 
 DEFAULT_BATCH = 500  # runs per transaction
+RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(__file__), "spec", "schemas", "v2", "run-event.schema.json")
+
+
+def vendor_type_grammar() -> re.Pattern:
+    """The v2 grammar of a type outside the closed enum (run-event.schema.json ``type``'s pattern branch)."""
+    with open(RUN_EVENT_SCHEMA, encoding="utf-8") as f:
+        branches = json.load(f)["properties"]["type"]["oneOf"]
+    return re.compile(next(b["pattern"] for b in branches if "pattern" in b))
 DEFAULT_SAMPLES = 5  # sample (run, sequence) pairs kept per failure kind
 CURSOR_PREFETCH = 2000
 
@@ -89,10 +107,14 @@ class Report:
     projected: Counter = field(default_factory=Counter)  # v2 type -> events whose payload is projected
     boxed: Counter = field(default_factory=Counter)  # v2 type -> keys boxed under x-v1
     missing: Counter = field(default_factory=Counter)  # (v2 type, key) -> events missing that required key
+    invalid: dict = field(default_factory=dict)  # (v2 type, key) -> Failure: schema-invalid after projection
+    invalid_events: int = 0
+    invalid_runs: set = field(default_factory=set)
+    repaired_runs: int | None = None  # era-3 runs backfill converted with --repair (None: the era store keeps no source)
 
     @property
     def ok(self) -> bool:
-        return self.failing_events == 0
+        return self.failing_events == 0 and self.invalid_events == 0
 
     def fail(self, code: str, t: str | None, key: str | None, run: str | None, seq: int | None) -> None:
         f = self.failures.setdefault((code, t, key), Failure())
@@ -120,8 +142,15 @@ class Report:
             self.projected[v2type] += 1
         if boxed != "0":
             self.boxed[v2type] += int(boxed)
+        if missing:
+            self.invalid_events += 1
+            self.invalid_runs.add(run)
         for key in missing.split(",") if missing else ():
             self.missing[v2type, key] += 1
+            f = self.invalid.setdefault((v2type, key), Failure())
+            f.count += 1
+            if len(f.samples) < self.samples:
+                f.samples.append({"runId": run, "sequence": seq})
 
     def vendor_types(self, artifacts) -> dict[str, dict[str, int]]:
         """Types stored in era-2 runs that the reader rule passes by their registered org: org -> type -> events."""
@@ -130,6 +159,13 @@ class Report:
             if t is not None and t not in artifacts.v1_types and artifacts.is_vendor_type(t):
                 out.setdefault(t.partition(".")[0], {})[t] = n
         return {org: dict(sorted(ts.items())) for org, ts in sorted(out.items())}
+
+    def vendor_off_grammar(self, artifacts) -> dict[str, int]:
+        """Registered-vendor types that fail the v2 event-type grammar (e.g. ``example.Bad_Type``): read as
+        stored, but no v2 wire admits them; flagged, not failed (ADR 0007)."""
+        grammar = vendor_type_grammar()
+        return {t: n for org in self.vendor_types(artifacts).values() for t, n in sorted(org.items())
+                if not grammar.fullmatch(t)}
 
     def never_seen(self, artifacts) -> list[str]:
         """The codemap's v1 types no era-2 event is stored under."""
@@ -140,12 +176,17 @@ class Report:
             "ok": self.ok,
             "artifacts": {"tag": self.tag, "digest": self.digest},
             "runs": {"era2Scanned": self.era2_runs, "era3Skipped": self.era3_runs,
-                     "wouldFail": len(self.failing_runs)},
+                     "wouldFail": len(self.failing_runs), "schemaInvalid": len(self.invalid_runs)},
             "events": {"scanned": self.events, "wouldFail": self.failing_events,
-                       "projected": sum(self.projected.values())},
+                       "schemaInvalid": self.invalid_events, "projected": sum(self.projected.values())},
             "failures": [{"code": code, "type": t, "key": key, "count": f.count, "samples": f.samples}
                          for (code, t, key), f in sorted(self.failures.items(), key=_failure_order)],
+            "schemaInvalid": [{"type": t, "key": key, "reason": "required key missing", "count": f.count,
+                               "samples": f.samples}
+                              for (t, key), f in sorted(self.invalid.items(), key=lambda i: (-i[1].count, i[0]))],
             "vendorTypesByOrg": self.vendor_types(artifacts),
+            "vendorTypesOffGrammar": self.vendor_off_grammar(artifacts),
+            "repairedRuns": self.repaired_runs,
             "typesNeverSeen": self.never_seen(artifacts),
             "requiredKeysMissing": [{"type": t, "key": k, "count": n} for (t, k), n in sorted(self.missing.items())],
             "projectedByType": dict(sorted(self.projected.items())),
@@ -198,6 +239,11 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
         null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True)
         async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
             report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+    if host.era_column is None:  # run_era says who stamped a run; an era column does not
+        from .backfill import REPAIR_SOURCE
+
+        report.repaired_runs = await conn.fetchval(
+            f"SELECT count(*) FROM {SCHEMA}.run_era WHERE source = $1", REPAIR_SOURCE)
     if progress is not None:
         progress.done(_progress_text(report, total))
     return report
@@ -233,19 +279,38 @@ def render(report: Report, artifacts) -> str:
         what = f"{f['code']}: type {f['type']}" + (f", key {f['key']}" if f["key"] else "")
         where = ", ".join(f"{s['runId']}@{s['sequence']}" for s in f["samples"])
         lines.append(f"  {what}: {f['count']:,} events (e.g. {where})")
+    lines.append(f"schema-invalid (read, but would not validate against the v2 definition): "
+                 f"{report.invalid_events:,} events in {len(report.invalid_runs):,} runs")
+    for f in j["schemaInvalid"]:
+        where = ", ".join(f"{s['runId']}@{s['sequence']}" for s in f["samples"])
+        lines.append(f"  type {f['type']}, {f['reason']} {f['key']}: {f['count']:,} events (e.g. {where})")
     vendor = j["vendorTypesByOrg"]
     lines.append(f"vendor types passed by org: {sum(len(v) for v in vendor.values())} types")
     for org, types in vendor.items():
         lines.append(f"  {org}: " + ", ".join(f"{t} ({n:,})" for t, n in types.items()))
+    off = j["vendorTypesOffGrammar"]
+    if off:
+        lines.append(f"  flagged: {len(off)} of them fail the v2 event-type grammar (read as stored; no v2 wire "
+                     f"admits them): " + ", ".join(f"{t} ({n:,})" for t, n in off.items()))
     lines.append(f"required keys missing (filled by no one; the reader passes the row): "
                  f"{len(j['requiredKeysMissing'])} type/key pairs")
     for m in j["requiredKeysMissing"]:
         lines.append(f"  {m['type']}: {m['key']} ({m['count']:,} events)")
+    if report.repaired_runs is not None:
+        lines.append(f"runs converted by backfill --repair (run_era.source backfill-repair): {report.repaired_runs:,}")
     never = j["typesNeverSeen"]
     lines.append(f"types never seen: {len(never)} of the codemap's {len(artifacts.v1_types)} v1 types")
     for i in range(0, len(never), 6):
         lines.append("  " + ", ".join(never[i:i + 6]))
-    lines.append("result: " + ("nothing would fail" if report.ok else "SOME EVENTS WOULD FAIL the reader rule"))
+    if report.failing_events:
+        result = "SOME EVENTS WOULD FAIL the reader rule"
+        if report.invalid_events:
+            result += "; some payloads would not validate"
+    elif report.invalid_events:
+        result = "SOME PAYLOADS WOULD NOT VALIDATE (schema-invalid); nothing would fail the reader rule"
+    else:
+        result = "nothing would fail"
+    lines.append("result: " + result)
     return "\n".join(lines)
 
 
@@ -267,7 +332,8 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
-    """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail, 2 usage, 3 cannot audit."""
+    """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail or schema-invalid, 2 usage, 3 cannot
+    audit."""
     from .artifacts import load_artifacts
 
     def fail(status: int, message: str) -> int:

@@ -13,7 +13,10 @@ One run, one READ COMMITTED transaction, in this order:
 4. every event row of the run through ``try_v2p`` with era 2 (``read_v2p`` of
    the read path, returning refusals), and the type mapping the seat applies
    (``renamed_types``): a run with a row that would fail is skipped and
-   reported, nothing changed;
+   reported, nothing changed; so is a run with a row whose projected payload
+   would not validate against its v2 definition (a required key nothing
+   provides: ``schema_invalid``), unless ``--allow-schema-invalid`` says to
+   write it anyway (counted in the summary);
 5. the run's rows, as they are, into ``openwop_seat.events_v1_original``
    (type and payload in their text forms, and the whole row as its row type's
    text);
@@ -21,6 +24,18 @@ One run, one READ COMMITTED transaction, in this order:
    ``(run_id, sequence)`` key to exactly what a major-2 reader was served (a
    payload the projection leaves equal is not touched);
 7. ``stamp_run(run, 'backfill')``: era 3.
+
+Repair (``--repair FILE``, ADR 0007).  A stored type that is neither in the
+codemap nor a registered vendor type fails every major-2 read of its run
+(``event_type_unmapped``), and the seat maps no such spelling at read time.
+The operator may name, in a JSON object, stored spellings and the codemap
+type each stands for (``{"node.interrupt.resolved": "interrupt.resolved"}``).
+Backfill then reads those rows as if stored under that codemap type (step 4)
+and rewrites them with the rest of the run (step 6); the originals are
+preserved as always (step 5, so ``--restore`` puts the stored spelling back),
+the run is stamped with source ``backfill-repair``, and the summary lists
+every repair by spelling.  Nothing else changes: the repair is one run's
+conversion, explicit and audited, never a read-time mapping.
 
 The era is stamped last so that steps 3-6 see the run as era 2; the locks of
 steps 1-2 are what keeps appends out meanwhile.  Killed at any point, the
@@ -38,7 +53,10 @@ table.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
@@ -48,9 +66,10 @@ from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE,
                       unavailable)
 from .projection import META_SEPARATOR
 from .schema import (REWRITE_SETTING, SCHEMA, TRY_REFUSED, SchemaError, host_append_lock_sql, quote_ident,
-                     quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
+                     quote_literal, quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
 
 SOURCE = "backfill"  # run_era.source of the runs it stamps
+REPAIR_SOURCE = "backfill-repair"  # ... and of the runs in which it applied a --repair
 ORIGINALS = f"{SCHEMA}.events_v1_original"
 RETRY_SQLSTATES = ("40001", "40P01")  # serialization failure, deadlock: the run is tried again
 RETRIES = 3
@@ -70,6 +89,10 @@ class Summary:
     events_rewritten: int = 0
     events_preserved: int = 0
     already: int = 0
+    invalid_written: int = 0  # schema-invalid payloads written (only with --allow-schema-invalid)
+    repaired: Counter = field(default_factory=Counter)  # (stored spelling, codemap type) -> events
+    repaired_runs: Counter = field(default_factory=Counter)  # (stored spelling, codemap type) -> runs
+    repair_digest: str | None = None  # sha256 of the --repair file
     skipped: list = field(default_factory=list)  # (run, code or None, reason)
 
     @property
@@ -80,10 +103,15 @@ class Summary:
 class Backfill:
     """The SQL of one configuration, and the conversion and restore of one run."""
 
-    def __init__(self, conn, config, *, dry_run: bool = False):
+    def __init__(self, conn, config, *, dry_run: bool = False, allow_invalid: bool = False,
+                 repairs: dict[str, str] | None = None):
         self.conn = conn
         self.host = host = config.host
         self.dry_run = dry_run
+        self.allow_invalid = allow_invalid
+        self.invalid = 0  # schema-invalid rows of the last run planned
+        self.repairs = repairs or {}
+        self.repaired: Counter = Counter()  # (stored, codemap type) -> rows of the last run planned
         e = "e"
         run = run_col(host, e)
         typ = f"{e}.{quote_ident(host.type_column)}"
@@ -94,6 +122,20 @@ class Backfill:
                      f"FROM {events_from(host, e)} CROSS JOIN LATERAL "
                      f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p')} AS v) x "
                      f"WHERE {run} = $1 ORDER BY {e}.sequence")
+        if self.repairs:
+            # The rows as if stored under the codemap type the repair names; every other column as stored.
+            col = quote_ident(host.type_column)
+            repaired = (f"(SELECT (pg_catalog.jsonb_populate_record(o, pg_catalog.jsonb_build_object("
+                        f"{quote_literal(host.type_column)}, COALESCE($2::jsonb ->> (o.{col})::text, "
+                        f"(o.{col})::text)))).*, (o.{col})::text AS openwop_seat_stored_type "
+                        f"FROM {quote_qualified(host.events_table)} o WHERE o.{quote_ident(host.run_id_column)} = $1)"
+                        f" {e}")
+            self.read = (f"SELECT ({e}.sequence)::bigint AS seq, ({typ})::text AS t, "
+                         f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v, "
+                         f"{e}.openwop_seat_stored_type AS stored "
+                         f"FROM {repaired} CROSS JOIN LATERAL "
+                         f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p')} AS v) x "
+                         f"ORDER BY {e}.sequence")
         self.preserve = (f"INSERT INTO {ORIGINALS} (run_id, sequence, type, payload, original) "
                          f"SELECT ({run})::text, {e}.sequence, ({typ})::text, ({payload})::text, ({e})::text "
                          f"FROM {events_from(host, e)} WHERE {run} = $1")
@@ -153,22 +195,38 @@ class Backfill:
 
     async def _plan(self, run: str) -> tuple[int, list, list, list]:
         """(rows, sequences, v2 types, projected payloads or None) of the rows that change; Skip when one would fail."""
-        rows = await self.conn.fetch(self.read, run)
+        if self.repairs:
+            rows = await self.conn.fetch(self.read, run, json.dumps(self.repairs))
+        else:
+            rows = await self.conn.fetch(self.read, run)
         seqs, types, payloads = [], [], []
+        self.repaired = Counter((r["stored"], r["t"]) for r in rows if self.repairs and r["stored"] != r["t"])
         refused = [r for r in rows if r["v"].startswith(TRY_REFUSED)]
         if refused:
             first = orjson.loads(refused[0]["v"][len(TRY_REFUSED):])
             raise Skip(f"{len(refused)} of its {len(rows)} events would fail the reader rule; the first, at "
                        f"sequence {refused[0]['seq']}: {first.get('error')}: {first.get('message')}",
                        first.get("error"))
+        invalid = []  # (sequence, v2 type, missing keys)
         for r in rows:
             v = r["v"]
             cut = v.find(META_SEPARATOR)
             projected = v[1:cut] if cut >= 0 else v[1:]
-            if r["t2"] != r["t"] or projected:
+            if cut >= 0:
+                _, v2type, missing = v[cut + 1:].split(META_SEPARATOR)
+                if missing:
+                    invalid.append((r["seq"], v2type, missing))
+            if r["t2"] != (r["stored"] if self.repairs else r["t"]) or projected:
                 seqs.append(r["seq"])
                 types.append(r["t2"])
                 payloads.append(projected or None)
+        if invalid and not self.allow_invalid:
+            seq, v2type, missing = invalid[0]
+            raise Skip(f"{len(invalid)} of its {len(rows)} events would be written schema-invalid (their v2 "
+                       f"definition requires a key nothing in the row provides); the first, at sequence {seq}: "
+                       f"{v2type} without {missing.replace(',', ', ')}; --allow-schema-invalid writes them as they "
+                       f"read", "schema_invalid")
+        self.invalid = len(invalid)
         return len(rows), seqs, types, payloads
 
     async def convert(self, run: str) -> str:
@@ -192,7 +250,8 @@ class Backfill:
             if changed != len(seqs):
                 raise Skip(f"rewrote {changed} rows where {len(seqs)} were to change: the run changed meanwhile "
                            f"(two rows share a sequence?)")
-            if not await self.conn.fetchval(stamp_run_sql("$1", f"'{SOURCE}'"), run):
+            source = REPAIR_SOURCE if self.repaired else SOURCE
+            if not await self.conn.fetchval(stamp_run_sql("$1", f"'{source}'"), run):
                 raise Skip("stamp_run did not stamp it (with [host] era_column: the run has no row in the runs "
                            "table to hold its era)")
             self.last = (n, seqs, types, payloads)
@@ -257,7 +316,8 @@ async def _runs_all(conn, host, batch: int):
 
 
 async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, batch: int,
-                       progress: Progress | None = None, out=print) -> Summary:
+                       progress: Progress | None = None, out=print, allow_invalid: bool = False,
+                       repairs: dict[str, str] | None = None) -> Summary:
     """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.cutover.open_checked`."""
     import asyncpg
 
@@ -275,7 +335,7 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
     else:
         total = await conn.fetchval(f"SELECT count(DISTINCT {run_col(host)}) FROM {events_from(host)}")
         pages = _runs_all(conn, host, batch)
-    b = Backfill(conn, config, dry_run=dry_run)
+    b = Backfill(conn, config, dry_run=dry_run, allow_invalid=allow_invalid, repairs=repairs)
     await b.prepare()
     s = Summary()
     done = 0
@@ -310,6 +370,9 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
                 s.converted += 1
                 s.events_preserved += n
                 s.events_rewritten += len(seqs)
+                s.invalid_written += b.invalid
+                s.repaired.update(b.repaired)
+                s.repaired_runs.update(b.repaired.keys())
             if progress is not None:
                 progress.update(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
                                 f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
@@ -331,13 +394,69 @@ def render(s: Summary, dry_run: bool) -> str:
     else:
         head = (f"converted {s.converted:,} runs to era 3 ({s.events_rewritten:,} events rewritten, "
                 f"{s.events_preserved:,} preserved in {ORIGINALS})")
-    lines = [head, f"already era 3: {s.already:,} runs", f"skipped: {len(s.skipped):,} runs"]
+    lines = [head]
+    if s.invalid_written:
+        lines.append(f"schema-invalid payloads {'that would be ' if dry_run else ''}written "
+                     f"(--allow-schema-invalid): {s.invalid_written:,} events")
+    if s.repair_digest is not None:
+        total = sum(s.repaired.values())
+        lines.append(f"repaired{' (would be)' if dry_run else ''} under --repair (file sha256 {s.repair_digest}): "
+                     f"{total:,} events; each original preserved in {ORIGINALS}"
+                     f"{'' if dry_run else f', each run stamped with source {REPAIR_SOURCE}'}")
+        for (stored, target), n in sorted(s.repaired.items()):
+            lines.append(f"  {stored} -> {target}: {n:,} events in {s.repaired_runs[stored, target]:,} runs")
+    lines += [f"already era 3: {s.already:,} runs", f"skipped: {len(s.skipped):,} runs"]
     by_code: dict[str, int] = {}
     for _, code, _ in s.skipped:
         by_code[code or "other"] = by_code.get(code or "other", 0) + 1
     for code, n in sorted(by_code.items()):
         lines.append(f"  {code}: {n:,} runs")
     return "\n".join(lines)
+
+
+def load_repairs(path: str, artifacts) -> tuple[dict[str, str], str]:
+    """The ``--repair`` file: a JSON object, stored spelling -> codemap type; and the file's sha256.
+
+    A spelling must be one the reader refuses (not a codemap type, v1 or v2, nor a registered vendor type:
+    those read as they are); a target must be a codemap type, given by its v1 or its v2 name (a v2 name with
+    more than one v1 name is refused). Each spelling is rewritten to the target's v1 name, the vocabulary of
+    the era-2 log it is read in. UsageError for anything else."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UsageError(f"--repair {path}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise UsageError(f"--repair {path}: not JSON: {e}") from None
+    if not isinstance(doc, dict) or not doc:
+        raise UsageError(f"--repair {path}: expected a JSON object naming stored spellings and codemap types, "
+                         f'such as {{"node.interrupt.resolved": "interrupt.resolved"}}')
+    v2_names = set(artifacts.v1_to_v2.values())
+    preimages: dict[str, list[str]] = {}
+    for v1, v2 in artifacts.v1_to_v2.items():
+        preimages.setdefault(v2, []).append(v1)
+    out = {}
+    for stored, target in doc.items():
+        if not isinstance(target, str):
+            raise UsageError(f"--repair {path}: {stored!r}: the codemap type must be a string, got {target!r}")
+        if stored in artifacts.v1_types or stored in v2_names:
+            raise UsageError(f"--repair {path}: {stored!r} is a codemap type: it reads as it is, there is "
+                             f"nothing to repair")
+        if artifacts.is_vendor_type(stored):
+            raise UsageError(f"--repair {path}: {stored!r} is a registered vendor type: it reads as it is, there "
+                             f"is nothing to repair")
+        if target in artifacts.v1_types:
+            out[stored] = target
+        elif target in v2_names and len(preimages[target]) == 1:
+            out[stored] = preimages[target][0]
+        elif target in v2_names:
+            raise UsageError(f"--repair {path}: {stored!r}: {target!r} has more than one v1 name in the codemap "
+                             f"({', '.join(sorted(preimages[target]))}); name the one meant")
+        else:
+            raise UsageError(f"--repair {path}: {stored!r}: {target!r} is not a codemap type")
+    return out, hashlib.sha256(raw).hexdigest()
 
 
 def cmd_backfill(config, args) -> int:
@@ -352,6 +471,10 @@ def cmd_backfill(config, args) -> int:
         return fail(EXIT_USAGE, f"--batch must be at least 1, got {args.batch}")
     if args.restore is not None and args.dry_run:
         return fail(EXIT_USAGE, "--dry-run does not apply to --restore")
+    if args.restore is not None and args.allow_schema_invalid:
+        return fail(EXIT_USAGE, "--allow-schema-invalid does not apply to --restore")
+    if args.restore is not None and args.repair is not None:
+        return fail(EXIT_USAGE, "--repair does not apply to --restore (it puts the stored spellings back anyway)")
     runs = None
     if args.runs is not None:
         runs = list(dict.fromkeys(args.runs))  # each run once, in the order given
@@ -362,6 +485,9 @@ def cmd_backfill(config, args) -> int:
         print(line, flush=True)
 
     async def go():
+        repairs = digest = None
+        if args.repair is not None:
+            repairs, digest = load_repairs(args.repair, artifacts)
         conn = await open_checked(args.dsn, config, artifacts, "openwop-seat backfill")
         try:
             if args.restore is not None:
@@ -369,8 +495,11 @@ def cmd_backfill(config, args) -> int:
                 b = Backfill(conn, config)
                 await b.prepare()
                 return await b.restore(args.restore)
-            return await run_backfill(conn, config, runs=runs, dry_run=args.dry_run, batch=args.batch,
-                                      progress=Progress("backfill", enabled=not args.no_progress), out=say)
+            summary = await run_backfill(conn, config, runs=runs, dry_run=args.dry_run, batch=args.batch,
+                                         progress=Progress("backfill", enabled=not args.no_progress), out=say,
+                                         allow_invalid=args.allow_schema_invalid, repairs=repairs)
+            summary.repair_digest = digest
+            return summary
         finally:
             await conn.close()
 

@@ -102,8 +102,9 @@ def _add_audit(commands) -> None:
         "audit", help="pre-flight: read every era-2 run through the reader rule, offline, and report what would fail",
         description="Read every era-2 run's events with the functions migrate installed (the reader rule and the "
                     "payload projection), in batches of runs, each a REPEATABLE READ READ ONLY transaction streamed "
-                    "through a server-side cursor; report what would fail and why. Exit 0: nothing would fail; "
-                    "1: some events would fail; 2: bad flags or configuration; 3: the database is unreachable or "
+                    "through a server-side cursor; report what would fail and why, and what would read but not "
+                    "validate (schema-invalid). Exit 0: nothing would fail and nothing is schema-invalid; "
+                    "1: some events would fail or are schema-invalid; 2: bad flags or configuration; 3: the database is unreachable or "
                     "not migrated with these artifacts.")
     audit.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     audit.add_argument("--dsn", required=True, metavar="DSN", help="libpq-style connection string or URL of the "
@@ -122,7 +123,8 @@ def _add_backfill(commands) -> None:
         "backfill", help="convert era-2 runs to era 3 in place, one run per transaction (or --restore one)",
         description="Convert era-2 runs to era 3, one run per transaction under the run's append locks: preserve "
                     "the rows in openwop_seat.events_v1_original, rewrite type and payload to what the reader rule "
-                    "returns, stamp era 3 (source backfill). A run that would fail the reader rule is skipped and "
+                    "returns, stamp era 3 (source backfill). A run that would fail the reader rule, or with a payload "
+                    "that would be written schema-invalid (a required key nothing provides), is skipped and "
                     "reported. Resumable and idempotent. Connect as the owner of openwop_seat. Exit 0: every run "
                     "asked for is era 3 (or --restore done); 1: some run skipped or the restore refused; 2: bad "
                     "flags, configuration or run ids; 3: the database is unreachable, not migrated with these "
@@ -137,6 +139,15 @@ def _add_backfill(commands) -> None:
                        help="put RUN_ID back as it was before its backfill: its preserved rows and era 2")
     backfill.add_argument("--dry-run", action="store_true",
                           help="report what would be converted or skipped; change nothing (read only)")
+    backfill.add_argument("--repair", metavar="FILE",
+                          help="a JSON object naming stored type spellings the codemap lacks and the codemap type "
+                               "each stands for, e.g. {\"node.interrupt.resolved\": \"interrupt.resolved\"}: "
+                               "the runs converted read those rows as that type; originals preserved, runs "
+                               "stamped with source backfill-repair, every repair listed in the summary")
+    backfill.add_argument("--allow-schema-invalid", action="store_true",
+                          help="write payloads that would not validate against their v2 definition (a required "
+                               "key nothing in the row provides) as they read, instead of skipping their runs; "
+                               "the summary counts them")
     backfill.add_argument("--batch", type=int, default=100, metavar="N",
                           help="run ids listed per step of --all and per progress update (default 100)")
     backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

@@ -91,6 +91,10 @@ class HostConfig:
     # "pg_advisory_xact_lock(hashtext(run_id), 1)". The cutover tools take it before they write to a run, so
     # they serialise with the host's appends as the host's appends do with each other (None: the host has none).
     append_lock: str | None = None
+    # The key under which a closed, hatched payload definition carries the stored keys it has no seat for
+    # (README "Payload projection", ADR 0007): a key the hatch admits; a vendor.<org> carrier needs <org>
+    # registered in the pinned declaration.json (checked where the artifacts are loaded).
+    payload_carrier: str = "x-v1"
 
 
 def cpu_count() -> int:
@@ -278,7 +282,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
 
     host = _take(data.get("host", {}), "host",
                  {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
-                  "claim_secret_file", "maintenance_role", "payload_column", "append_lock", *_OPTIONAL_COLUMNS})
+                  "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
+                  *_OPTIONAL_COLUMNS})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
                    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
                              "payload_column") if k in host}
@@ -294,6 +299,13 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         host_kwargs["maintenance_role"] = _string(host["maintenance_role"], "host.maintenance_role")
     if "append_lock" in host:
         host_kwargs["append_lock"] = _append_lock(host["append_lock"])
+    if "payload_carrier" in host:
+        from .projection import CarrierError, check_carrier
+
+        try:
+            host_kwargs["payload_carrier"] = check_carrier(host["payload_carrier"])
+        except CarrierError as e:
+            raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
     kwargs["host"] = HostConfig(**host_kwargs)
 
     log = _take(data.get("log", {}), "log", {"format", "level"})

@@ -21,8 +21,9 @@ from .schema import SCHEMA, connect, quote_ident, quote_qualified, verify
 
 # Exit statuses of audit and backfill (README, "Cutover tools").
 EXIT_OK = 0  # nothing would fail / every run asked for is era 3
-EXIT_REFUSED = 1  # audit: some event would fail the reader rule; backfill: some run was skipped or refused
-EXIT_USAGE = 2  # bad flags or configuration, unknown run ids, nothing to restore (as argparse's own errors)
+EXIT_REFUSED = 1  # audit: some event would fail the reader rule or is schema-invalid; backfill: some run was
+#                   skipped or refused
+EXIT_USAGE = 2  # bad flags, configuration or --repair file, unknown run ids, nothing to restore (as argparse's)
 EXIT_UNAVAILABLE = 3  # the database is unreachable, not migrated for these artifacts, or refused the tool's role
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): the open transaction is rolled back with the connection
 

@@ -385,6 +385,16 @@ class _Compiler:
         loc, kw, branches = flat.unions[0]
         base = _Parts()
         base.parts = [(ploc, {k: v for k, v in p.items() if k not in ("oneOf", "anyOf")}) for ploc, p in flat.parts]
+        if (any(p.get("additionalProperties") is False for _, p in base.parts)
+                and not any(p.get("properties") or p.get("patternProperties") for _, p in base.parts)):
+            # A closed base that declares nothing admits no key at all, so no branch could ever validate
+            # (orchestrator-decision.schema.json's root; a schema defect, SOURCES.md). The branches are
+            # taken as the seats: the base's additionalProperties is not merged into them (ADR 0007).
+            base.parts = [(ploc, {k: v for k, v in p.items() if k != "additionalProperties"})
+                          for ploc, p in base.parts]
+            note = f"{self.name(loc)}: closed base without properties; its {kw} branches are taken as the seats"
+            object.__setattr__(shape, "unprojectable",
+                               f"{shape.unprojectable}; {note}" if shape.unprojectable else note)
         trivial = not any(k in p for _, p in base.parts for k in _OBJECT_KEYWORDS)
         options: list[ObjectShape] = []
         skipped: list[int] = []

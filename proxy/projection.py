@@ -16,10 +16,13 @@ What is generated here is data plus one generic engine, not per-type code:
 * ``project_obj(shape, value, path)`` walks one object against one shape:
   a declared key stays (its nested object is walked against its own shape);
   a key the shape's own patterns admit stays; in an open shape any key stays;
-  in a closed, hatched shape the other keys are boxed under ``"x-v1"``; in a
-  closed shape without the hatch they are *unseated* (their dotted paths are
-  returned).  The hatch belongs to each shape: a nested closed object without
-  it refuses even ``x-`` keys (spec digest §2.2 step 5).
+  in a closed, hatched shape the other keys are boxed under the carrier
+  (``[host] payload_carrier``, default ``"x-v1"``; ``"<carrier>.seat"`` when
+  the host wrote the carrier itself); in a closed shape without the hatch
+  they are *unseated* (their dotted paths are returned).  The hatch belongs to
+  each shape: a nested closed object without it refuses even ``x-`` keys (spec
+  digest §2.2 step 5).  A hatch key's value is opaque: nothing under it is
+  looked at.  The choices where the spec is silent are ADR 0007's.
 * ``project_v2(type, payload, node, run, tenant)`` applies the value
   transformations the spec names, then the walk, then fills required
   ``nodeId``/``runId`` from the row's own columns; it reports the unseated
@@ -48,7 +51,19 @@ import orjson
 
 from .payloads import HATCH_PATTERN, ObjectShape
 
-CARRIER = "x-v1"  # the one key, admitted by the hatch, that holds a hatched object's unseated keys
+CARRIER = "x-v1"  # the default carrier: the key, admitted by the hatch, that holds a hatched object's unseated keys
+SECOND_CARRIER_SUFFIX = ".seat"  # the carrier when the host itself wrote a key of the carrier's name (ADR 0007)
+# The spelling a configured carrier must have: a hatch prefix and a name of letters, digits, '-' and '.' segments.
+CARRIER_GRAMMAR = (r"^(openwop-[a-z0-9]+(-[a-z0-9]+)*|x-[a-z0-9]+(-[a-z0-9]+)*"
+                   r"|vendor\.[a-z][a-z0-9]*(-[a-z0-9]+)*(\.[a-z0-9]+(-[a-z0-9]+)*)*)$")
+# The v2 interrupt kind enum (nodeSuspended.kind, interruptResolved.kind, suspend-request kind); a stored kind
+# outside it reads as "custom", the original carried (ADR 0007).
+INTERRUPT_KINDS = ("approval", "clarification", "external-event", "custom", "conversation.start",
+                   "conversation.exchange", "conversation.close", "low-confidence", "credential")
+INTERRUPT_KIND_DEFS = ("run-event-payloads.schema.json#/$defs/nodeSuspended",
+                       "run-event-payloads.schema.json#/$defs/interruptResolved")
+SUBJECT_KINDS = ("user", "agent", "anonymous", "workload")  # subject.schema.json kind
+KEY_CLASS_LANES = ("saml", "scim")  # subject.schema.json: keyClass is required on these lanes, forbidden on others
 LEGACY_ISSUER = "urn:openwop:legacy"
 LEGACY_SUBJECT_ID = "legacy"
 # RFC 0186 §A.3: the stored approval.requested keys with a named seat outside ApprovalData's own names.
@@ -104,6 +119,37 @@ def approval_data_keys(shapes: dict[str, ObjectShape]) -> tuple[str, ...]:
     return approval.declared if approval is not None else ()
 
 
+class CarrierError(ValueError):
+    """A configured carrier the hatch or the org registry does not admit."""
+
+
+def check_carrier(carrier: str, vendor_orgs=None) -> str:
+    """``carrier`` if it is a key the hatch admits and, for ``vendor.<org>``, ``<org>`` is registered in
+    declaration.json (``vendor_orgs``; None skips that check, for a config read without artifacts)."""
+    import re
+
+    if not isinstance(carrier, str) or not re.fullmatch(CARRIER_GRAMMAR, carrier):
+        raise CarrierError(f"payload carrier {carrier!r}: expected a key the hatch {HATCH_PATTERN} admits, "
+                           "spelled x-<name>, openwop-<name> or vendor.<org>[.<name>] (lower case, digits, '-')")
+    if carrier.startswith("vendor.") and vendor_orgs is not None:
+        org = carrier.split(".")[1]
+        if org not in vendor_orgs:
+            raise CarrierError(f"payload carrier {carrier!r}: org {org!r} is not registered in declaration.json "
+                               f"(registered: {', '.join(sorted(vendor_orgs))})")
+    return carrier
+
+
+def second_carrier(carrier: str) -> str:
+    return carrier + SECOND_CARRIER_SUFFIX
+
+
+def interrupt_kind_types(shapes: dict[str, ObjectShape]) -> tuple[str, ...]:
+    """The v2 types whose (hatched) definition is nodeSuspended or interruptResolved: their ``kind`` is the
+    interrupt kind enum, and a stored kind outside it can be carried."""
+    return tuple(sorted(t for t, sh in shapes.items()
+                        if sh.ref in INTERRUPT_KIND_DEFS and sh.hatched and "kind" in sh.declared))
+
+
 def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -112,9 +158,16 @@ def _array(values) -> str:
     return "ARRAY[" + ", ".join(_lit(v) for v in values) + "]::text[]" if values else "'{}'::text[]"
 
 
-def projection_sql(schema: str, artifacts) -> str:
-    """The DDL of the projection functions (CREATE OR REPLACE; idempotent)."""
+def projection_sql(schema: str, artifacts, carrier: str = CARRIER) -> str:
+    """The DDL of the projection functions (CREATE OR REPLACE; idempotent); ``carrier`` is checked with
+    :func:`check_carrier` against the artifacts' org registry."""
+    check_carrier(carrier, artifacts.vendor_orgs)
+    carrier2 = second_carrier(carrier)
     shapes = artifacts.payload_shapes
+    kind_types = _array(interrupt_kind_types(shapes))
+    interrupt_kinds = _array(INTERRUPT_KINDS)
+    subject_kinds = _array(SUBJECT_KINDS)
+    key_class_lanes = _array(KEY_CLASS_LANES)
     graph = shape_table(shapes)
     # One flat object, so each lookup is one `->` on the constant (a nested `-> 'shapes'` would copy the
     # whole shape table out for every row): "t:<type>" -> shape id, "<id>" -> shape.
@@ -136,6 +189,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $ow$ SELECT {_lit(renamed)}::jsonb $ow$;
 
 -- A value under a `type` key, at any depth, that is a renamed v1 event type is mapped like the row's type.
+-- A key the hatch admits is carried opaquely (RFC 0185 §B): nothing under it is looked at, at any depth.
 CREATE OR REPLACE FUNCTION {s}.map_nested_types(v jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -149,7 +203,9 @@ DECLARE
 BEGIN
     IF jsonb_typeof(v) = 'object' THEN
         FOR k, x IN SELECT e.key, e.value FROM jsonb_each(v) e LOOP
-            IF k = 'type' AND jsonb_typeof(x) = 'string' THEN
+            IF k ~ {hatch} THEN
+                CONTINUE;
+            ELSIF k = 'type' AND jsonb_typeof(x) = 'string' THEN
                 y := {s}.renamed_types() -> (x #>> '{{}}');
                 IF y IS NOT NULL THEN
                     out := out || jsonb_build_object(k, y);
@@ -177,8 +233,9 @@ END
 $ow$;
 
 -- One object against one shape (module docstring of proxy.projection).
-CREATE OR REPLACE FUNCTION {s}.project_obj(sid text, v jsonb, path text,
-                                          OUT val jsonb, OUT unseated text[], OUT boxed integer)
+-- (project_obj below) with `box0` already to carry (what a named transformation moved out of a seat it cannot keep).
+CREATE OR REPLACE FUNCTION {s}.project_obj_with(sid text, v jsonb, path text, box0 jsonb,
+                                               OUT val jsonb, OUT unseated text[], OUT boxed integer)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
@@ -191,10 +248,11 @@ DECLARE
     spec jsonb;
     child text;
     items text;
-    box jsonb := '{{}}'::jsonb;
+    box jsonb := box0;
     sub record;
     i integer;
     b text;
+    carrier text;
     first boolean := true;
     arr jsonb;
 BEGIN
@@ -209,7 +267,7 @@ BEGIN
         FOR b IN SELECT jsonb_array_elements_text(sh -> 'u') LOOP
             SELECT * INTO sub FROM {s}.project_obj(b, v, path);
             IF cardinality(sub.unseated) = 0 THEN
-                val := sub.val; boxed := sub.boxed;
+                val := sub.val; boxed := sub.boxed; unseated := sub.unseated;  -- not an earlier branch's verdict
                 RETURN;
             END IF;
             IF first THEN
@@ -263,18 +321,31 @@ BEGIN
         END IF;
     END LOOP;
     IF box <> '{{}}'::jsonb THEN
-        IF v ? {_lit(CARRIER)} THEN
-            -- the carrier is taken (by the host itself): refuse rather than merge into a value we did not write
+        -- The carrier, or the second carrier when the host itself wrote a key of the carrier's name: the
+        -- host's value is a hatch property, carried opaquely, never merged into (ADR 0007). Both taken: refuse.
+        carrier := CASE WHEN NOT v ? {_lit(carrier)} THEN {_lit(carrier)}
+                        WHEN NOT v ? {_lit(carrier2)} THEN {_lit(carrier2)} END;
+        IF carrier IS NULL THEN
             FOR k IN SELECT jsonb_object_keys(box) LOOP
                 unseated := unseated || (path || k);
             END LOOP;
+        ELSIF mode <> 'h' THEN
+            FOR k IN SELECT jsonb_object_keys(box) LOOP
+                unseated := unseated || (path || k);  -- box0 given to a shape without the hatch
+            END LOOP;
         ELSE
-            val := val || jsonb_build_object({_lit(CARRIER)}, box);
+            val := val || jsonb_build_object(carrier, box);
             boxed := boxed + (SELECT count(*) FROM jsonb_object_keys(box))::integer;
         END IF;
     END IF;
 END
 $ow$;
+
+-- One object against one shape, nothing carried beforehand.
+CREATE OR REPLACE FUNCTION {s}.project_obj(sid text, v jsonb, path text,
+                                          OUT val jsonb, OUT unseated text[], OUT boxed integer)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ow$ SELECT * FROM {s}.project_obj_with(sid, v, path, '{{}}'::jsonb) $ow$;
 
 -- The named transformations, the walk, and the fill from the row's own columns, for one v2 type.
 CREATE OR REPLACE FUNCTION {s}.project_v2(t2 text, p jsonb, node text, run text, tenant text,
@@ -296,6 +367,13 @@ DECLARE
     k text;
     seat text;
     sub record;
+    rt text;
+    owner_tenant text;
+    pk text;
+    sk text;
+    subj jsonb;
+    gone jsonb := '{{}}'::jsonb;
+    extra jsonb := '{{}}'::jsonb;
 BEGIN
     val := p;
     unseated := '{{}}';
@@ -317,24 +395,72 @@ BEGIN
                 pre := pre || 'engineVersion'::text;
             END IF;
         END IF;
-        -- identity.md §1.2: the owner block carries a Subject; a stored owner without one gets the legacy Subject.
+        -- identity.md §1.1, §1.2; persistence.md: the owner block is {{tenant, workspace?, subject}}; the stored
+        -- owner fields are projected to the Subject, and a run without one (no owner, "owner": null, no or a
+        -- null subject) reads with the legacy Subject. The tenant is the run row's (ADR 0007).
         o := val -> 'owner';
+        rt := NULLIF(tenant, '');
+        IF jsonb_typeof(o) = 'null' THEN
+            o := NULL;
+        ELSIF jsonb_typeof(o) = 'object' AND jsonb_typeof(o -> 'subject') = 'null'
+              AND COALESCE(rt, o ->> 'tenant') IS NOT NULL THEN
+            o := o - 'subject';  -- a null subject is no Subject: stamped below
+        END IF;
         IF o IS NULL THEN
-            IF tenant IS NOT NULL THEN
-                val := val || jsonb_build_object('owner', jsonb_build_object('tenant', tenant,
+            IF rt IS NOT NULL THEN
+                val := val || jsonb_build_object('owner', jsonb_build_object('tenant', rt,
                     'subject', jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', {_lit(LEGACY_SUBJECT_ID)},
-                                                  'tenant', tenant, 'lane', 'api-key', 'kind', 'user')));
+                                                  'tenant', rt, 'lane', 'api-key', 'kind', 'user')));
+            END IF;  -- no tenant to stamp with: left as stored (ADR 0007)
+        ELSIF jsonb_typeof(o) = 'object'
+              AND (NOT o ? 'principal' OR jsonb_typeof(o -> 'principal') = 'string')
+              AND (NOT o ? 'principalKind' OR jsonb_typeof(o -> 'principalKind') = 'string')
+              AND (NOT o ? 'subject' OR jsonb_typeof(o -> 'subject') = 'object') THEN
+            IF o ? 'tenant' AND rt IS NOT NULL AND o -> 'tenant' IS DISTINCT FROM to_jsonb(rt) THEN
+                pre := pre || 'owner.tenant'::text;  -- the stored owner names another tenant than the run row
             END IF;
-        ELSIF jsonb_typeof(o) = 'object' AND NOT o ? 'subject'
-              AND (NOT o ? 'principal' OR jsonb_typeof(o -> 'principal') = 'string') THEN
-            subject_tenant := COALESCE(tenant, o ->> 'tenant');
-            IF subject_tenant IS NOT NULL THEN
-                who := COALESCE(o ->> 'principal', {_lit(LEGACY_SUBJECT_ID)});
-                val := val || jsonb_build_object('owner', (o - 'principal') || jsonb_build_object('subject',
-                    jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', who,
-                                       'tenant', subject_tenant, 'lane', 'api-key', 'kind', 'user')));
+            owner_tenant := COALESCE(rt, o ->> 'tenant');
+            IF NOT o ? 'subject' AND owner_tenant IS NOT NULL THEN
+                pk := o ->> 'principalKind';
+                sk := CASE WHEN pk = ANY ({subject_kinds}) THEN pk ELSE 'user' END;
+                subj := jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)},
+                                           'subjectId', COALESCE(o ->> 'principal', {_lit(LEGACY_SUBJECT_ID)}),
+                                           'tenant', owner_tenant,
+                                           'lane', CASE sk WHEN 'anonymous' THEN 'anonymous' ELSE 'api-key' END,
+                                           'kind', sk);
+                IF pk IS NOT NULL AND pk <> sk THEN
+                    gone := gone || jsonb_build_object('principalKind', pk);  -- a kind the Subject cannot hold
+                END IF;
+                o := (o - 'principal' - 'principalKind') || jsonb_build_object('subject', subj);
+            ELSIF o ? 'subject' THEN
+                subj := o -> 'subject';
+                -- principal / principalKind beside a subject are removed; what the subject does not say is carried
+                IF o ? 'principal' AND o -> 'principal' IS DISTINCT FROM subj -> 'subjectId' THEN
+                    gone := gone || jsonb_build_object('principal', o -> 'principal');
+                END IF;
+                IF o ? 'principalKind' AND o -> 'principalKind' IS DISTINCT FROM subj -> 'kind' THEN
+                    gone := gone || jsonb_build_object('principalKind', o -> 'principalKind');
+                END IF;
+                o := o - 'principal' - 'principalKind';
+                -- subject.schema.json forbids keyClass outside the saml / scim lanes: carried, not kept
+                IF subj ? 'keyClass' AND NOT COALESCE(subj ->> 'lane' = ANY ({key_class_lanes}), false) THEN
+                    gone := gone || jsonb_build_object('subject', jsonb_build_object('keyClass', subj -> 'keyClass'));
+                    o := o || jsonb_build_object('subject', subj - 'keyClass');
+                END IF;
+            END IF;
+            IF NOT o ? 'tenant' AND owner_tenant IS NOT NULL THEN
+                o := o || jsonb_build_object('tenant', owner_tenant);
+            END IF;
+            val := val || jsonb_build_object('owner', o);
+            IF gone <> '{{}}'::jsonb THEN
+                extra := jsonb_build_object('owner', gone);
             END IF;
         END IF;
+    ELSIF t2 = ANY ({kind_types}) AND jsonb_typeof(val -> 'kind') = 'string'
+          AND NOT (val ->> 'kind') = ANY ({interrupt_kinds}) THEN
+        -- an interrupt kind outside the v2 enum reads as "custom", the stored kind carried (ADR 0007)
+        extra := jsonb_build_object('kind', val -> 'kind');
+        val := val || jsonb_build_object('kind', 'custom');
     ELSIF t2 = 'approval.requested' AND NOT val ? 'data' AND NOT val ? 'kind' THEN
         -- RFC 0186 §A.3: a stored v1 approval.requested seats into the interrupt request's ApprovalData.
         data := '{{}}'::jsonb;
@@ -358,7 +484,7 @@ BEGIN
         END LOOP;
         val := rest || jsonb_build_object('kind', 'approval', 'data', data);
     END IF;
-    SELECT * INTO sub FROM {s}.project_obj(sid, val, '');
+    SELECT * INTO sub FROM {s}.project_obj_with(sid, val, '', extra);
     val := sub.val;
     unseated := pre || sub.unseated;
     boxed := sub.boxed;
@@ -380,10 +506,14 @@ $ow$;
 TRANSFORMED = ("run.started", "approval.requested")
 
 
-def _fast_condition(shape: ObjectShape) -> str:
+def _fast_condition(shape: ObjectShape, kind_enum: bool = False) -> str:
     """A pure-SQL test that a payload of this shape needs nothing: every key declared (when closed), no
-    value under a key with a nested shape, every required key present, no `type` key at any depth."""
+    value under a key with a nested shape, every required key present, no `type` key at any depth, and
+    (``kind_enum``) no ``kind`` outside the interrupt kind enum."""
     parts = ["pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.=) 'object'"]
+    if kind_enum:
+        parts.append(f"COALESCE((p OPERATOR(pg_catalog.->>) 'kind') OPERATOR(pg_catalog.=) "
+                     f"ANY ({_array(INTERRUPT_KINDS)}), NOT (p OPERATOR(pg_catalog.?) 'kind'))")
     if shape.closed:
         parts.append(f"(p OPERATOR(pg_catalog.-) {_array(shape.declared)}) OPERATOR(pg_catalog.=) '{{}}'::jsonb")
     nested = sorted(set(shape.nested) | set(shape.items) | set(shape.discriminated))
@@ -416,7 +546,8 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True,
     forward = "\n".join(f"        WHEN {_lit(v1)} THEN {_lit(artifacts.v1_to_v2[v1])}"
                          for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
     shapes = artifacts.payload_shapes
-    fast = "\n".join(f"    WHEN {_lit(v1)} THEN {_fast_condition(shapes[v2])}"
+    kinds = set(interrupt_kind_types(shapes))
+    fast = "\n".join(f"    WHEN {_lit(v1)} THEN {_fast_condition(shapes[v2], v2 in kinds)}"
                       for v1, v2 in sorted(artifacts.v1_to_v2.items())
                       if v2 in shapes and v2 not in TRANSFORMED) or "    WHEN NULL THEN false"
     s = schema

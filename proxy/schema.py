@@ -1027,6 +1027,7 @@ PUBLIC_FUNCTIONS = (
     "renamed_types()",
     "map_nested_types(jsonb)",
     "project_obj(text, jsonb, text)",
+    "project_obj_with(text, jsonb, text, jsonb)",
     "project_v2(text, jsonb, text, text, text)",
     "refuse_statement(text, text)",
     "refusal_of(text, text, text, bigint)",
@@ -1061,11 +1062,15 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
     """
     grants = "\n".join([f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{f} TO PUBLIC;" for f in PUBLIC_FUNCTIONS]
                        + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
-    from .projection import projection_sql, read_v2p_sql
+    from .projection import CarrierError, check_carrier, projection_sql, read_v2p_sql
 
+    try:
+        check_carrier(host.payload_carrier, artifacts.vendor_orgs)
+    except CarrierError as e:
+        raise SchemaError(f"host.payload_carrier: {e}") from None
     sqlstate = ERRORS["payload_unprojectable"].sqlstate
     return "".join((_refuse_row_sql(), _read_v2_sql(artifacts), _read_v1_sql(artifacts),
-                    projection_sql(SCHEMA, artifacts), read_v2p_sql(SCHEMA, artifacts, sqlstate),
+                    projection_sql(SCHEMA, artifacts, host.payload_carrier), read_v2p_sql(SCHEMA, artifacts, sqlstate),
                     # the cutover tools' twins, which return refusals instead of raising them
                     _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
                     read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),

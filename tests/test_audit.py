@@ -1,11 +1,12 @@
 """``openwop-seat audit`` (issue #7 item 1) on a real PostgreSQL, through the real command line.
 
-The fixture database holds clean era-2 runs (renamed types, a run.started whose payload is projected, a
-run.completed missing a required key: none of these fail), an event with an unmapped type, an event with an
-unprojectable payload, an event of a registered vendor type, and an era-3 run whose row would fail if it
-were read as era 2 (the reader passes era-3 rows as stored: the audit skips the run).  The audit must report
-exactly those, with exit status 1, and 0 once the two failing events are gone.  It runs as a role that may
-only read, so it cannot have written anything.
+The fixture database holds clean era-2 runs (renamed types, a run.started whose payload is projected), a
+run.completed missing a required key (it reads, but is schema-invalid: issue 17 item 5), an event with an
+unmapped type, an event with an unprojectable payload, events of registered vendor types (one failing the
+v2 type grammar: flagged, not failed), and an era-3 run whose row would fail if it were read as era 2 (the
+reader passes era-3 rows as stored: the audit skips the run).  The audit must report exactly those, with
+exit status 1; 1 again, as schema-invalid only, once the two failing events are gone; and 0 once the
+schema-invalid one is gone too.  It runs as a role that may only read, so it cannot have written anything.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ EVENTS = [
     ("a-clean-1", 0, "run.started", None, {"workflowId": "wf"}),  # projected: the legacy owner Subject
     ("a-clean-1", 1, "agent.reasoning.delta", "n", {"agentId": "a", "delta": "x", "sequence": 1}),  # renamed
     ("a-clean-1", 2, "node.started", "n", {"nodeId": "n", "typeId": "t"}),
-    ("a-clean-1", 3, "run.completed", None, {"output": {"answer": 42}}),  # boxed; required `outputs` missing
+    ("a-invalid", 0, "run.completed", None, {"output": {"answer": 42}}),  # boxed; required `outputs` missing
     ("a-clean-2", 0, "run.started", None, {"workflowId": "wf"}),
     ("a-clean-2", 1, "node.completed", "n", {"nodeId": "n"}),
     ("a-clean-3", 0, "node.started", "n", {"nodeId": "n", "typeId": "t"}),
@@ -41,6 +42,7 @@ EVENTS = [
     ("a-payload", 0, "run.started", None, {"workflowId": "wf", "engineVersion": "2.1.0"}),  # not an integer
     ("a-vendor", 0, "example.thing-happened", None, {"anything": 1}),  # passed by its org
     ("a-vendor", 1, "node.started", "n", {"nodeId": "n", "typeId": "t"}),
+    ("a-vendor", 2, "example.Bad_Type", None, {}),  # registered org, fails the v2 type grammar: flagged
     ("a-era3", 0, "bar.baz", None, {}),  # would fail as era 2; the run is stamped era 3
 ]
 STORED = {e[2] for e in EVENTS if e[0] != "a-era3"}
@@ -77,21 +79,25 @@ def audit_db(pg):
 
 def test_audit_reports_exactly_what_would_fail(pg, audit_db, tmp_path):
     report = tmp_path / "audit.json"
-    # --batch 2: the seven runs take four transactions, so batch edges are crossed
+    # --batch 2: the eight runs take four transactions, so batch edges are crossed
     out = audit(pg, audit_db, "--json", str(report), "--batch", "2", "--samples", "3")
     assert out.returncode == EXIT_REFUSED, out.stderr
     r = json.loads(report.read_text())
     assert r["ok"] is False
     assert r["artifacts"] == {"tag": A.tag, "digest": A.digest}
-    assert r["runs"] == {"era2Scanned": 6, "era3Skipped": 1, "wouldFail": 2}
+    assert r["runs"] == {"era2Scanned": 7, "era3Skipped": 1, "wouldFail": 2, "schemaInvalid": 1}
     assert r["events"]["scanned"] == len(EVENTS) - 1 and r["events"]["wouldFail"] == 2
+    assert r["events"]["schemaInvalid"] == 1
     assert r["failures"] == [
         {"code": "event_type_unmapped", "type": "foo.bar", "key": None, "count": 1,
          "samples": [{"runId": "a-unmapped", "sequence": 1}]},
         {"code": "payload_unprojectable", "type": "run.started", "key": "engineVersion", "count": 1,
          "samples": [{"runId": "a-payload", "sequence": 0}]},
     ]
-    assert r["vendorTypesByOrg"] == {"example": {"example.thing-happened": 1}}
+    assert r["schemaInvalid"] == [{"type": "run.completed", "key": "outputs", "reason": "required key missing",
+                                   "count": 1, "samples": [{"runId": "a-invalid", "sequence": 0}]}]
+    assert r["vendorTypesByOrg"] == {"example": {"example.Bad_Type": 1, "example.thing-happened": 1}}
+    assert r["vendorTypesOffGrammar"] == {"example.Bad_Type": 1}
     assert r["typesNeverSeen"] == sorted(A.v1_types - STORED)
     assert r["requiredKeysMissing"] == [{"type": "run.completed", "key": "outputs", "count": 1}]
     # every run.started of the clean, unmapped runs gets the legacy Subject; run.completed boxes `output`
@@ -102,22 +108,50 @@ def test_audit_reports_exactly_what_would_fail(pg, audit_db, tmp_path):
     assert "would fail: 2 events in 2 runs" in out.stdout
     assert "event_type_unmapped: type foo.bar: 1 events (e.g. a-unmapped@1)" in out.stdout
     assert "payload_unprojectable: type run.started, key engineVersion: 1 events (e.g. a-payload@0)" in out.stdout
-    assert "example: example.thing-happened (1)" in out.stdout
-    assert out.stdout.rstrip().endswith("result: SOME EVENTS WOULD FAIL the reader rule")
+    assert "example: example.Bad_Type (1), example.thing-happened (1)" in out.stdout
+    assert "flagged: 1 of them fail the v2 event-type grammar" in out.stdout
+    assert "schema-invalid (read, but would not validate against the v2 definition): 1 events in 1 runs" in out.stdout
+    assert "type run.completed, required key missing outputs: 1 events (e.g. a-invalid@0)" in out.stdout
+    assert out.stdout.rstrip().endswith("result: SOME EVENTS WOULD FAIL the reader rule; some payloads would not "
+                                        "validate")
     assert "audit:" in out.stderr and "events" in out.stderr  # the progress line
 
 
+def _held(pg, db, keys: str):
+    pg.psql("CREATE TABLE IF NOT EXISTS held AS SELECT * FROM events WHERE false", dbname=db)
+    pg.psql(f"WITH d AS (DELETE FROM events WHERE (run_id, sequence) IN ({keys}) RETURNING *) "
+            "INSERT INTO held SELECT * FROM d", dbname=db)
+
+
+def test_audit_exits_1_for_schema_invalid_payloads_alone(pg, audit_db, tmp_path):
+    """Nothing would fail the reader rule, but a payload would not validate: not clean (issue 17 item 5)."""
+    _held(pg, audit_db, "('a-unmapped', 1), ('a-payload', 0)")
+    try:
+        report = tmp_path / "invalid.json"
+        out = audit(pg, audit_db, "--json", str(report), "--no-progress")
+        assert out.returncode == EXIT_REFUSED, out.stdout + out.stderr
+        r = json.loads(report.read_text())
+        assert r["ok"] is False and r["failures"] == [] and r["events"]["wouldFail"] == 0
+        assert r["runs"] == {"era2Scanned": 6, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 1}
+        assert [(i["type"], i["key"], i["count"]) for i in r["schemaInvalid"]] == [("run.completed", "outputs", 1)]
+        assert out.stdout.rstrip().endswith("result: SOME PAYLOADS WOULD NOT VALIDATE (schema-invalid); nothing "
+                                            "would fail the reader rule")
+    finally:
+        pg.psql("INSERT INTO events SELECT * FROM held; DROP TABLE held", dbname=audit_db)
+
+
 def test_audit_exits_0_when_nothing_would_fail(pg, audit_db, tmp_path):
-    pg.psql("CREATE TABLE IF NOT EXISTS held AS SELECT * FROM events WHERE false", dbname=audit_db)
-    pg.psql("WITH d AS (DELETE FROM events WHERE (run_id, sequence) IN (('a-unmapped', 1), ('a-payload', 0)) "
-            "RETURNING *) INSERT INTO held SELECT * FROM d", dbname=audit_db)
+    _held(pg, audit_db, "('a-unmapped', 1), ('a-payload', 0), ('a-invalid', 0)")
     try:
         report = tmp_path / "clean.json"
         out = audit(pg, audit_db, "--json", str(report), "--no-progress")
         assert out.returncode == EXIT_OK, out.stdout + out.stderr
         r = json.loads(report.read_text())
         assert r["ok"] is True and r["failures"] == [] and r["events"]["wouldFail"] == 0
-        assert r["runs"] == {"era2Scanned": 5, "era3Skipped": 1, "wouldFail": 0}  # a-payload had one event
+        assert r["schemaInvalid"] == [] and r["events"]["schemaInvalid"] == 0
+        # a-payload and a-invalid had one event each
+        assert r["runs"] == {"era2Scanned": 5, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 0}
+        assert r["vendorTypesOffGrammar"] == {"example.Bad_Type": 1}  # flagged, not failed
         assert out.stdout.rstrip().endswith("result: nothing would fail")
         assert out.stderr == ""  # --no-progress
     finally:
@@ -188,7 +222,7 @@ def test_era_column_store_malformed_stamp_is_reported_and_never_converted(pg, tm
                                      str(report)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert out.returncode == EXIT_REFUSED, out.stderr
         r = json.loads(report.read_text())
-        assert r["runs"] == {"era2Scanned": 1, "era3Skipped": 1, "wouldFail": 1}
+        assert r["runs"] == {"era2Scanned": 1, "era3Skipped": 1, "wouldFail": 1, "schemaInvalid": 0}
         assert r["events"]["scanned"] == 3 and r["events"]["wouldFail"] == 2
         assert r["failures"] == [{"code": "event_row_malformed", "type": None, "key": None, "count": 2,
                                   "samples": [{"runId": "m-bad", "sequence": 0}, {"runId": "m-bad", "sequence": 1}]}]

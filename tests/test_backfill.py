@@ -41,7 +41,7 @@ LOG = [
     ("node.started", "n-1", {"nodeId": "n-1", "typeId": "t", "extra": True}),  # boxed under x-v1
     ("example.thing-happened", None, {"z": 1, "a": [1, 2.50]}),  # vendor: passed as stored
     ("node.completed", "n-1", None),  # no payload
-    ("run.completed", None, {"output": {"answer": 42}}),  # boxed, required `outputs` missing
+    ("run.completed", None, {"outputs": {}, "output": {"answer": 42}}),  # `output` boxed beside `outputs`
 ]
 
 
@@ -205,6 +205,40 @@ def test_a_run_that_would_fail_is_skipped_untouched(pg, config_file):
     assert "converted 1 runs" in out.stdout and "event_type_unmapped: 1 runs" in out.stdout
     assert whole_rows(pg, bad) == before and era(pg, bad) == 2 and originals(pg, bad) == []
     assert era(pg, good) == 3
+
+
+INVALID_LOG = [  # the reference host's shapes (issue 17 item 5): they read, but would not validate
+    ("run.started", None, {"workflowId": "wf"}),
+    ("node.started", "n-1", {"nodeId": "n-1"}),  # required typeId missing
+    ("run.completed", None, {"output": {"answer": 42}}),  # output boxed, required outputs missing
+]
+
+
+def test_a_run_with_schema_invalid_payloads_is_skipped_unless_the_operator_allows_it(pg, config_file):
+    run = rid("invalid")
+    make_run(pg, run, INVALID_LOG)
+    before = whole_rows(pg, run)
+    for args in ((), ("--dry-run",)):
+        out = backfill(pg, config_file, "--runs", run, *args)
+        assert out.returncode == EXIT_REFUSED, out.stdout + out.stderr
+        assert (f"skipped run {run}: 2 of its 3 events would be written schema-invalid (their v2 definition "
+                f"requires a key nothing in the row provides); the first, at sequence 1: node.started without "
+                f"typeId; --allow-schema-invalid writes them as they read") in out.stdout
+        assert "schema_invalid: 1 runs" in out.stdout
+        assert whole_rows(pg, run) == before and era(pg, run) == 2 and originals(pg, run) == []
+    out = backfill(pg, config_file, "--runs", run, "--allow-schema-invalid", "--dry-run")
+    assert out.returncode == EXIT_OK and "schema-invalid payloads that would be written (--allow-schema-invalid): " \
+        "2 events" in out.stdout
+    assert whole_rows(pg, run) == before and era(pg, run) == 2
+    out = backfill(pg, config_file, "--runs", run, "--allow-schema-invalid")
+    assert out.returncode == EXIT_OK, out.stdout + out.stderr
+    assert "schema-invalid payloads written (--allow-schema-invalid): 2 events" in out.stdout
+    assert era(pg, run) == 3 and [o[3] for o in originals(pg, run)] == before
+
+
+def test_allow_schema_invalid_does_not_apply_to_restore(pg, config_file):
+    out = backfill(pg, config_file, "--restore", "nothing", "--allow-schema-invalid")
+    assert out.returncode == EXIT_USAGE and "--allow-schema-invalid does not apply to --restore" in out.stderr
 
 
 def test_dry_run_changes_nothing(pg, config_file):

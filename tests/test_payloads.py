@@ -167,6 +167,11 @@ def test_orchestrator_decision_closed_root_is_flagged(shapes):
     d = shapes["orchestrator.decided"].nested["decision"]
     assert d.union_kind == "oneOf" and len(d.union) == 3
     assert d.unprojectable and "kind" in d.unprojectable
+    # ... and (ADR 0007) the oneOf branches are taken as the seats: each declares its own keys, closed.
+    assert [b.declared for b in d.union] == [("kind", "nextWorkerIds", "nextWorkerInputs", "confidence"),
+                                             ("kind", "prompt"), ("kind", "reason", "confidence", "successCriteria")]
+    assert all(b.closed and not b.hatched for b in d.union)
+    assert "branches are taken as the seats" in d.unprojectable
 
 
 # --- a synthetic set -------------------------------------------------------------

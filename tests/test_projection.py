@@ -1,4 +1,6 @@
-"""Payload projection (issue #4): the frozen payload-projection-v1 fixtures through the seat, with real drivers.
+"""Payload projection (issues #4, #17): the frozen payload-projection-v1 and -v2 fixtures through the seat,
+with real drivers. payload-projection-v2 names the v1 cases whose expectation it supersedes (ADR 0007); the
+v1 test reads every other v1 case, and each superseded one is read with its new expectation from v2.
 
 Each fixture case is one era-2 run of one event, stored directly (no seat: a v1 writer). A major-2 reader
 through the seat must read the expected type and the expected payload *bytes* (expected-major2.json, which
@@ -19,16 +21,29 @@ import pytest
 from psycopg.adapt import Loader
 from psycopg.types.json import Jsonb
 
-FIXTURES = Path(__file__).parent / "fixtures" / "payload-projection-v1"
-CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
-EXPECTED = json.loads((FIXTURES / "expected-major2.json").read_text())
+FIXTURE_ROOT = Path(__file__).parent / "fixtures"
+SETS = {"pp1": "payload-projection-v1", "pp2": "payload-projection-v2"}
+
+
+def _fixture(name: str) -> tuple[dict, dict]:
+    return (json.loads((FIXTURE_ROOT / name / "cases.json").read_text()),
+            json.loads((FIXTURE_ROOT / name / "expected-major2.json").read_text()))
+
+
+FIXTURES = {prefix: _fixture(name) for prefix, name in SETS.items()}
+SUPERSEDED = {(prefix, case) for doc, _ in FIXTURES.values()
+              for old, cases in doc.get("supersedes", {}).items()
+              for prefix in [p for p, n in SETS.items() if n == old] for case in cases}
+# Every case read, with its run id and expected result: v1 minus what v2 supersedes, then v2.
+CASES = [dict(c, rid=f"{prefix}.{c['name']}", want=expected[c["name"]])
+         for prefix, (doc, expected) in FIXTURES.items() for c in doc["cases"] if (prefix, c["name"]) not in SUPERSEDED]
 NODE_DIR = Path(__file__).parent / "node"
 PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
 SQLSTATE = "OW002"
 
 
 def run_id(case: dict) -> str:
-    return f"pp1.{case['name']}"
+    return case["rid"]
 
 
 def stored_payload_text(pg, case: dict) -> str:
@@ -126,12 +141,24 @@ def _connect_args(reader: str, seat, app):
 # ---------------------------------------------------------------- tests
 
 
-def test_expected_bytes_are_postgres_text_of_the_hand_written_expectations(pg):
+def test_superseded_cases_are_restated_in_the_newer_fixture():
+    """A v1 case v2 supersedes is in v2 under the same name, with an expectation that differs."""
+    assert SUPERSEDED == {("pp1", "variable-changed-carrier-taken")}
+    for prefix, name in SUPERSEDED:
+        old = FIXTURES[prefix][1][name]
+        new = FIXTURES["pp2"][1][name]
+        assert old != new, name
+
+
+@pytest.mark.parametrize("prefix", list(SETS))
+def test_expected_bytes_are_postgres_text_of_the_hand_written_expectations(pg, prefix):
     """expected-major2.json holds exactly what PostgreSQL prints for each expectation in cases.json."""
-    assert [c["name"] for c in CASES] == list(EXPECTED)
+    doc, expected = FIXTURES[prefix]
+    assert [c["name"] for c in doc["cases"]] == list(expected)
     with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as conn:
-        for c in CASES:
-            want, exp = EXPECTED[c["name"]], c["expect"]
+        for c in doc["cases"]:
+            c = dict(c, rid=f"{prefix}.{c['name']}")
+            want, exp = expected[c["name"]], c["expect"]
             if "error" in exp:
                 assert want == {"error": exp["error"], "type": exp["type"], "keys": exp["keys"]}, c["name"]
                 continue
@@ -148,7 +175,7 @@ def test_major_2_reads_the_expected_projection_bytes_or_refusal(loaded, pp_seat,
     url, app = _connect_args(reader, pp_seat, None)
     got = READERS[reader](url, app, loaded)
     for c in CASES:
-        rid, want = run_id(c), EXPECTED[c["name"]]
+        rid, want = run_id(c), c["want"]
         result = got[rid]
         where = f"{reader} {c['name']}"
         if "error" in want:
@@ -164,7 +191,7 @@ def test_major_2_reads_the_expected_projection_bytes_or_refusal(loaded, pp_seat,
         else:
             assert result[0] == "ok", f"{where}: {result}"
             assert result[1] == want["type"], where
-            assert result[2] == want["payloadText"], f"{where}: payload bytes differ"
+            assert result[2] == want["payloadText"], f"{where}: payload bytes differ: {result[2]}"
 
 
 @pytest.mark.parametrize("reader", list(READERS))
@@ -203,13 +230,13 @@ def test_a_refused_row_leaves_the_transaction_as_postgres_would(loaded, pp_seat)
     with psycopg.connect(pp_seat.dsn()) as conn:
         conn.execute("SELECT 1")
         with pytest.raises(psycopg.Error) as e:
-            conn.execute("SELECT * FROM events WHERE run_id = %s", ("pp1.variable-changed-carrier-taken",))
+            conn.execute("SELECT * FROM events WHERE run_id = %s", ("pp2.variable-changed-both-carriers-taken",))
         assert e.value.sqlstate == SQLSTATE
         with pytest.raises(psycopg.errors.InFailedSqlTransaction):
             conn.execute("SELECT 1")
         conn.rollback()
         assert conn.execute("SELECT type FROM events WHERE run_id = %s",
-                            ("pp1.variable-changed-carrier-taken",)).fetchone() == ("variable.changed",)
+                            ("pp2.variable-changed-both-carriers-taken",)).fetchone() == ("variable.changed",)
 
 
 def test_fork_of_a_projected_prefix_reads_back_byte_equal(pg, pp_seat):

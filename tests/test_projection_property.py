@@ -5,8 +5,12 @@ mix declared, hatch-pattern and unknown keys), hatch keys, unknown keys, nested 
 
 * deterministic: projecting the same stored row twice, in two sessions, gives the same bytes;
 * idempotent: a projected payload, stored again as an era-2 row of the same type, projects to itself;
-* no silent drop: every input key is in the output (as declared, hatch key, or inside ``x-v1``), moved by
-  one of the named transformations, or the read fails with payload_unprojectable naming it.
+* no silent drop: every input key is in the output (as declared, hatch key, or inside the carrier ``x-v1``,
+  or ``x-v1.seat`` when the host wrote ``x-v1``), moved by one of the named transformations, or the read
+  fails with payload_unprojectable naming it;
+* hatch values are opaque (issue 17): a hatch key's value, with ``type`` values nested in it, is read
+  byte-for-byte as stored; owner blocks come in every v1 shape (principal, principalKind, null, a null
+  subject, a subject beside principal, keyClass off the saml/scim lanes).
 
 The function is called directly (``openwop_seat.read_v2p``, exactly the expression the classifier adds);
 the last test drives a sample through the seat itself and checks it reads the same bytes.
@@ -15,6 +19,7 @@ the last test drives a sample through the seat itself and checks it reads the sa
 from __future__ import annotations
 
 import json
+import re
 
 import psycopg
 import pytest
@@ -22,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.artifacts import load_artifacts
+from proxy.projection import INTERRUPT_KINDS, interrupt_kind_types
 from test_projection import TextJsonb
 
 ARTIFACTS = load_artifacts()
@@ -35,10 +41,28 @@ PROPERTY = settings(max_examples=300, deadline=None, derandomize=True,
 SQL = ("SELECT openwop_seat.read_v2p(2::smallint, %(t)s, %(p)s::jsonb, 'prop-run', 7, 'ev-prop', %(node)s, "
        "%(tenant)s)")
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8),
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                    st.text(st.characters(blacklist_characters="\x00"), max_size=8),  # jsonb holds no NUL
                     st.sampled_from([0.5, -1.25, 1e-3]))  # floats that read back as Python wrote them
 unknown_keys = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=6).map(lambda s: "zz" + s)
-hatch_keys = st.sampled_from(["x-note", "vendor.acme.flag", "openwop-trace", "x-v1"])
+hatch_keys = st.sampled_from(["x-note", "vendor.acme.flag", "openwop-trace", "x-v1", "x-v1.seat"])
+HATCH = re.compile(r"^(openwop-|x-|vendor\.)")
+KIND_TYPES = set(interrupt_kind_types(SHAPES))
+KINDS = st.sampled_from(list(INTERRUPT_KINDS) + ["timer", "walkthrough-step", "conversation"])
+SUBJ = {"issuer": "https://idp.example", "subjectId": "p-1", "tenant": "acme", "lane": "oidc", "kind": "user"}
+OWNERS = st.sampled_from([
+    {"tenant": "acme"}, {"tenant": "acme", "principal": "p-1"},
+    {"tenant": "acme", "principal": "p-1", "principalKind": "user"},
+    {"tenant": "acme", "principal": "p-1", "principalKind": "agent"},
+    {"tenant": "acme", "principal": "p-1", "principalKind": "service"}, {"tenant": "acme", "principalKind": "user"},
+    None, {"tenant": "acme", "subject": None}, {"principal": "p-1"}, {"tenant": "other", "principal": "p-1"},
+    {"tenant": "acme", "principal": "p-1", "principalKind": "user", "subject": SUBJ},
+    {"tenant": "acme", "principal": "p-2", "principalKind": "agent", "subject": SUBJ},
+    {"tenant": "acme", "subject": dict(SUBJ, keyClass="opaque-idp")},
+    {"tenant": "acme", "subject": dict(SUBJ, lane="saml", keyClass="opaque-idp")}])
+nested_types = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(RENAMED)}),
+                         st.fixed_dictionaries({"inner": st.lists(st.fixed_dictionaries(
+                             {"type": st.sampled_from(RENAMED)}), min_size=1, max_size=2)}))
 
 
 @st.composite
@@ -56,18 +80,20 @@ def objects(draw, shape, depth=0):
             out[key] = draw(scalars)
     for key in draw(st.lists(st.one_of(unknown_keys, hatch_keys), unique=True, max_size=2)):
         if key not in out:
-            out[key] = draw(st.one_of(scalars, st.fixed_dictionaries({"type": st.sampled_from(RENAMED)})))
+            out[key] = draw(st.one_of(scalars, nested_types))
     return out
 
 
 @st.composite
-def rows(draw):
-    v2 = draw(st.sampled_from(TYPES))
+def rows(draw, types=TYPES):
+    v2 = draw(st.sampled_from(types))
     payload = draw(objects(SHAPES[v2]))
     if v2 == "run.started" and draw(st.booleans()):
         payload["engineVersion"] = draw(st.sampled_from(["7", "0", "12", "v2", "07"]))
     if v2 == "run.started" and draw(st.booleans()):
-        payload["owner"] = {"tenant": "acme", **({"principal": "p-1"} if draw(st.booleans()) else {})}
+        payload["owner"] = draw(OWNERS)
+    if v2 in KIND_TYPES and draw(st.booleans()):
+        payload["kind"] = draw(KINDS)
     return V2_TO_V1[v2], v2, payload, draw(st.sampled_from([None, "n-1"])), draw(st.sampled_from([None, "acme"]))
 
 
@@ -88,31 +114,72 @@ def map_type(value):
     return ARTIFACTS.v1_to_v2.get(value, value) if isinstance(value, str) else value
 
 
+def carrier_box(inp: dict, out: dict) -> dict:
+    """What the projection carried at this level: under x-v1, or x-v1.seat when the host wrote x-v1."""
+    for carrier in ("x-v1", "x-v1.seat"):
+        if carrier not in inp:
+            return out.get(carrier) if isinstance(out.get(carrier), dict) else {}
+    return {}
+
+
 def dropped(inp: dict, out: dict, path: str = "") -> list[str]:
-    """Input keys found nowhere in ``out``: not under their own name, not in out["x-v1"]."""
+    """Input keys found nowhere in ``out``: not under their own name, not in the carrier; and hatch keys
+    whose value was changed (interpreted)."""
     lost = []
-    box = out.get("x-v1") if isinstance(out.get("x-v1"), dict) and "x-v1" not in inp else {}
+    box = carrier_box(inp, out)
     for key, value in inp.items():
         here = out[key] if key in out else box.get(key, _MISSING)
         if here is _MISSING:
             lost.append(path + key)
+        elif HATCH.match(key) and key in out:
+            if here != value:
+                lost.append(path + key + " (a hatch value was changed)")
         elif isinstance(value, dict) and isinstance(here, dict):
             lost += dropped(value, here, f"{path}{key}.")
-        elif here != value and here != map_type(value) and not (key == "engineVersion" and str(here) == value):
+        elif not equivalent({key: value}, {key: here}) and not (key == "engineVersion" and str(here) == value):
             lost.append(path + key)
     return lost
+
+
+def equivalent(value, here) -> bool:
+    """``here`` is ``value`` with renamed v1 types mapped under non-hatch ``type`` keys, at any depth."""
+    if isinstance(value, dict) and isinstance(here, dict):
+        return value.keys() == here.keys() and all(
+            here[k] == v if HATCH.match(k) else
+            (here[k] in (v, map_type(v)) if k == "type" else equivalent(v, here[k])) for k, v in value.items())
+    if isinstance(value, list) and isinstance(here, list):
+        return len(value) == len(here) and all(equivalent(a, b) for a, b in zip(value, here))
+    return here == value
 
 
 _MISSING = object()
 
 
 def moved_by_named_rules(v2: str, inp: dict, out: dict) -> dict:
-    """``inp`` as the named transformations rearranged it, so ``dropped`` can compare like with like."""
+    """``inp`` as the named transformations rearranged it, so ``dropped`` can compare like with like.
+    Each moved value is checked to be where the rule puts it (in the Subject, or carried)."""
     inp = dict(inp)
-    if v2 == "run.started" and isinstance(inp.get("owner"), dict) and "principal" in inp["owner"]:
+    box = carrier_box(inp, out)
+    if v2 == "run.started" and "owner" in inp and inp["owner"] is None and isinstance(out.get("owner"), dict):
+        assert out["owner"]["subject"]["issuer"] == "urn:openwop:legacy"
+        inp.pop("owner")  # a null owner is stamped
+    elif v2 == "run.started" and isinstance(inp.get("owner"), dict):
         owner = dict(inp["owner"])
-        assert out["owner"]["subject"]["subjectId"] == owner.pop("principal")
+        subject = out["owner"].get("subject", {})
+        carried = box.get("owner", {})
+        if "subject" in owner and owner["subject"] is None and isinstance(subject, dict):
+            assert subject["issuer"] == "urn:openwop:legacy"
+            owner.pop("subject")
+        for key, seat in (("principal", "subjectId"), ("principalKind", "kind")):
+            if key in owner:
+                value = owner.pop(key)
+                assert subject.get(seat) == value or carried.get(key) == value, (key, out)
+        if isinstance(owner.get("subject"), dict) and "keyClass" in owner["subject"] and "keyClass" not in subject:
+            owner["subject"] = dict(owner["subject"])
+            assert carried["subject"]["keyClass"] == owner["subject"].pop("keyClass")
         inp["owner"] = owner
+    if v2 in KIND_TYPES and isinstance(inp.get("kind"), str) and inp["kind"] not in INTERRUPT_KINDS:
+        assert out["kind"] == "custom" and box["kind"] == inp.pop("kind"), out
     if v2 == "approval.requested" and "data" not in inp and "kind" not in inp:
         data = out.get("data", {})
         for key in list(inp):
@@ -133,6 +200,18 @@ def conn(pg):
 @PROPERTY
 @given(rows())
 def test_projection_is_deterministic_idempotent_and_drops_nothing(conn, pg, row):
+    check_row(conn, pg, row)
+
+
+@settings(PROPERTY, max_examples=200)
+@given(rows(types=sorted({"run.started"} | KIND_TYPES)))
+def test_owner_blocks_and_interrupt_kinds_hold_the_same_properties(conn, pg, row):
+    """The same properties, drawn only over run.started (owner blocks in every v1 shape) and the types
+    whose kind is the interrupt enum (kinds inside and outside it)."""
+    check_row(conn, pg, row)
+
+
+def check_row(conn, pg, row):
     t, v2, payload, node, tenant = row
     first = project(conn, t, payload, node, tenant)
     with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as other:
