@@ -139,27 +139,29 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
         ELSE {SCHEMA}.payload_v2({t}, ({p})::jsonb, {run_text}, {seq}, {col(host.event_id_column)},
                                  {col(host.node_id_column)})
     END""", host.payload_column)
-    # major 1
+    # major 1; a row that backfill rewrote reads as it was before (its original, preserved byte for byte)
+    o = f"{C}_orig"
+    original = f"{o}.run_id IS NOT NULL"
     if backward is not None:
         era3_type = f"COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) {t}, {t})"
-        refused_era3 = None
+        era3_payload = p
     else:
         era3_type = (f"{SCHEMA}.refuse_text('v1_representation_refused', {t}, {run_text}, {seq})")
-        refused_era3 = era3_type
+        era3_payload = f"({era3_type})::jsonb"
     type_m1 = cast(f"""CASE
-        WHEN {era.three} THEN CASE WHEN {t} IS NULL
+        WHEN {era.three} THEN CASE WHEN {original} THEN {o}.type
+                                    WHEN {t} IS NULL
                                     THEN {SCHEMA}.refuse_text('event_row_malformed', {t}, {run_text}, {seq})
                                     ELSE {era3_type} END{malformed_arm}
         ELSE {t}
     END""", host.type_column)
-    if refused_era3 is not None:
-        payload_m1 = cast(f"CASE WHEN {era.three} THEN ({refused_era3})::jsonb{malformed_arm} ELSE {p} END",
-                          host.payload_column)
-    elif era.malformed:
-        payload_m1 = cast(f"CASE WHEN {era.malformed} THEN ({malformed_era})::jsonb ELSE {p} END",
-                          host.payload_column)
-    else:
-        payload_m1 = p
+    payload_m1 = cast(f"""CASE
+        WHEN {era.three} THEN CASE WHEN {original} THEN ({o}.payload)::jsonb ELSE {era3_payload} END{
+            malformed_arm.replace(malformed_era, malformed_era + '::jsonb')}
+        ELSE {p}
+    END""", host.payload_column)
+    original_join = (f"LEFT JOIN {SCHEMA}.events_v1_original {o} ON {o}.run_id {EQ} {run_text} "
+                     f"AND {o}.sequence {EQ} {seq}")
 
     clean_join = (f"LEFT JOIN {SCHEMA}.payloads_clean {C}_clean ON {C}_clean.run_id {EQ} "
                   f"{run}{'' if types[host.run_id_column] == 'text' else '::text'}")
@@ -175,7 +177,7 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
                 out.append(f"{payload_m2 if major == 2 else payload_m1} AS {_ident(c.name)}")
             else:
                 out.append(f"{E}.{_ident(c.name)}")
-        joins = f"{era.join}\n{clean_join}" if major == 2 else era.join
+        joins = f"{era.join}\n{clean_join}" if major == 2 else f"{era.join}\n{original_join}"
         return f"""
 DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
 CREATE VIEW {SCHEMA}.{VIEW[major]} AS

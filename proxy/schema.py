@@ -1503,6 +1503,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
            + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)
     installed = False
+    cleared = 0
     async with conn.transaction():
         meta = await read_meta(conn) or {}
         expected = await _expected_triggers(conn, triggers)
@@ -1515,6 +1516,10 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
                 table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
                 await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
             await conn.execute(sql)
+            # The payloads-clean marks were made by the fast check being replaced: they are checked again by
+            # the next mark_payloads_clean, never trusted across a change of the generated functions.
+            cleared = await conn.fetchval(f"WITH d AS (DELETE FROM {SCHEMA}.payloads_clean RETURNING 1) "
+                                          f"SELECT count(*) FROM d")
             await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
                                       "objects_sha256": fingerprint})
             installed = True
@@ -1525,6 +1530,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             line += (f", replacing digest {old} (tag {meta.get('artifact_tag')}): seats still running the old "
                      f"artifacts now refuse to serve")
         say(line)
+        if cleared:
+            say(f"cleared {cleared} payloads-clean marks (the generated checks changed; mark the runs again)")
     await _install_claim_secret(conn, secret, say, note)
 
 
