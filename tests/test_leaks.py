@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import time
 import uuid
 
 import psycopg
 import pytest
 
+import rawpg
 from proxy.artifacts import load_artifacts
 
 A = load_artifacts()
@@ -274,3 +276,74 @@ def test_ddl_on_the_events_table_is_noticed_and_translated_reads_are_refused_unt
             except psycopg.Error:
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- the same path, byte by byte
+
+
+def _parse(name: str, sql: str) -> bytes:
+    return rawpg.msg(b"P", name.encode() + b"\0" + sql.encode() + b"\0" + struct.pack("!h", 0))
+
+
+def _bind(stmt: str, params: list[bytes], formats: list[int]) -> bytes:
+    body = b"\0" + stmt.encode() + b"\0" + struct.pack("!h", 0) + struct.pack("!h", len(params))
+    for p in params:
+        body += struct.pack("!i", len(p)) + p
+    return rawpg.msg(b"B", body + struct.pack("!h", len(formats)) + b"".join(struct.pack("!h", f) for f in formats))
+
+
+EXECUTE_SYNC = rawpg.msg(b"E", b"\0" + struct.pack("!i", 0)) + rawpg.msg(b"S")
+
+
+def test_a_bind_with_a_format_per_column_before_any_describe_works_as_on_postgresql(leak_seat, logs):
+    """pgjdbc and pgx pipeline Parse and Bind with result formats they cached, one per column, before any
+    Describe answer: the seat adds no column, so the count is the client's."""
+    conn = rawpg.RawConn(leak_seat.port)
+    try:
+        conn.login()
+        conn.send(_parse("", "SELECT * FROM events WHERE run_id = $1 ORDER BY sequence")
+                  + _bind("", [logs[2].encode()], [1, 1, 1, 0, 1, 1, 1, 1]) + EXECUTE_SYNC)
+        got = conn.read_until(b"Z")
+        kinds = [t for t, _ in got]
+        assert b"E" not in kinds, [rawpg.error_fields(b) for t, b in got if t == b"E"]
+        rows = [b for t, b in got if t == b"D"]
+        assert len(rows) == len(RENAMED_V1)
+        assert_translated([r.decode("latin-1") for r in rows], 2)
+        assert_clean([r.decode("latin-1") for r in rows], 2)
+    finally:
+        conn.close()
+
+
+def test_a_malformed_bind_ends_the_session_with_08p01(leak_seat):
+    conn = rawpg.RawConn(leak_seat.port)
+    try:
+        conn.login()
+        conn.send(_parse("", "SELECT type FROM events LIMIT 1") + rawpg.msg(b"B", b"\0") + rawpg.msg(b"S"))
+        got = conn.read_all_until_closed()
+        errors = [rawpg.error_fields(b) for t, b in got if t == b"E"]
+        assert errors and errors[-1]["C"] == "08P01", got
+    finally:
+        conn.close()
+
+
+def test_a_translated_statement_after_a_failed_pipeline_is_prepared_again_not_trusted(leak_seat, logs):
+    """An unnamed translated Parse in a pipeline that already failed is never applied by the server: the
+    seat must not treat its server-side name as prepared, and the next page must read translated rows."""
+    page = "SELECT type FROM events WHERE run_id = $1 ORDER BY sequence"
+    conn = rawpg.RawConn(leak_seat.port)
+    try:
+        conn.login()
+        conn.send(_parse("", "SELECT 1/0") + _bind("", [], []) + rawpg.msg(b"E", b"\0" + struct.pack("!i", 0))
+                  + _parse("", page) + _bind("", [logs[2].encode()], [0]) + EXECUTE_SYNC)
+        first = conn.read_until(b"Z")
+        assert [rawpg.error_fields(b)["C"] for t, b in first if t == b"E"] == ["22012"]
+        for _ in range(2):
+            conn.send(_parse("", page) + _bind("", [logs[2].encode()], [0]) + EXECUTE_SYNC)
+            got = conn.read_until(b"Z")
+            assert b"E" not in [t for t, _ in got], [rawpg.error_fields(b) for t, b in got if t == b"E"]
+            rows = [b.decode("latin-1") for t, b in got if t == b"D"]
+            assert len(rows) == len(RENAMED_V1)
+            assert_clean(rows, 2)
+            assert_translated(rows, 2)
+    finally:
+        conn.close()
