@@ -29,6 +29,7 @@ identifier, or the seat's schema).
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -119,6 +120,7 @@ class Classifier:
         self._schema = schema or None
         self._table = table
         self._needle = table.lower()
+        self.functions: frozenset[str] = frozenset()  # see set_functions
 
     # -- public
 
@@ -149,7 +151,18 @@ class Classifier:
 
     def _worth_parsing(self, sql: str) -> bool:
         low = sql.lower()
-        return self._needle in low or any(n in low for n in _NEEDLES)
+        return (self._needle in low or any(n in low for n in _NEEDLES) or _DO_BLOCK.search(low) is not None
+                or any(f in low for f in self.functions))
+
+    def set_functions(self, names) -> None:
+        """The functions defined in the database outside the system schemas, the seat's and extensions (lower
+        case): a translated session may not call them (their bodies could read the events table untranslated).
+        The plans made with another set are dropped."""
+        names = frozenset(n.lower() for n in names)
+        if names != self.functions:
+            self.functions = names
+            self._cache.clear()
+            self.bytes = 0
 
     # -- internals
 
@@ -232,17 +245,28 @@ class Classifier:
         seen to read the events table, and the catalog functions that run a query given as text, always."""
         from pglast import ast
 
-        if isinstance(stmt, (ast.DoStmt, ast.CreateFunctionStmt)) and self.mentions_events(text):
-            what = "a DO block" if isinstance(stmt, ast.DoStmt) else "a function body"
-            raise Untranslatable(f"{what} naming the events table",
-                                 f"{what} naming the events table would read it on the server, untranslated; run it "
-                                 f"from a raw session")
+        if isinstance(stmt, ast.DoStmt):
+            raise Untranslatable("DO block", "a DO block runs code on the server, out of the seat's sight (it could "
+                                             "read the events table untranslated); run it from a raw session")
+        if isinstance(stmt, ast.CreateFunctionStmt) and self.mentions_events(text):
+            raise Untranslatable("a function body naming the events table",
+                                 "a function body naming the events table would read it on the server, "
+                                 "untranslated; create it from a raw session")
         for n in _walk(stmt):
-            if isinstance(n, ast.FuncCall) and n.funcname[-1].sval.lower() in QUERY_RUNNING_FUNCTIONS and (
-                    len(n.funcname) == 1 or n.funcname[0].sval == "pg_catalog"):
+            if not isinstance(n, ast.FuncCall):
+                continue
+            name = n.funcname[-1].sval.lower()
+            schema = n.funcname[0].sval.lower() if len(n.funcname) > 1 else None
+            if name in QUERY_RUNNING_FUNCTIONS and schema in (None, "pg_catalog"):
                 raise Untranslatable("query-running function",
                                      f"{n.funcname[-1].sval}() runs SQL (or reads whole tables) on the server, out "
                                      f"of the seat's sight: it is refused in a translated session")
+            if name in self.functions and schema != "pg_catalog":
+                raise Untranslatable("database function",
+                                     f"{n.funcname[-1].sval}() is defined in the database, outside the system "
+                                     f"schemas: its body could read the events table out of the seat's sight, so a "
+                                     f"translated session may not call it (call it from a raw session, or read the "
+                                     f"events table directly)")
 
     # ---- the rewrite
 
@@ -491,6 +515,7 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
     "database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema", "cursor_to_xml",
     "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "dblink", "dblink_exec", "dblink_open", "dblink_send_query"))
 _NEEDLES = ("u&", SEAT_SCHEMA, "to_xml", "ts_stat", "ts_rewrite", "dblink")
+_DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
 
 _QUERY_STATEMENTS: tuple = ()
 _KIND = {"ViewStmt": "a view", "RuleStmt": "a rule", "CreateFunctionStmt": "a function body",

@@ -81,6 +81,23 @@ SELECT oid FROM derived
 """
 
 
+# Functions a translated session may not call: defined in the database outside the system schemas, the
+# seat's own and extensions, trigger functions excepted (proxy.classify.Classifier.set_functions).
+DATABASE_FUNCTIONS = """
+SELECT DISTINCT pg_catalog.lower(p.proname) AS name
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
+  AND n.nspname !~ '^pg_(toast|temp)'
+  AND p.prorettype NOT IN ('pg_catalog.trigger'::pg_catalog.regtype, 'pg_catalog.event_trigger'::pg_catalog.regtype)
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                  AND d.objid = p.oid AND d.deptype = 'e')
+"""
+
+
+async def database_functions(conn) -> frozenset[str]:
+    return frozenset(r["name"] for r in await conn.fetch(DATABASE_FUNCTIONS))
+
+
 async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
     """(views over events.type, views over events.payload, why the translated relations are stale): what a
     seat learns at start and re-reads while it runs. The seat's own views are not counted as leaks."""
@@ -125,6 +142,7 @@ async def load_read_context(config: Config):
             ordered = [r["attname"] for r in await conn.fetch(
                 "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
                 "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
+            functions = await database_functions(conn)
     finally:
         await conn.close()
     if row is None:
@@ -138,6 +156,8 @@ async def load_read_context(config: Config):
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
                                      max_statement_bytes=config.max_statement_bytes)
                    for major in (1, 2)}
+    for classifier in classifiers.values():
+        classifier.set_functions(functions)
     events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:
         log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
@@ -286,8 +306,9 @@ class SeatServer:
 
     async def _watch_relations(self) -> None:
         """Re-read, every RELATION_CHECK_SECONDS, the views over the events table (a view created after start
-        is a leak the result check must know) and whether the translated relations still match the table
-        (DDL on it after start): while they do not, translated statements are refused, never mis-translated."""
+        is a leak the result check must know), the functions defined in the database (a translated session may
+        not call them), and whether the translated relations still match the table (DDL on it after start):
+        while they do not, translated statements are refused, never mis-translated."""
         from . import schema
 
         while True:
@@ -301,6 +322,7 @@ class SeatServer:
                 try:
                     derived, derived_payload, stale = await relation_state(
                         conn, self.config.host, ev.table_oid, ev.type_attnum, ev.payload_attnum or None)
+                    functions = await database_functions(conn)
                 finally:
                     await conn.close()
             except Exception as e:  # noqa: BLE001 - the database may be away for a while; keep what we had
@@ -309,6 +331,8 @@ class SeatServer:
             if stale != ctx.watch.stale:
                 (log.error if stale else log.info)("translated relations %s", stale or "match the events table again")
             ctx.watch.stale = stale
+            for classifier in ctx.classifiers.values():
+                classifier.set_functions(functions)
             if derived != ev.derived_oids or derived_payload != ev.derived_payload_oids:
                 ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
 

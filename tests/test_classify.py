@@ -188,6 +188,8 @@ REFUSED = [
      "function body"),
     ("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$ SELECT count(*) FROM events $$", "function body"),
     ("DO $$ BEGIN PERFORM * FROM events; END $$", "DO block"),
+    ("DO $$ BEGIN EXECUTE 'select * from ev' || 'ents'; END $$", "DO block"),
+    ("do language plpgsql $$ BEGIN NULL; END $$", "DO block"),
     ("SELECT query_to_xml('select * from ev' || 'ents', true, false, '')", "query-running function"),
     ("SELECT table_to_xml('runs', true, false, '')", "query-running function"),
     ("SELECT * FROM openwop_seat.events_m1", "seat relation"),
@@ -225,6 +227,17 @@ def test_a_statement_larger_than_the_analysis_limit_is_refused_without_parsing()
     assert only(classify(sql)).action == TRANSLATE
     # a statement that does not mention the table is never analysed, whatever its size
     assert only(classify("SELECT " + "1," * 5000 + "1", max_statement_bytes=2048)).action == PASS
+
+
+def test_functions_defined_in_the_database_are_refused_by_name():
+    c = Classifier(HostConfig(), 2)
+    assert only(c.classify("SELECT leaky_rows()")).action == PASS  # not known yet
+    c.set_functions({"Leaky_Rows", "other"})
+    assert only(c.classify("SELECT leaky_rows()")).kind == "database function"  # the cache was dropped
+    assert only(c.classify("SELECT * FROM public.leaky_rows() r")).kind == "database function"
+    assert only(c.classify("CALL leaky_rows()")).kind == "database function"
+    assert only(c.classify("SELECT now(), pg_catalog.leaky_rows()")).action == PASS  # the catalog's own
+    assert only(c.classify("SELECT 'leaky_rows()' AS text")).action == PASS  # a string is no call
 
 
 def test_unparsable_statement_not_mentioning_events_passes():
