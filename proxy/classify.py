@@ -155,9 +155,9 @@ class Classifier:
                 or any(f in low for f in self.functions))
 
     def set_functions(self, names) -> None:
-        """The functions defined in the database outside the system schemas, the seat's and extensions (lower
-        case): a translated session may not call them (their bodies could read the events table untranslated).
-        The plans made with another set are dropped."""
+        """The functions defined in the database whose bodies could read the events table out of the seat's
+        sight (lower case; ``proxy.server.risky_functions``): a translated session may not call them. The
+        plans made with another set are dropped."""
         names = frozenset(n.lower() for n in names)
         if names != self.functions:
             self.functions = names
@@ -263,10 +263,10 @@ class Classifier:
                                      f"of the seat's sight: it is refused in a translated session")
             if name in self.functions and schema != "pg_catalog":
                 raise Untranslatable("database function",
-                                     f"{n.funcname[-1].sval}() is defined in the database, outside the system "
-                                     f"schemas: its body could read the events table out of the seat's sight, so a "
-                                     f"translated session may not call it (call it from a raw session, or read the "
-                                     f"events table directly)")
+                                     f"{n.funcname[-1].sval}() is defined in the database and its body could read "
+                                     f"the events table out of the seat's sight (it names the table, runs dynamic "
+                                     f"SQL, or calls such a function), so a translated session may not call it "
+                                     f"(call it from a raw session, or read the events table directly)")
 
     # ---- the rewrite
 

@@ -81,11 +81,13 @@ SELECT oid FROM derived
 """
 
 
-# Functions a translated session may not call: defined in the database outside the system schemas, the
-# seat's own and extensions, trigger functions excepted (proxy.classify.Classifier.set_functions).
+# Functions defined in the database outside the system schemas, the seat's own and extensions, trigger
+# functions excepted: those that could read the events table are refused to translated sessions
+# (risky_functions, proxy.classify.Classifier.set_functions).
 DATABASE_FUNCTIONS = """
-SELECT DISTINCT pg_catalog.lower(p.proname) AS name
+SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
   AND n.nspname !~ '^pg_(toast|temp)'
   AND p.prorettype NOT IN ('pg_catalog.trigger'::pg_catalog.regtype, 'pg_catalog.event_trigger'::pg_catalog.regtype)
@@ -94,8 +96,31 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
 """
 
 
-async def database_functions(conn) -> frozenset[str]:
-    return frozenset(r["name"] for r in await conn.fetch(DATABASE_FUNCTIONS))
+# Words in a function's body that mean it may run SQL the seat cannot see the text of.
+_DYNAMIC = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink", "ts_stat",
+            "ts_rewrite")
+
+
+def risky_functions(rows, table: str) -> frozenset[str]:
+    """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
+    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative."""
+    table = table.rpartition(".")[2].lower()
+    bodies = {}
+    for r in rows:
+        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower()))
+    risky = {name for name, defs in bodies.items()
+             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in _DYNAMIC)
+                    for lang, body in defs)}
+    while True:
+        more = {name for name, defs in bodies.items() if name not in risky
+                and any(f in body for _, body in defs for f in risky)}
+        if not more:
+            return frozenset(risky)
+        risky |= more
+
+
+async def database_functions(conn, table: str) -> frozenset[str]:
+    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table)
 
 
 async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
@@ -142,7 +167,7 @@ async def load_read_context(config: Config):
             ordered = [r["attname"] for r in await conn.fetch(
                 "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
                 "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
-            functions = await database_functions(conn)
+            functions = await database_functions(conn, host.events_table)
     finally:
         await conn.close()
     if row is None:
@@ -322,7 +347,7 @@ class SeatServer:
                 try:
                     derived, derived_payload, stale = await relation_state(
                         conn, self.config.host, ev.table_oid, ev.type_attnum, ev.payload_attnum or None)
-                    functions = await database_functions(conn)
+                    functions = await database_functions(conn, self.config.host.events_table)
                 finally:
                     await conn.close()
             except Exception as e:  # noqa: BLE001 - the database may be away for a while; keep what we had

@@ -311,3 +311,19 @@ def test_configured_columns_are_the_ones_guarded_in_writes():
 def test_plans_differ_by_major():
     assert VIEW2 in classify(LOG_PAGE, 2).text and VIEW1 in classify(LOG_PAGE, 1).text
     assert "type_m1(" in classify(APPEND, 1).text
+
+
+def test_risky_functions_are_those_that_could_read_the_events_table():
+    from proxy.server import risky_functions
+
+    rows = [{"name": n, "language": lang, "body": body} for n, lang, body in (
+        ("reads", "sql", "SELECT * FROM public.events"),
+        ("dynamic", "plpgsql", "BEGIN EXECUTE 'select 1'; END"),
+        ("native", "c", "some_symbol"),
+        ("caller", "sql", "SELECT * FROM reads()"),
+        ("caller_of_caller", "plpgsql", "BEGIN PERFORM caller(); END"),
+        ("writes_runs", "plpgsql", "BEGIN INSERT INTO runs VALUES ('r', 't'); END"),
+        ("pure", "sql", "SELECT $1 + 1"),
+    )]
+    assert risky_functions(rows, "events") == {"reads", "dynamic", "native", "caller", "caller_of_caller"}
+    assert risky_functions(rows, "app.log") == {"dynamic", "native"}

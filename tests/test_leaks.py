@@ -93,7 +93,8 @@ def assert_translated(values, major: int) -> None:
 
 # Shapes that must read translated rows: (name, SQL with %(run)s).
 READS = [
-    ("join using type", "SELECT type FROM events JOIN events e2 USING (type) WHERE events.run_id = %(run)s"),
+    ("join using type", "SELECT type FROM events JOIN events e2 USING (type) WHERE events.run_id = %(run)s "
+                        "AND e2.run_id = %(run)s"),
     ("natural full join",
      "SELECT * FROM (SELECT type FROM events WHERE run_id = %(run)s) a NATURAL FULL JOIN "
      "(SELECT type, run_id FROM events WHERE run_id = %(run)s) b"),
@@ -207,7 +208,7 @@ def test_cursors_prepare_and_copy_read_translated_rows(leak_seat, logs, major):
         conn.execute("DEALLOCATE leak_p")
         with conn.cursor().copy(f"COPY (SELECT type FROM events WHERE run_id = '{run}') TO STDOUT") as copy:
             copied = [bytes(b).decode() for b in copy]
-        with conn.cursor().copy("COPY events TO STDOUT") as copy:
+        with conn.cursor().copy(f"COPY (SELECT * FROM events WHERE run_id = '{run}') TO STDOUT") as copy:
             whole = "".join(bytes(b).decode() for b in copy)
         named = conn.cursor(name="leak_named")
         conn.autocommit = False

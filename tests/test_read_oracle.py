@@ -161,3 +161,16 @@ def test_generated_reads_through_the_seat_equal_the_translated_copy(oracle, pg, 
         assert got == want, sql
 
     check()
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_copy_of_the_whole_events_table_equals_the_translated_copy(oracle, pg, major):
+    app = {"application_name": "v1-host"} if major == 1 else {}
+
+    def copied(dsn: str, **kw) -> list[str]:
+        with psycopg.connect(dsn, autocommit=True, **kw) as conn:
+            with conn.cursor().copy("COPY events TO STDOUT") as copy:
+                return sorted("".join(bytes(b).decode() for b in copy).splitlines())
+
+    got = copied(oracle.dsn(dbname="oracle"), **app)
+    assert got and got == copied(pg.dsn(dbname=f"oracle_m{major}"))
