@@ -330,19 +330,30 @@ class Classifier:
                             alias=alias, location=rv.location)
 
     def _substitute(self, stmt) -> bool:
-        """Replace the events table in every FROM position under ``stmt``; True when anything changed."""
+        """Replace the events table in every FROM position under ``stmt`` whose query level could read a
+        translated column; True when anything changed.
+
+        A level that reads only the columns both eras store alike (``run_id``, ``sequence``, …: no ``type``,
+        no ``payload``, no ``*``, no whole row, no ``NATURAL`` join or ``USING`` over them) reads the table
+        itself: its answer is the same, and PostgreSQL keeps its plain-table optimisations (``max(sequence)``
+        as one index probe). The test is on everything under the level, sub-levels included, so a column a
+        sub-level takes from it by correlation counts too."""
         from pglast import ast
 
         changed = False
+        self._kept: set[int] = set()
 
-        def from_item(item):
+        def from_item(item, translate: bool):
             nonlocal changed
             if self._is_events(item):
+                if not translate:
+                    self._kept.add(id(item))
+                    return item
                 changed = True
                 return self._relation(item)
             if isinstance(item, ast.JoinExpr):
-                item.larg = from_item(item.larg)
-                item.rarg = from_item(item.rarg)
+                item.larg = from_item(item.larg, translate)
+                item.rarg = from_item(item.rarg, translate)
             elif isinstance(item, ast.RangeTableSample):
                 if self._is_events(item.relation):
                     raise Untranslatable("TABLESAMPLE on the events table",
@@ -353,17 +364,44 @@ class Classifier:
             for field in ("fromClause", "usingClause"):
                 items = getattr(n, field, None) if field in getattr(n, "__slots__", ()) else None
                 if items:
-                    setattr(n, field, tuple(from_item(i) for i in items))
+                    translate = self._reads_translated(n, items)
+                    setattr(n, field, tuple(from_item(i, translate) for i in items))
         return changed
 
+    def _reads_translated(self, level, items) -> bool:
+        """Could ``level`` (a statement with ``items`` in its FROM) read a translated column of an events
+        reference among them? Conservative: any mention anywhere under it counts."""
+        from pglast import ast
+
+        names = set()
+        for item in items:
+            for n in _walk(item):
+                if self._is_events(n):
+                    names.add(n.alias.aliasname if n.alias is not None else n.relname)
+        if not names:
+            return True
+        stored = {self.host.type_column, self.host.payload_column}
+        for n in _walk(level):
+            if isinstance(n, ast.ColumnRef):
+                cols = _names(n)
+                if cols[-1] in stored or cols[-1] == "*" or (len(cols) == 1 and cols[0] in names):
+                    return True
+            elif isinstance(n, ast.JoinExpr):
+                if n.isNatural or any(u.sval in stored for u in n.usingClause or ()):
+                    return True
+            elif isinstance(n, ast.RangeVar) and self._is_events(n) and n.alias is not None and n.alias.colnames:
+                return True  # columns renamed by position
+        return False
+
     def _leftovers(self, stmt) -> None:
-        """After the substitution, the events table may remain only as the target of a write."""
+        """After the substitution, the events table may remain only as the target of a write, or where its
+        query level reads no translated column."""
         from pglast import ast
 
         targets = {id(n.relation) for n in _walk(stmt)
                    if isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and n.relation is not None}
         for n in _walk(stmt):
-            if self._is_events(n) and id(n) not in targets:
+            if self._is_events(n) and id(n) not in targets and id(n) not in self._kept:
                 raise Untranslatable("events table in an unknown position",
                                      "the statement names the events table where the seat cannot substitute it")
 
