@@ -22,8 +22,8 @@ import pytest
 from conftest import HOST_SCHEMA
 from proxy.cutover import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from proxy.errors import ERRORS
-from test_backfill import (ROOT, backfill, bseat, config_file, direct, era, make_run, originals, rid,  # noqa: F401
-                           seat_reads, whole_rows)
+from test_backfill import (ROOT, backfill, bseat, config_file, direct, era, make_run, originals,  # noqa: F401
+                           raw_read_v1, rid, seat_reads, whole_rows)
 
 APPROVAL_GATE = [  # an approved approval-gate run, as the reference host stores it (era 2)
     ("run.started", None, {"workflowId": "approval-gate",
@@ -101,6 +101,7 @@ def test_repair_converts_an_approval_gate_run_explicitly_and_restore_undoes_it(p
     run = rid("gate")
     make_run(pg, run, APPROVAL_GATE)
     before = whole_rows(pg, run)
+    v1_before = [raw_read_v1(bseat, run, binary) for binary in (False, True)]  # what the v1 host reads
     # a major-2 read refuses the run: the seat maps no private spelling
     with psycopg.connect(bseat.dsn(), autocommit=True) as conn, pytest.raises(psycopg.Error) as e:
         conn.execute("SELECT * FROM events WHERE run_id = %s", (run,)).fetchall()
@@ -131,6 +132,8 @@ def test_repair_converts_an_approval_gate_run_explicitly_and_restore_undoes_it(p
     # the run now reads for major 2
     text, _ = seat_reads(bseat, run)
     assert [r[3].decode() for r in text][3] == "interrupt.resolved"
+    # and the v1 host still reads exactly what it read before the backfill, its own spelling included
+    assert [raw_read_v1(bseat, run, binary) for binary in (False, True)] == v1_before
     # and --restore puts the stored spelling back, byte for byte
     out = backfill(pg, config_file, "--restore", run)
     assert out.returncode == EXIT_OK, out.stdout + out.stderr
