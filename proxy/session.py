@@ -23,6 +23,7 @@ from .wire import messages
 from .errors import BY_SQLSTATE
 from .reader import ReadPath, ReadPathError
 from .schema import CLAIM_SQL as schema_claim_sql
+from .startup import StartupRefused, parse_startup
 from .wire.codec import (
     FRONTEND_TYPES,
     HELD,
@@ -46,7 +47,7 @@ ANSWERED_FRONTEND = frozenset(b"QSF")
 # Without a read path, Query, Sync and FunctionCall are captured to count and time statements (metrics).
 RAW_COUNTED = frozenset(b"QSF")
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
-REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
+REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting", "42601": "forbidden_setting",
                    "08P01": "protocol_violation", "57P01": "shutting_down"}
 
 # With a read path, the client messages it rewrites or accounts for (and Terminate, for the session state)…
@@ -311,10 +312,14 @@ class Session:
         self.close("cancel forwarded")
 
     async def _start(self, startup: StartupMessage) -> None:
-        self.params = startup.params
-        spoof = _seat_settings_in_startup(self.params)
-        if spoof:
-            raise ProtocolViolation(spoof, sqlstate="42501")
+        self.params = dict(startup.params)
+        try:
+            # As PostgreSQL reads the packet (options split with escapes, -c and --name=value, an empty database
+            # meaning the user's): the allowlist of settings, and the database that decides the major and the claim.
+            parsed = parse_startup(self.params)
+        except StartupRefused as e:
+            raise ProtocolViolation(str(e), sqlstate=e.sqlstate) from None
+        self.params["user"], self.params["database"] = parsed.user, parsed.database
         limit = self.config.max_client_conn
         if sum(1 for s in self.server.sessions if s.major is not None and not s.closed) >= limit:
             # As PgBouncer does: answered after the startup packet, before any upstream connection.
@@ -754,16 +759,6 @@ class Session:
         }
         fields.update(more)
         return fields
-
-
-def _seat_settings_in_startup(params: dict[str, str]) -> str:
-    """A clear refusal for startup parameters or -c options that try to set openwop_seat.* settings."""
-    for name, value in params.items():
-        if name.lower().startswith("openwop_seat."):
-            return f"startup parameter {name}: openwop_seat.* settings belong to the seat and cannot be set by a client"
-        if name == "options" and "openwop_seat." in value.lower():
-            return "startup options set openwop_seat.* settings, which belong to the seat and cannot be set by a client"
-    return ""
 
 
 def _upstream_reason(message: str) -> str:
