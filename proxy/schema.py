@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import os
 import re
 import secrets
@@ -108,13 +109,15 @@ RUN_LOCK_SEED = int.from_bytes(hashlib.sha256(b"openwop_seat.run_lock").digest()
 CLAIM_SECRET_ENV = "OPENWOP_SEAT_CLAIM_SECRET"
 CLAIM_SECRET_MIN_LENGTH = 16
 
-# What the seat sends right after authentication, with the secret and the
-# session's major as bind parameters (never as literals: a literal would show
-# in pg_stat_activity and the server log).
-# The seat's claim, with the secret and the major as bind parameters; it also asks whether the
+# What the seat sends right after authentication (ADR 0006): first the challenge, then the claim with the
+# proof and the session's major as bind parameters (types given by OID in the Parse, no casts).  Every
+# function and operator is schema-qualified, and the functions pin their search_path, so nothing the client
+# set (search_path, its own operators or functions) changes what runs.  The claim also asks whether the
 # session's role owns openwop_seat (such a role can bypass every in-database guard: warn about it).
+CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge()"
 CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
-             "FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat'")
+             "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
+CLAIM_PARAM_OIDS = (25, 23)  # text, integer
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
 # proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
@@ -241,9 +244,15 @@ COMMENT ON TABLE openwop_seat.events_v1_original IS
     'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
 REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
 """),
+    Step(5, "claims: a pending challenge per backend (the seat proves the secret without sending it)", """
+ALTER TABLE openwop_seat.claims ALTER COLUMN major DROP NOT NULL, ADD COLUMN challenge text;
+COMMENT ON TABLE openwop_seat.claims IS
+    'the major each seat session claimed (NULL: none yet) and its pending challenge, keyed by backend pid and '
+    'start time; written only by openwop_seat.claim_challenge and openwop_seat.claim';
+"""),
 )
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {
@@ -558,40 +567,100 @@ _PINNED = "SET search_path = pg_catalog, pg_temp"
 
 
 def _claim_sql() -> str:
+    no_secret = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', "
+                 "MESSAGE = 'openwop_seat.claim: wrong secret',\n"
+                 "            HINT = 'no claim secret is installed: run openwop-seat migrate with "
+                 f"host.claim_secret_file or {CLAIM_SECRET_ENV}';")
+    no_start = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',\n"
+                "            MESSAGE = 'openwop_seat.claim: the owner of openwop_seat cannot see this session''s "
+                "backend_start',\n"
+                "            HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs "
+                "migrate)';")
+    # A challenge and a proof (ADR 0006): the secret never reaches the session's backend.  claim_challenge()
+    # records a fresh random challenge for this backend (pid and start time) and returns it with the salt;
+    # the seat answers with HMAC-SHA256(sha256(salt || secret), 'openwop_seat.claim:' || challenge || ':' ||
+    # major), which claim() verifies against the stored key and the pending challenge, then consumes it.  A
+    # proof seen on one backend is worth nothing on another, nor twice on the same one.
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.claim(secret text, major integer)
+DROP FUNCTION IF EXISTS {SCHEMA}.claim(text, integer);
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim_challenge()
+RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_salt text;
+    v_start timestamptz;
+    v_challenge text;
+BEGIN
+    SELECT s.salt INTO v_salt FROM {SCHEMA}.claim_secret s;
+    IF v_salt IS NULL THEN
+        {no_secret}
+    END IF;
+    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+    IF v_start IS NULL THEN
+        {no_start}
+    END IF;
+    v_challenge := pg_catalog.pg_backend_pid()::text || '.'
+        || ((EXTRACT(EPOCH FROM v_start) * 1000000)::bigint)::text || '.'
+        || pg_catalog.translate(pg_catalog.gen_random_uuid()::text, '-', '')
+        || pg_catalog.translate(pg_catalog.gen_random_uuid()::text, '-', '');
+    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at, challenge)
+    VALUES (pg_catalog.pg_backend_pid(), v_start, NULL, pg_catalog.now(), v_challenge)
+    ON CONFLICT (pid) DO UPDATE
+        SET major = CASE WHEN c.backend_start = EXCLUDED.backend_start THEN c.major END,
+            claimed_at = CASE WHEN c.backend_start = EXCLUDED.backend_start THEN c.claimed_at
+                              ELSE EXCLUDED.claimed_at END,
+            backend_start = EXCLUDED.backend_start, challenge = EXCLUDED.challenge;
+    RETURN v_salt || ':' || v_challenge;
+END
+$ow$;
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim(proof text, major integer)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
 DECLARE
     v_hash text;
-    v_salt text;
     v_start timestamptz;
+    v_challenge text;
+    v_key bytea;
+    v_ipad bytea;
+    v_opad bytea;
+    v_mac text;
 BEGIN
-    SELECT s.hash, s.salt INTO v_hash, v_salt FROM {SCHEMA}.claim_secret s;
-    IF v_hash IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret',
-            HINT = 'no claim secret is installed: run openwop-seat migrate with host.claim_secret_file or '
-                   '{CLAIM_SECRET_ENV}';
-    END IF;
-    IF claim.secret IS NULL
-       OR encode(sha256(convert_to(v_salt || claim.secret, 'UTF8')), 'hex') IS DISTINCT FROM v_hash THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret';
-    END IF;
     IF claim.major IS NULL OR claim.major NOT IN (1, 2) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = format('openwop_seat.claim: major must be 1 or 2, got %s', coalesce(claim.major::text, 'NULL'));
     END IF;
-    SELECT a.backend_start INTO v_start FROM pg_stat_get_activity(pg_backend_pid()) a;
-    IF v_start IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = 'openwop_seat.claim: the owner of openwop_seat cannot see this session''s backend_start',
-            HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs migrate)';
+    SELECT s.hash INTO v_hash FROM {SCHEMA}.claim_secret s;
+    IF v_hash IS NULL THEN
+        {no_secret}
     END IF;
-    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at)
-    VALUES (pg_backend_pid(), v_start, claim.major, now())
-    ON CONFLICT (pid) DO UPDATE
-        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at;
+    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+    IF v_start IS NULL THEN
+        {no_start}
+    END IF;
+    SELECT c.challenge INTO v_challenge FROM {SCHEMA}.claims c
+    WHERE c.pid = pg_catalog.pg_backend_pid() AND c.backend_start = v_start FOR UPDATE;
+    IF v_challenge IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret',
+            HINT = 'no challenge is pending for this backend: a claim answers openwop_seat.claim_challenge() '
+                   'of the same backend, once';
+    END IF;
+    -- HMAC-SHA256 (RFC 2104) with the 32-byte key sha256(salt || secret), zero-padded to the 64-byte block.
+    v_key := pg_catalog.decode(v_hash, 'hex') || pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex');
+    v_ipad := v_key;
+    v_opad := v_key;
+    FOR i IN 0..63 LOOP
+        v_ipad := pg_catalog.set_byte(v_ipad, i, pg_catalog.get_byte(v_key, i) # 54);
+        v_opad := pg_catalog.set_byte(v_opad, i, pg_catalog.get_byte(v_key, i) # 92);
+    END LOOP;
+    v_mac := pg_catalog.encode(pg_catalog.sha256(v_opad || pg_catalog.sha256(v_ipad || pg_catalog.convert_to(
+        'openwop_seat.claim:' || v_challenge || ':' || claim.major::text, 'UTF8'))), 'hex');
+    IF claim.proof IS NULL OR claim.proof IS DISTINCT FROM v_mac THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret';
+    END IF;
+    UPDATE {SCHEMA}.claims c SET major = claim.major, claimed_at = pg_catalog.now(), challenge = NULL
+    WHERE c.pid = pg_catalog.pg_backend_pid();
 END
 $ow$;
 """
@@ -1021,6 +1090,7 @@ PUBLIC_FUNCTIONS = (
     "era_now(text)",
     "returned_v2p(text, jsonb, text, bigint, text, text, text)",
     "claim(text, integer)",
+    "claim_challenge()",
     "session_major()",
     "run_lock_key(text)",
 )
@@ -1359,6 +1429,24 @@ def load_claim_secret(config: Config) -> str | None:
         raise ConfigError(f"{key}: the claim secret has {len(secret)} characters, fewer than "
                           f"{CLAIM_SECRET_MIN_LENGTH} (make one with: openssl rand -hex 32)")
     return secret
+
+
+def claim_key(salt: str, secret: str) -> bytes:
+    """The claim's HMAC key: SHA-256 of ``salt || secret`` (UTF-8); its hex is what ``claim_secret.hash`` holds."""
+    return hashlib.sha256((salt + secret).encode("utf-8")).digest()
+
+
+def claim_proof(secret: str, challenge_answer: str, major: int) -> str:
+    """The proof ``claim(proof, major)`` verifies, for what ``claim_challenge()`` returned (``salt:challenge``)."""
+    salt, _, challenge = challenge_answer.partition(":")
+    return hmac.new(claim_key(salt, secret), f"openwop_seat.claim:{challenge}:{major}".encode("utf-8"),
+                    hashlib.sha256).hexdigest()
+
+
+async def claim_async(conn, secret: str, major: int):
+    """Claim ``major`` on an asyncpg connection as the seat does: the claim row ``(claim, owns openwop_seat)``."""
+    challenge = await conn.fetchval(CHALLENGE_SQL)
+    return await conn.fetchrow(CLAIM_SQL, claim_proof(secret, challenge, major), major)
 
 
 def claim_secret_hash(salt: str, secret: str) -> str:

@@ -143,7 +143,7 @@ async def check_claim_secret(config: Config, secret: str) -> None:
 
     conn = await schema.connect(config.host.dsn)
     try:
-        await conn.execute(schema.CLAIM_SQL, secret, 1)
+        await schema.claim_async(conn, secret, 1)
     except asyncpg.PostgresError as e:
         raise schema.SchemaError(f"the claim secret cannot claim sessions in the host database: {e} "
                                  "(is it the secret `openwop-seat migrate` installed?)") from None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from .wire import messages
 from .errors import BY_SQLSTATE
 from .reader import ReadPath, ReadPathError
-from .schema import CLAIM_SQL as schema_claim_sql
+from .schema import CHALLENGE_SQL as schema_challenge_sql, CLAIM_PARAM_OIDS, CLAIM_SQL as schema_claim_sql, claim_proof
 from .startup import StartupRefused, parse_startup
 from .wire.codec import (
     FRONTEND_TYPES,
@@ -65,6 +65,7 @@ log = logging.getLogger("openwop_seat.session")
 _session_ids = itertools.count(1)
 
 CLAIM_SQL = schema_claim_sql.encode()
+CHALLENGE_SQL = schema_challenge_sql.encode()
 
 
 class UpstreamUnavailable(Exception):
@@ -224,6 +225,8 @@ class Session:
         self._claim_secret: str | None = None  # set for major-2 sessions on the host database
         self._claiming = False  # the seat's own claim statement is in flight
         self._claim_buf = bytearray()
+        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
+        self._claim_held = 0  # bytes read from the client while the claim is in flight
         self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
         self._client_backlog: list[bytes] = []
         self._client_framer: EditFramer | None = None  # with a read path: frames the client's stream…
@@ -549,12 +552,47 @@ class Session:
         self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
 
     def _send_claim(self) -> None:
-        """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""
-        secret, major = self._claim_secret.encode(), (b"2" if self.major == 2 else b"1")
-        params = struct.pack("!i", len(secret)) + secret + struct.pack("!i", len(major)) + major
+        """Start the claim (ADR 0006): ask the backend for a challenge; :meth:`_claim_answer` proves the secret.
+
+        While the claim is in flight the client is not read from (the kernel's socket buffer holds what it
+        sends), and what was read already is held, at most ``proxy.claim_buffer_limit`` bytes.
+        """
         self._claiming = True
+        self._claim_phase = 1
+        self._claim_held = 0
+        self.client.sink = self._client_during_claim
+        _set_reading(self.client, False)
+        self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout, self._claim_timed_out)
         self.upstream.write(
-            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00\x00\x00")
+            messages.message(b"P", b"\x00" + CHALLENGE_SQL + b"\x00\x00\x00")
+            + messages.message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
+            + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+            + messages.message(b"S"))
+
+    def _client_during_claim(self, data: bytes) -> None:
+        self._claim_held += len(data)
+        if self._claim_held > self.config.claim_buffer_limit:
+            self._fail_client("54000", f"the client sent more than {self.config.claim_buffer_limit} bytes before "
+                                       f"its session was ready (proxy.claim_buffer_limit)", reason="claim buffer full")
+            return
+        self._client_backlog.append(data)
+
+    def _claim_timed_out(self) -> None:
+        if self._claiming and not self.closed:
+            self._fail_client("08006", f"timeout: the claim of this session's major took longer than "
+                                       f"{self.config.startup_timeout} s (proxy.startup_timeout)",
+                              reason="claim timeout")
+
+    def _send_proof(self, challenge: str) -> None:
+        """The second half of the claim: the proof for this backend's challenge, never the secret."""
+        major = 2 if self.major == 2 else 1
+        proof = claim_proof(self._claim_secret, challenge, major).encode()
+        major_text = str(major).encode()
+        params = struct.pack("!i", len(proof)) + proof + struct.pack("!i", len(major_text)) + major_text
+        oids = struct.pack("!h", len(CLAIM_PARAM_OIDS)) + b"".join(struct.pack("!I", o) for o in CLAIM_PARAM_OIDS)
+        self._claim_phase = 2
+        self.upstream.write(
+            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00" + oids)
             + messages.message(b"B", b"\x00\x00\x00\x00\x00\x02" + params + b"\x00\x00")
             + messages.message(b"E", b"\x00\x00\x00\x00\x00")
             + messages.message(b"S"))
@@ -564,11 +602,13 @@ class Session:
         if not self.upstream_walker.at_boundary:
             return
         answer, self._claim_buf = bytes(self._claim_buf), bytearray()
-        error, done, pos, owns_schema = None, False, 0, False
+        error, done, pos, owns_schema, first = None, False, 0, False, None
         for t, body in messages.iter_messages(answer):
             pos += 5 + len(body)
-            if t == 0x44:  # (claim, owns openwop_seat): the second column is 't' or 'f'
+            if t == 0x44:  # phase 1: (salt:challenge); phase 2: (claim, owns openwop_seat), 't' or 'f'
                 owns_schema = body.endswith(b"\x00\x00\x00\x01t")
+                (n,) = struct.unpack_from("!i", body, 2)
+                first = body[6:6 + n].decode("utf-8", "replace") if n >= 0 else None
             elif t == 0x45:
                 error = messages.parse_error_fields(body)
             elif t == 0x5A:
@@ -577,7 +617,14 @@ class Session:
         if not done:
             self._claim_buf = bytearray(answer)
             return
+        if error is None and self._claim_phase == 1:
+            if first is None or ":" not in first:
+                error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
+            else:
+                self._send_proof(first)
+                return
         self._claiming = False
+        self._claim_timer.cancel()
         if error is not None:
             log.error("session %s: claim failed: %s %s", self.id, error.get("C"), error.get("M"))
             self._fail_client(error.get("C", "XX000"),
@@ -595,8 +642,12 @@ class Session:
         self.bytes_out += len(self._held_ready)
         if answer[pos:]:
             self.client.write(answer[pos:])
+        self.client.sink = self._from_client
+        _set_reading(self.client, True)
         backlog, self._client_backlog = self._client_backlog, []
         for chunk in backlog:
+            if self.closed:
+                break
             self._from_client(chunk)
 
     def _auth_messages(self, data: bytes) -> bytes | None:

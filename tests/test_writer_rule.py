@@ -2,7 +2,7 @@
 
 Everything here talks to PostgreSQL directly (psycopg), as the seat's own
 sessions will: a *v2 writer* is a session that called
-``SELECT openwop_seat.claim(%s, 2)`` with the secret as a bind parameter; a
+``openwop_seat.claim_challenge()`` and ``claim(proof, 2)`` with a proof made from the secret; a
 session without a claim (one that bypasses the seat) is a *v1 writer*.  The
 host's role is ``host_user``, which owns the host's tables but not
 ``openwop_seat``.  Each store (``run_era`` and ``[host] era_column``) gets a
@@ -57,7 +57,7 @@ class Store:
                 **kwargs) -> psycopg.Connection:
         conn = psycopg.connect(self.pg.dsn(user=user, dbname=self.name), autocommit=True, **kwargs)
         if major is not None:
-            conn.execute("SELECT openwop_seat.claim(%s, %s)", (secret, major))
+            claim(conn, secret, major)
         return conn
 
     def sql(self, query: str, params=()) -> list[tuple]:
@@ -74,6 +74,12 @@ class Store:
 
     def run_era_rows(self, run: str) -> list[tuple]:
         return self.sql("SELECT era, source FROM openwop_seat.run_era WHERE run_id = %s", (run,))
+
+
+def claim(conn, secret: str, major: int) -> None:
+    """Claim ``major`` as the seat does: a challenge of this backend, then the proof made with ``secret``."""
+    (challenge,), = conn.execute("SELECT openwop_seat.claim_challenge()").fetchall()
+    conn.execute("SELECT openwop_seat.claim(%s, %s)", (schema.claim_proof(secret, challenge, major), major))
 
 
 def create_run(conn, run: str) -> None:
@@ -418,14 +424,18 @@ def test_wrong_secret_is_refused_and_records_nothing(store):
     run = rid()
     with store.connect() as conn:
         pid = conn.info.backend_pid
-        for secret in (WRONG, SECRET.upper(), SECRET + " ", None, ""):
-            err = refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 2)", (secret,)), "42501")
+        for secret in (WRONG, SECRET.upper(), SECRET + " "):
+            err = refusal(lambda: claim(conn, secret, 2), "42501")
             assert err.diag.message_primary == "openwop_seat.claim: wrong secret"
-        assert claims_of(store, pid) == []
+        for proof in (SECRET, None, ""):  # the secret itself is no proof
+            conn.execute("SELECT openwop_seat.claim_challenge()")
+            err = refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 2)", (proof,)), "42501")
+            assert err.diag.message_primary == "openwop_seat.claim: wrong secret"
+        assert claims_of(store, pid) in ([], [(None,)])  # at most a pending challenge, no major
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
         create_run(conn, run)
-        refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 3)", (SECRET,)), "22023")
-        assert claims_of(store, pid) == []
+        refusal(lambda: claim(conn, SECRET, 3), "22023")
+        assert claims_of(store, pid) in ([], [(None,)])
     assert store.era(run) == 2
 
 
@@ -462,7 +472,7 @@ def test_a_claim_of_an_earlier_backend_with_the_same_pid_is_not_inherited(store)
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
         create_run(conn, run)
         assert store.era(run) == 2
-        conn.execute("SELECT openwop_seat.claim(%s, 2)", (SECRET,))
+        claim(conn, SECRET, 2)
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
         store.sql("UPDATE openwop_seat.claims SET backend_start = backend_start + interval '1 second' "
                   "WHERE pid = %s", (pid,))
@@ -501,7 +511,7 @@ def test_the_secret_stays_out_of_pg_stat_activity_and_the_log(store):
     assert digest == hashlib.sha256((salt + SECRET).encode()).hexdigest() and SECRET not in salt + digest
     with open(store.pg.logfile, errors="replace") as log:
         text = log.read()
-    assert SECRET not in text and WRONG not in text  # bind parameters (a DO block's literal would be logged)
+    assert SECRET not in text and WRONG not in text  # the secret is never sent (a DO block's literal would be logged)
 
 
 # --- the lock: stamping and appending exclude each other --------------------------------------
@@ -603,7 +613,7 @@ def claim_state(pg, db: str, secret: str) -> str | None:
     """None when ``secret`` claims major 2 on ``db``; else the refusal's SQLSTATE."""
     with psycopg.connect(pg.dsn(user="host_user", dbname=db), autocommit=True) as conn:
         try:
-            conn.execute("SELECT openwop_seat.claim(%s, 2)", (secret,))
+            claim(conn, secret, 2)
         except psycopg.Error as e:
             return e.sqlstate
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
@@ -737,7 +747,7 @@ def test_an_owner_that_cannot_see_sessions_is_refused_a_secret(pg, make_db, monk
         assert claim_state(pg, db, SECRET) is None  # a non-superuser owner works once it can see sessions
         run = rid()
         with psycopg.connect(pg.dsn(user="host_user", dbname=db), autocommit=True) as v2:
-            v2.execute("SELECT openwop_seat.claim(%s, 2)", (SECRET,))
+            claim(v2, SECRET, 2)
             create_run(v2, run)
             append(v2, run, 0, "agent.reasoning-delta")
             assert v2.execute("SELECT openwop_seat.era_of(%s)", (run,)).fetchone() == (3,)

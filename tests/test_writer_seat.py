@@ -738,17 +738,29 @@ def test_raw_session_spoofs_reach_the_database_and_claim_nothing(wseat, pg, driv
     assert era_rows(pg, run) == []
 
 
-@pytest.mark.parametrize("driver, how", [("psycopg", "options"), ("asyncpg", "options"), ("asyncpg", "parameter")])
-def test_seat_refuses_openwop_seat_settings_at_startup(wseat, driver, how):
-    """``-c openwop_seat.major=2`` in libpq's options, or a startup parameter of that name (asyncpg sends any)."""
+SEAT_SETTING_SPELLINGS = [
+    ("options", "-c openwop_seat.major=2"),
+    ("options", r"-c openwop\_seat.major=2"),  # pg_split_opts reads the backslash as an escape: the same setting
+    ("options", "-copenwop_seat.major=2"),
+    ("options", "--openwop-seat.major=2"),  # '-' in a --name reads as '_'
+    ("options", "-c search_path=public -c OPENWOP_SEAT.major=2"),
+    ("parameter", "openwop_seat.major"),
+    ("parameter", "OpenWOP_Seat.Major"),
+]
+
+
+@pytest.mark.parametrize("driver, how, spelling",
+                         [("psycopg", how, s) for how, s in SEAT_SETTING_SPELLINGS if how == "options"]
+                         + [("asyncpg", how, s) for how, s in SEAT_SETTING_SPELLINGS])  # libpq sends no others
+def test_seat_refuses_openwop_seat_settings_at_startup_however_spelled(wseat, pg, driver, how, spelling):
+    """``openwop_seat.*`` however PostgreSQL would read it: options split with escapes, -c, --name, any case."""
+    before = sql1(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", HOST)[0][0]
     if driver == "psycopg":
         with pytest.raises(psycopg.OperationalError) as info:
-            psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host",
-                                      options="'-c openwop_seat.major=2'")).close()
+            psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), options=spelling).close()
         message = str(info.value)  # libpq reports no SQLSTATE for a failed connection, only the FATAL text
-        assert "FATAL:  startup options set" in message, message
     else:
-        settings = {"options": "-c openwop_seat.major=2"} if how == "options" else {"openwop_seat.major": "2"}
+        settings = {"options": spelling} if how == "options" else {spelling: "2"}
 
         async def go():
             conn = await asyncpg.connect(wseat.url(HOST), server_settings={"application_name": "v1-host", **settings})
@@ -758,11 +770,46 @@ def test_seat_refuses_openwop_seat_settings_at_startup(wseat, driver, how):
             asyncio.run(go())
         assert info.value.sqlstate == "42501"
         message = info.value.message
-    expected = {"options": "startup options set openwop_seat.* settings, which belong to the seat and cannot be set "
-                           "by a client",
-                "parameter": "startup parameter openwop_seat.major: openwop_seat.* settings belong to the seat and "
-                             "cannot be set by a client"}[how]
-    assert expected in message, message
+    assert "openwop_seat.* settings belong to the seat and cannot be set by a client" in message, message
+    assert message.count("startup ") == 1 and ("startup options" if how == "options" else "startup parameter") in message
+    # refused before any upstream connection
+    assert sql1(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", HOST)[0][0] <= before
+
+
+@pytest.mark.parametrize("spelling", ["-c log_parameter_max_length_on_error=-1", "--client-min-messages=debug5",
+                                      "-c debug_print_plan=on", "-d 5", "-c work_mem=1MB"])
+def test_seat_refuses_startup_settings_outside_its_allowlist(wseat, spelling):
+    with pytest.raises(psycopg.OperationalError) as info:
+        psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), options=spelling).close()
+    message = str(info.value)
+    assert "FATAL:  startup options" in message and "through openwop-seat" in message, message
+
+
+def test_allowed_startup_settings_pass_and_apply(wseat):
+    conn = psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), autocommit=True,
+                           options="-c search_path=public --statement-timeout=12345 -c TimeZone=UTC")
+    try:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("12345ms",)
+        assert conn.execute("SHOW search_path").fetchone() == ("public",)
+        assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (1,)
+    finally:
+        conn.close()
+
+
+def test_an_empty_database_parameter_is_the_users_database_and_is_claimed(wseat):
+    """PostgreSQL connects an empty ``database`` to the database named like the user (here ``postgres``, the
+    host database): the seat must claim and translate it as such, not take "" for another database."""
+    from rawpg import RawConn, query
+
+    conn = RawConn(wseat.port)
+    try:
+        answer = conn.login(user="postgres", database="")
+        assert answer[-1][0] == b"Z", answer
+        conn.send(query("SELECT current_database() || ':' || coalesce(openwop_seat.session_major()::text, 'none')"))
+        rows = [body for t, body in conn.read_until(b"Z") if t == b"D"]
+        assert len(rows) == 1 and rows[0].endswith(b"postgres:2"), rows  # claimed as the v2 host it is
+    finally:
+        conn.close()
 
 
 SECRETLESS_FN = """CREATE OR REPLACE FUNCTION ws_try_claim(guess text) RETURNS void LANGUAGE plpgsql AS
