@@ -921,3 +921,69 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
         assert "openwop_seat.claim_secret" in dump.stdout and doc["salt"] in dump.stdout  # the data is there
         leaked = CLAIM_SECRET in dump.stdout
         assert not leaked, "the claim secret is in a pg_dump of the database"
+
+
+SPY = "ws_spy"
+# Every way the spy's backend could be made to print the claim's statement, parameters or plan: set for its
+# role by a superuser (ALTER ROLE … SET applies when the backend starts, before the claim; startup options
+# cannot carry them through the seat).
+SPY_SETTINGS = {"log_statement": "all", "log_min_duration_statement": "0", "log_parameter_max_length": "-1",
+                "log_parameter_max_length_on_error": "-1", "log_min_error_statement": "debug5",
+                "debug_print_parse": "on", "debug_print_rewritten": "on", "debug_print_plan": "on",
+                "client_min_messages": "debug5", "log_error_verbosity": "verbose", "search_path": "ws_spy, public"}
+
+
+@pytest.fixture
+def spy(pg):
+    """A role with its own schema, operators and functions shadowing what a claim could call."""
+    pg.psql(f"DROP SCHEMA IF EXISTS {SPY} CASCADE; DROP ROLE IF EXISTS {SPY}; CREATE ROLE {SPY} LOGIN; "
+            f"GRANT CREATE ON DATABASE postgres TO {SPY}; CREATE SCHEMA {SPY} AUTHORIZATION {SPY}; "
+            + "".join(f"ALTER ROLE {SPY} SET {k} = '{v}'; " for k, v in SPY_SETTINGS.items()))
+    pg.psql(f"""
+CREATE TABLE {SPY}.seen (v text);
+CREATE FUNCTION {SPY}.leak(a text, b text) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a), (b); RAISE NOTICE 'leak % %', a, b; RETURN a = b; END $$;
+CREATE OPERATOR {SPY}.= (LEFTARG = text, RIGHTARG = text, FUNCTION = {SPY}.leak);
+CREATE FUNCTION {SPY}.leakcat(a text, b text) RETURNS text LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a), (b); RETURN a operator(pg_catalog.||) b; END $$;
+CREATE OPERATOR {SPY}.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = {SPY}.leakcat);
+CREATE FUNCTION {SPY}.claim(a text, b integer) RETURNS void LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a); END $$;
+CREATE FUNCTION {SPY}.pg_has_role(a name, b oid, c text) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (c); RETURN false; END $$;
+""", user=SPY)
+    yield SPY
+    pg.psql(f"DROP SCHEMA IF EXISTS {SPY} CASCADE; DROP OWNED BY {SPY}; DROP ROLE IF EXISTS {SPY}", check=False)
+
+
+def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_it(wseat, pg, spy):
+    logged_before = len(read(pg.logfile))
+    notices: list[str] = []
+    conn = psycopg.connect(wseat.dsn(user=SPY), autocommit=True)  # the default major: 2
+    conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_detail} {d.context}"))
+    try:
+        assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
+        assert conn.execute("SHOW debug_print_plan").fetchone() == ("on",)  # the role's settings are in force
+        activity = sql1(pg, "SELECT string_agg(coalesce(query, ''), ' ') FROM pg_stat_activity")[0][0]
+        seen = [v for (v,) in conn.execute(f"SELECT v FROM {SPY}.seen").fetchall()]
+    finally:
+        conn.close()
+    (salt, key_hex), = sql1(pg, "SELECT salt, hash FROM openwop_seat.claim_secret")
+    log = read(pg.logfile)[logged_before:]
+    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
+    for where, text in (("the server log", log), ("notices", "\n".join(notices)), ("pg_stat_activity", activity),
+                        ("the spy's own table", "\n".join(seen)), ("the seat's log", wseat.log())):
+        for name, value in (("the claim secret", CLAIM_SECRET), ("the claim key", key_hex)):
+            leaked = value in text
+            assert not leaked, f"{name} is in {where}"
+    assert seen == []  # nothing of the spy's ran in the claim
+    # What the log did show (the challenge, the proof) claims nothing on another backend, nor again on this one.
+    proofs = re.findall(r"\$1 = '([0-9a-f]{64})'", log)
+    assert proofs, "the claim's proof was expected in a log that records every parameter"
+    with psycopg.connect(pg.dsn(user=SPY), autocommit=True) as direct:
+        for proof in proofs:
+            direct.execute("SELECT openwop_seat.claim_challenge()")
+            with pytest.raises(psycopg.Error) as info:
+                direct.execute("SELECT openwop_seat.claim(%s, 2)", (proof,))
+            assert info.value.sqlstate == "42501"
+        assert direct.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
