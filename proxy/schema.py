@@ -693,7 +693,55 @@ $ow$;
 """
 
 
-def _stamp_run_sql(host: HostConfig, run_id_type: str | None) -> str:
+@dataclass(frozen=True)
+class EventsRef:
+    """The host's events table as the writer rule's functions name it (their search_path is pinned)."""
+
+    table: str  # schema-qualified and quoted
+    run_id_type: str  # format_type of host.run_id_column in it
+
+
+def _history_check_sql(artifacts, host: HostConfig, events: EventsRef | None, run_expr: str, source_expr: str) -> str:
+    """plpgsql that refuses to stamp a run era 3 whose events are not all v2-clean (ADR 0006).
+
+    At creation (source ``created``) a run must have no events at all: events that exist before a v2 writer
+    creates the run were written in era 2 (by a v1 writer, or stored in their v1 spelling), and a stamp would
+    make the reader take them for era-3 rows.  Any other stamp (``backfill``, an operator) is refused while an
+    event's type is not in v2 vocabulary: backfill rewrites them in the same transaction before it stamps.
+    Runs under the run's exclusive lock, so the appends in flight have committed.  Needs the declared
+    variables v_type, v_run, v_seq, v_sentence.
+    """
+    if events is None:  # no events table yet: no history to check
+        return ""
+    rows = _codemap_rows(artifacts)
+    v2_names = frozenset(rows.values())
+    orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    run_col, typ = quote_ident(host.run_id_column), quote_ident(host.type_column)
+    return f"""
+    SELECT (e.{typ})::text, CASE WHEN (to_jsonb(e) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                                 THEN (to_jsonb(e) ->> 'sequence')::bigint END
+    INTO v_type, v_seq
+    FROM {events.table} e
+    WHERE e.{run_col} = CAST(({run_expr}) AS {events.run_id_type})
+      AND (({source_expr}) = 'created'
+           OR e.{typ} IS NULL
+           OR NOT ((e.{typ})::text = ANY ({text_array_literal(v2_names)})
+                   OR (pg_catalog.strpos((e.{typ})::text, '.') > 0
+                       AND pg_catalog.split_part((e.{typ})::text, '.', 1) = ANY ({text_array_literal(orgs)}))))
+    LIMIT 1;
+    IF FOUND THEN
+        v_run := ({run_expr});
+        {_raise_sql("era2_write_refused",
+                    "format('run %s cannot be stamped era 3: it already holds events written in era 2 (type %s at "
+                    "sequence %s)%s, and an era-3 log takes no era-2 write', quote_nullable(v_run), "
+                    "quote_nullable(v_type), coalesce(v_seq::text, 'unknown'), CASE WHEN (" + source_expr + ") = "
+                    "'created' THEN ' before its runs row was created' ELSE '' END)",
+                    "convert the run with openwop-seat backfill (it rewrites its events and stamps it in one "
+                    "transaction), or create the run under a new id")}
+    END IF;"""
+
+
+def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, events: EventsRef | None = None) -> str:
     if host.era_column is None:
         write = f"""INSERT INTO {SCHEMA}.run_era (run_id, era, source)
     VALUES (stamp_run.run, 3, coalesce(stamp_run.source, 'unknown'))
@@ -703,16 +751,25 @@ def _stamp_run_sql(host: HostConfig, run_id_type: str | None) -> str:
         arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
         write = f"""UPDATE {quote_qualified(host.runs_table)} SET {col} = 3
     WHERE {key} = {arg} AND {col} IS DISTINCT FROM 3;"""
+    check = _history_check_sql(artifacts, host, events, "stamp_run.run", "stamp_run.source") if artifacts else ""
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.stamp_run(run text, source text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
+DECLARE
+    v_type text;
+    v_run text;
+    v_seq bigint;
+    v_sentence text;
 BEGIN
     IF stamp_run.run IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed', MESSAGE = 'openwop_seat.stamp_run: run is NULL';
     END IF;
     PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(stamp_run.run));
+    IF {era_sql(host, "stamp_run.run")} = 3 THEN
+        RETURN false;  -- stamped already: nothing to check, nothing to write
+    END IF;{check}
     {write}
     RETURN FOUND;
 END
@@ -894,6 +951,136 @@ $ow$;
 """
 
 
+def _on_event_inserted_sql(artifacts, host: HostConfig) -> str:
+    """The final check of an append (AFTER INSERT): the stored row, whatever BEFORE triggers did to it.
+
+    A host trigger that fires after ``zz_openwop_seat_append`` (a name sorting later, or one added by a role
+    with only TRIGGER on the table) may change the row's run or type after the append guard judged it.  This
+    one judges what was stored: it takes the stored run's lock, reads its era again, and refuses an era-2
+    write into an era-3 run, a v2 writer's row outside v2 vocabulary in an era-3 run, and one outside the
+    v1 spellings the guard stores in an era-2 run.
+    """
+    rows = _codemap_rows(artifacts)
+    v2_names = frozenset(rows.values())
+    identity = frozenset(v1 for v1, v2 in rows.items() if v1 == v2)
+    preimages: dict[str, list[str]] = {}
+    for v1, v2 in rows.items():
+        preimages.setdefault(v2, []).append(v1)
+    stored_v1 = frozenset(v1s[0] for v2, v1s in preimages.items() if v2 not in identity and len(v1s) == 1) | identity
+    orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    run = f"NEW.{quote_ident(host.run_id_column)}"
+    typ = f"NEW.{quote_ident(host.type_column)}"
+    where = "format('event type %s stored in %s run %s at sequence %s', quote_nullable(v_type), "
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_inserted()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({run})::text;
+    v_type text := ({typ})::text;
+    v_key bigint;
+    v_era smallint;
+    v_major smallint;
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    IF v_run IS NOT NULL THEN
+        v_key := {SCHEMA}.run_lock_key(v_run);
+        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
+                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
+                                     quote_nullable(v_run), current_setting('transaction_isolation'));
+            END IF;
+            PERFORM pg_advisory_xact_lock_shared(v_key);
+        END IF;
+    END IF;
+    v_era := {era_sql(host, run)};
+    v_major := {SCHEMA}.session_major();
+    IF v_major IS DISTINCT FROM 2 AND v_era IS DISTINCT FROM 3 THEN
+        RETURN NULL;
+    END IF;
+    IF v_major = 2 AND v_type IS NOT NULL AND (
+        v_type = ANY (CASE WHEN v_era = 3 THEN {text_array_literal(v2_names)}
+                           ELSE {text_array_literal(stored_v1)} END)
+        OR (pg_catalog.strpos(v_type, '.') > 0
+            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
+        RETURN NULL;
+    END IF;
+    v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                  THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;
+    IF v_major IS DISTINCT FROM 2 THEN
+        {_raise_sql("era2_write_refused",
+                    where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || "
+                    "' by a writer that is not a v2 writer (major 1, raw, or a session the seat has not "
+                    "claimed): an era-3 log takes no era-2 write'",
+                    "appends to an era-3 run come from a session the seat claimed as major 2; a trigger that "
+                    "changes an event's run or type after the seat's check does not change that")}
+    END IF;
+    IF v_type IS NULL THEN
+        {_raise_sql("event_row_malformed",
+                    "format('the event row stored in run %s at sequence %s has a NULL type', "
+                    "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))")}
+    END IF;
+    {_raise_sql("event_type_unmapped",
+                where + "CASE WHEN v_era = 3 THEN 'era-3' ELSE 'era-2' END, quote_nullable(v_run), "
+                "coalesce(v_seq::text, 'unknown')) || CASE WHEN v_era = 3 THEN ' is not in v2 vocabulary' "
+                "ELSE ' is not a v1 spelling the seat stores for a v2 writer' END || "
+                "' (a trigger changed the row after the seat''s check)'")}
+END
+$ow$;
+"""
+
+
+def _update_era3_sql(host: HostConfig) -> str:
+    """An UPDATE of any column of an event of an era-3 run, by a session not claimed major 2: refused."""
+    old_run, new_run = f"OLD.{quote_ident(host.run_id_column)}", f"NEW.{quote_ident(host.run_id_column)}"
+    old_type = f"OLD.{quote_ident(host.type_column)}"
+    allow = ""
+    if host.maintenance_role is not None:
+        allow = f"""IF current_user = {quote_literal(host.maintenance_role)} THEN
+        RETURN NULL;
+    END IF;
+    """
+    # backfill --restore (the owner of openwop_seat, naming the run in REWRITE_SETTING) puts an era-3 run's rows back.
+    allow += f"""IF {old_run} IS NOT DISTINCT FROM {new_run}
+       AND ({old_run})::text = current_setting({quote_literal(REWRITE_SETTING)}, true)
+       AND {_owner_sql()} THEN
+        RETURN NULL;
+    END IF;
+    """
+    # SECURITY INVOKER: current_user is the role that runs the UPDATE (the era stores are readable by PUBLIC).
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_update_era3()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({old_run})::text;
+    v_type text := ({old_type})::text;
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    {allow}IF v_run IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
+    END IF;
+    IF {era_sql(host, old_run)} = 3 OR {era_sql(host, new_run)} = 3 THEN
+        v_seq := CASE WHEN (to_jsonb(OLD) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                      THEN (to_jsonb(OLD) ->> 'sequence')::bigint END;
+        {_raise_sql("era2_write_refused",
+                    "format('UPDATE of the event of type %s in era-3 run %s at sequence %s by a writer that is not "
+                    "a v2 writer (major 1, raw, or a session the seat has not claimed): an era-3 log takes no "
+                    "era-2 write', quote_nullable(v_type), quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))",
+                    "the events of an era-3 run change only through a session the seat claimed as major 2")}
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+"""
+
+
 def _owner_sql() -> str:
     """A boolean SQL expression: current_user is the owner of stamp_run (the owner of openwop_seat)."""
     return (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
@@ -908,7 +1095,7 @@ def _owner_or_maintenance_sql(host: HostConfig) -> str:
     return f"(current_user = {quote_literal(host.maintenance_role)} OR {owner})"
 
 
-def _on_run_insert_sql(host: HostConfig) -> str:
+def _on_run_insert_sql(host: HostConfig, artifacts=None, events: EventsRef | None = None) -> str:
     key = f"NEW.{quote_ident(host.run_id_column)}"
     if host.era_column is None:
         # AFTER INSERT, only for major-2 sessions (the trigger's WHEN).
@@ -920,8 +1107,9 @@ def _on_run_insert_sql(host: HostConfig) -> str:
     RETURN NULL;"""
     else:
         # BEFORE INSERT, only for major-2 sessions (the trigger's WHEN): stamp_run's lock, then the column.
+        check = _history_check_sql(artifacts, host, events, f"({key})::text", "'created'") if artifacts else ""
         body = f"""IF {key} IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));
+        PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));{check}
     END IF;
     NEW.{quote_ident(host.era_column)} := 3;
     PERFORM pg_catalog.nextval('{SCHEMA}.runs_stamped_created');
@@ -931,6 +1119,11 @@ CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_insert()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
+DECLARE
+    v_type text;
+    v_run text;
+    v_seq bigint;
+    v_sentence text;
 BEGIN
     {body}
 END
@@ -1045,15 +1238,26 @@ CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {runs} FOR EACH ROW
         out.append(Trigger(host.events_table, name, f"""
 CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {events} FOR EACH ROW
     EXECUTE FUNCTION {SCHEMA}.on_event_insert();"""))
+        # The final checks are AFTER ROW triggers: they see the row as stored, after every BEFORE trigger.
+        name = TRIGGER_PREFIX + "append_check"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER INSERT ON {events} FOR EACH ROW
+    EXECUTE FUNCTION {SCHEMA}.on_event_inserted();"""))
         name = TRIGGER_PREFIX + "update"
         out.append(Trigger(host.events_table, name, f"""
-CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {events} FOR EACH ROW
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     WHEN (OLD.{typ} IS DISTINCT FROM NEW.{typ} OR OLD.{run} IS DISTINCT FROM NEW.{run})
     EXECUTE FUNCTION {SCHEMA}.on_event_update();"""))
+        name = TRIGGER_PREFIX + "update_era3"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
+    EXECUTE FUNCTION {SCHEMA}.on_event_update_era3();"""))
     return tuple(out)
 
 
-def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None) -> str:
+def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
+                    events: EventsRef | None = None) -> str:
     """The writer rule's functions (CREATE OR REPLACE; the triggers are :func:`writer_triggers`).
 
     Known limit: with ``[host] era_column``, an append under REPEATABLE READ or
@@ -1062,9 +1266,10 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None)
     is still detected).  The run_era store detects it (see the module
     docstring); the host's runs table cannot be probed the same way.
     """
-    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type),
-                    _on_event_insert_sql(artifacts, host), _on_run_insert_sql(host), _on_run_update_sql(host),
-                    _on_event_update_sql(host)))
+    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
+                    _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
+                    _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
+                    _update_era3_sql(host)))
 
 
 # Every role may call these (claim checks its secret; session_major tells a
@@ -1098,7 +1303,9 @@ PUBLIC_FUNCTIONS = (
 PRIVATE_FUNCTIONS = (
     "stamp_run(text, text)",
     "on_event_insert()",
+    "on_event_inserted()",
     "on_event_update()",
+    "on_event_update_era3()",
     "on_run_insert()",
     "on_run_update()",
 )
@@ -1106,7 +1313,7 @@ FUNCTIONS = PUBLIC_FUNCTIONS + PRIVATE_FUNCTIONS
 
 
 def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
-                         writer_host: HostConfig | None = None) -> str:
+                         writer_host: HostConfig | None = None, events: EventsRef | None = None) -> str:
     """The DDL of every artifact-dependent function (CREATE OR REPLACE; idempotent), and their grants.
 
     ``writer_host``: ``host`` with the runs table schema-qualified (see
@@ -1124,7 +1331,7 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
                     _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
                     read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
-                    writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
+                    writer_rule_sql(artifacts, writer_host or host, run_id_type, events))) + "\n" + grants + "\n"
 
 
 # --- connecting ----------------------------------------------------------------------
@@ -1342,6 +1549,26 @@ async def qualified_host(conn, host: HostConfig) -> HostConfig:
     return replace(host, runs_table=f"{row['nspname']}.{row['relname']}")
 
 
+async def events_ref(conn, host: HostConfig) -> EventsRef:
+    """The events table (which exists) schema-qualified, and the type of its run id column; SchemaError when the
+    connected role (the owner of openwop_seat) cannot read it: stamp_run reads a run's events before it stamps."""
+    row = await conn.fetchrow(
+        "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS t, "
+        "pg_catalog.format_type(a.atttypid, a.atttypmod) AS run_type, "
+        "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS readable "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 AND NOT a.attisdropped "
+        "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(host.events_table), host.run_id_column)
+    if row is None:  # pragma: no cover - writer_tables found it with the column
+        raise SchemaError(f"the events table {host.events_table!r} (host.events_table) does not exist")
+    if not row["readable"]:
+        role = await conn.fetchval("SELECT current_user")
+        raise SchemaError(f"the migrating role (the owner of openwop_seat) cannot read the events table "
+                          f"{host.events_table!r}: stamp_run reads a run's events before it stamps the run era 3 "
+                          f"(a run with era-2 events is not stamped): GRANT SELECT ON {row['t']} TO {role}")
+    return EventsRef(row["t"], row["run_type"])
+
+
 async def _seat_triggers(conn) -> dict[tuple[int, str], str]:
     """Every trigger that runs a function of openwop_seat: (table oid, name) -> tgenabled."""
     rows = await conn.fetch(
@@ -1533,6 +1760,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
                           f"it needs PostgreSQL 14 or newer")
     run_id_type = await check_era_column(conn, config.host) if config.host.era_column is not None else None
     tables = await writer_tables(conn, config.host)
+    events = await events_ref(conn, config.host) if "events" in tables else None  # before anything changes
     sees_sessions = await conn.fetchval(
         "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')")
     owner_problem = ("the migrating role (the owner of openwop_seat's functions) cannot see other roles' sessions "
@@ -1564,7 +1792,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
 
     triggers = writer_triggers(config.host, tables)
     writer_host = await qualified_host(conn, config.host)
-    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host)
+    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
            + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)
     installed = False
