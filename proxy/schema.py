@@ -1569,6 +1569,54 @@ async def events_ref(conn, host: HostConfig) -> EventsRef:
     return EventsRef(row["t"], row["run_type"])
 
 
+# What the database runs for the writer rule, as text that does not depend on the session (search_path is set
+# to pg_catalog for the query, so every name outside it comes out schema-qualified): every function of
+# openwop_seat (signature, SECURITY DEFINER, its SET clauses, owner, body) and every trigger that runs one
+# (its definition and enabled state).  migrate records its hash in meta (installed_sha256); verify, the
+# periodic check and SIGHUP compare (ADR 0006).
+_INSTALLED_SQL = """
+SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+    COALESCE(pg_catalog.string_agg(x, E'\\n' ORDER BY x), ''), 'UTF8')), 'hex')
+FROM (
+    SELECT p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')|'
+           || p.prosecdef::text || '|' || COALESCE(pg_catalog.array_to_string(p.proconfig, ','), '')
+           || '|' || pg_catalog.pg_get_userbyid(p.proowner)::text || '|' || p.prosrc AS x
+    FROM pg_catalog.pg_proc p
+    WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+    UNION ALL
+    SELECT pg_catalog.pg_get_triggerdef(t.oid) || '|' || t.tgenabled::text
+    FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+    WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+      AND NOT t.tgisinternal
+) objects"""
+
+
+async def installed_fingerprint(conn) -> str:
+    """The hash of the writer rule's functions and triggers as the database has them (see _INSTALLED_SQL)."""
+    if conn.is_in_transaction():  # migrate's: set the path for this query only
+        old = await conn.fetchval("SELECT pg_catalog.current_setting('search_path')")
+        await conn.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', true)")
+        value = await conn.fetchval(_INSTALLED_SQL)  # (an error aborts the transaction: nothing to restore)
+        await conn.execute("SELECT pg_catalog.set_config('search_path', $1, true)", old)
+        return value
+    async with conn.transaction():
+        await conn.execute("SET LOCAL search_path TO pg_catalog")
+        return await conn.fetchval(_INSTALLED_SQL)
+
+
+async def check_installed(conn, meta: dict[str, str]) -> None:
+    """SchemaError unless the functions and triggers are the ones migrate installed (meta's installed_sha256)."""
+    recorded = meta.get("installed_sha256")
+    if recorded is None:
+        raise SchemaTooOld(f"{SCHEMA}.meta records no installed_sha256 (the fingerprint of the writer rule's "
+                           f"functions and triggers): run `openwop-seat migrate` with this release")
+    if await installed_fingerprint(conn) != recorded:
+        raise SchemaError(
+            f"the writer rule's functions or triggers differ from what `openwop-seat migrate` installed (a "
+            f"function of {SCHEMA} was replaced, or a trigger of it replaced, disabled or dropped): the writer "
+            f"rule is not in force as installed; run `openwop-seat migrate` and find out who changed them")
+
+
 async def _seat_triggers(conn) -> dict[tuple[int, str], str]:
     """Every trigger that runs a function of openwop_seat: (table oid, name) -> tgenabled."""
     rows = await conn.fetch(
@@ -1800,7 +1848,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         meta = await read_meta(conn) or {}
         expected = await _expected_triggers(conn, triggers)
         missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
-        if not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
+        # A function or trigger changed since the last migrate (not by one): install again rather than bless it.
+        tampered = await installed_fingerprint(conn) != meta.get("installed_sha256")
+        if tampered or not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
                 and not missing and not stray):
             for rel, name in stray:  # left by a migrate with another [host] configuration
@@ -1810,6 +1860,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
                                       "objects_sha256": fingerprint})
             installed = True
+        now = await installed_fingerprint(conn)
+        if meta.get("installed_sha256") != now:
+            await _upsert_meta(conn, {"installed_sha256": now})
     if installed:
         old = meta.get("artifact_digest")
         line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
@@ -1860,6 +1913,7 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
     if config.host.era_column is not None:
         await check_era_column(conn, config.host)
     await check_writer_rule(conn, config)
+    await check_installed(conn, meta)
 
 
 def cmd_migrate(config: Config, dsn: str) -> int:

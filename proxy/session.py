@@ -47,8 +47,9 @@ ANSWERED_FRONTEND = frozenset(b"QSF")
 # Without a read path, Query, Sync and FunctionCall are captured to count and time statements (metrics).
 RAW_COUNTED = frozenset(b"QSF")
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
-REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting", "42601": "forbidden_setting",
-                   "08P01": "protocol_violation", "57P01": "shutting_down"}
+REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
+                   "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
+                   "57P03": "writer_rule_not_in_force"}
 
 # With a read path, the client messages it rewrites or accounts for (and Terminate, for the session state)…
 READ_FRONTEND = frozenset(b"QPBDECSFX")
@@ -344,6 +345,12 @@ class Session:
         if self.reader is not None:
             self._client_framer = EditFramer(READ_FRONTEND, FRONTEND_TYPES)
             self._upstream_splitter = StreamSplitter()
+        if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
+            # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
+            self._fail_client("57P03", "openwop-seat accepts no new session on the host database while the writer "
+                                       f"rule is not in force: {self.server.writer_rule_broken}",
+                              reason="writer rule not in force")
+            return
         if self.server.on_host_database(self.params):
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
