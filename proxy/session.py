@@ -227,7 +227,9 @@ class Session:
         self._claiming = False  # the seat's own claim statement is in flight
         self._claim_buf = bytearray()
         self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
-        self._claim_held = 0  # bytes read from the client while the claim is in flight
+        self._claim_held = 0  # bytes held from the client until its claim is done
+        self._pre_ready = bytearray()  # …of which an incomplete message
+        self._claim_timer: asyncio.TimerHandle | None = None
         self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
         self._client_backlog: list[bytes] = []
         self._client_framer: EditFramer | None = None  # with a read path: frames the client's stream…
@@ -371,8 +373,14 @@ class Session:
         up.write(startup.raw)
         self.bytes_in += len(startup.raw)
         up.sink = self._from_upstream
-        self.client.sink = self._from_client
-        for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
+        # A session to be claimed: until the claim is done, only authentication messages reach the server, so
+        # nothing the client sends can run before the claim or be taken for its answer (ADR 0006).
+        client_sink = self._from_client if self._claim_secret is None else self._client_before_ready
+        if self._claim_secret is not None:
+            self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout,
+                                                                      self._claim_timed_out)
+        self.client.sink = client_sink
+        for peer, sink in ((up, self._from_upstream), (self.client, client_sink)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
                 peer.buffer.clear()
@@ -566,28 +574,42 @@ class Session:
         """
         self._claiming = True
         self._claim_phase = 1
-        self._claim_held = 0
-        self.client.sink = self._client_during_claim
         _set_reading(self.client, False)
-        self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout, self._claim_timed_out)
         self.upstream.write(
             messages.message(b"P", b"\x00" + CHALLENGE_SQL + b"\x00\x00\x00")
             + messages.message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
             + messages.message(b"E", b"\x00\x00\x00\x00\x00")
             + messages.message(b"S"))
 
-    def _client_during_claim(self, data: bytes) -> None:
+    def _client_before_ready(self, data: bytes) -> None:
+        """The client's bytes from its startup packet until the claim is done: while the server authenticates,
+        authentication messages ('p') go through; every other message is held, at most
+        ``proxy.claim_buffer_limit`` bytes, and forwarded once the claim is done."""
         self._claim_held += len(data)
         if self._claim_held > self.config.claim_buffer_limit:
             self._fail_client("54000", f"the client sent more than {self.config.claim_buffer_limit} bytes before "
                                        f"its session was ready (proxy.claim_buffer_limit)", reason="claim buffer full")
             return
-        self._client_backlog.append(data)
+        pending = self._pre_ready
+        pending += data
+        while len(pending) >= 5:
+            (length,) = struct.unpack_from("!i", pending, 1)
+            if length < 4 or len(pending) < 1 + length:
+                break  # incomplete (a bad length is the relay's to report, once the held bytes reach it)
+            message = bytes(pending[:1 + length])
+            if (message[0] == 0x70 and not self._client_backlog and not self._claiming
+                    and self.state.phase is Phase.AUTHENTICATING):
+                self.upstream.write(message)  # a password or SASL message: authentication needs it now
+                self.bytes_in += len(message)
+                self._claim_held -= len(message)
+            else:
+                self._client_backlog.append(message)
+            del pending[:1 + length]
 
     def _claim_timed_out(self) -> None:
-        if self._claiming and not self.closed:
-            self._fail_client("08006", f"timeout: the claim of this session's major took longer than "
-                                       f"{self.config.startup_timeout} s (proxy.startup_timeout)",
+        if self.client.sink == self._client_before_ready and not self.closed:
+            self._fail_client("08006", f"timeout: authentication and the claim of this session's major took longer "
+                                       f"than {self.config.startup_timeout} s (proxy.startup_timeout)",
                               reason="claim timeout")
 
     def _send_proof(self, challenge: str) -> None:
@@ -631,7 +653,8 @@ class Session:
                 self._send_proof(first)
                 return
         self._claiming = False
-        self._claim_timer.cancel()
+        if self._claim_timer is not None:
+            self._claim_timer.cancel()
         if error is not None:
             log.error("session %s: claim failed: %s %s", self.id, error.get("C"), error.get("M"))
             self._fail_client(error.get("C", "XX000"),
@@ -651,6 +674,9 @@ class Session:
             self.client.write(answer[pos:])
         self.client.sink = self._from_client
         _set_reading(self.client, True)
+        if self._pre_ready:  # an incomplete message: the relay frames it with what follows
+            self._client_backlog.append(bytes(self._pre_ready))
+            self._pre_ready.clear()
         backlog, self._client_backlog = self._client_backlog, []
         for chunk in backlog:
             if self.closed:

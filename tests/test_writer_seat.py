@@ -534,7 +534,13 @@ def test_update_of_type_or_run_id_is_refused_for_every_session(wseat, pg, driver
                 for update in UPDATES:
                     err = refused(lambda: conn.q(update, run), "42501")
                     assert err.message == "openwop_seat: UPDATE of events.type/run_id is refused", err
-                conn.q("UPDATE events SET payload = '{\"updated\": true}' WHERE run_id = %s", run)  # other columns may
+                other = "UPDATE events SET payload = '{\"updated\": true}' WHERE run_id = %s"
+                if major == 2 or run == e2:
+                    conn.q(other, run)  # other columns may change, except an era-3 event's for a v1 writer
+                else:
+                    err = refused(lambda: conn.q(other, run), "OW005")
+                    assert err.message.startswith(f"era2_write_refused: UPDATE of the event of type "
+                                                  f"'agent.reasoning-delta' in era-3 run '{e3}' at sequence 0"), err
         finally:
             conn.close()
     direct = Psycopg(pg.dsn(user=HOST))
@@ -987,3 +993,38 @@ def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_
                 direct.execute("SELECT openwop_seat.claim(%s, 2)", (proof,))
             assert info.value.sqlstate == "42501"
         assert direct.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
+
+
+def test_nothing_a_client_pipelines_before_authentication_runs_before_its_claim(wseat):
+    """A client (trust authentication) that sends queries right behind its startup packet: they run after the
+    claim, on a claimed session, and no answer of theirs can be taken for the claim's (a forged challenge)."""
+    from rawpg import RawConn, query, startup
+
+    conn = RawConn(wseat.port)
+    try:
+        conn.send(startup({"user": HOST, "database": "postgres"})
+                  + query("SELECT 'forged-salt:forged-challenge'")
+                  + query("SELECT coalesce(openwop_seat.session_major()::text, 'none')"))
+        messages = conn.read_until(b"Z")  # authentication, then the client's first ReadyForQuery
+        assert not [b for t, b in messages if t == b"E"], messages
+        first = [b for t, b in conn.read_until(b"Z") if t == b"D"]
+        second = [b for t, b in conn.read_until(b"Z") if t == b"D"]
+        assert first and first[0].endswith(b"forged-salt:forged-challenge"), first
+        assert second and second[0].endswith(b"2"), second  # claimed as the v2 host it is, before it ran
+    finally:
+        conn.close()
+
+
+def test_what_a_client_sends_before_its_session_is_ready_is_bounded(start_seat):
+    from rawpg import RawConn, error_fields, query, startup
+
+    seat = start_seat(proxy={"claim_buffer_limit": 4096})
+    conn = RawConn(seat.port)
+    try:
+        conn.send(startup({"user": HOST, "database": "postgres"}) + query("SELECT 1; -- " + "x" * 8192))
+        messages = conn.read_all_until_closed()
+        errors = [error_fields(b) for t, b in messages if t == b"E"]
+        assert errors and errors[-1]["C"] == "54000", messages
+        assert "proxy.claim_buffer_limit" in errors[-1]["M"]
+    finally:
+        conn.close()
