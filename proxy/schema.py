@@ -40,12 +40,13 @@ such values impossible.
 
 The writer rule lives in the database too (design §4), installed by ``migrate``:
 
-* Who is writing.  Right after authentication the seat calls
-  ``openwop_seat.claim(secret, major)`` (the secret as a bind parameter): a
-  ``SECURITY DEFINER`` function that checks the secret against the salted
-  SHA-256 that ``migrate`` stored in ``claim_secret`` (no other role can read
-  it) and records the major in ``claims`` keyed by backend pid *and* backend
-  start time, so a later backend that reuses the pid inherits nothing.
+* Who is writing.  Right after authentication the seat asks the session for
+  a challenge (``openwop_seat.claim_challenge()``) and answers it with
+  ``openwop_seat.claim(proof, major)``, the proof an HMAC under the salted
+  SHA-256 of the secret that ``migrate`` stored in ``claim_secret`` (no other
+  role can read it); the secret never reaches the session (ADR 0006).  The
+  major is recorded in ``claims`` keyed by backend pid *and* backend start
+  time, so a later backend that reuses the pid inherits nothing.
   ``session_major()`` is that record for the current backend, or NULL.  A
   session setting cannot stand in for it (any client can ``SET`` one), and no
   statement parsing can (dynamic SQL defeats it).  A session without a claim
