@@ -1028,3 +1028,45 @@ def test_what_a_client_sends_before_its_session_is_ready_is_bounded(start_seat):
         assert "proxy.claim_buffer_limit" in errors[-1]["M"]
     finally:
         conn.close()
+
+
+# --- the guards through the seat (ADR 0006) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_v2_host_cannot_stamp_a_run_that_already_has_v1_events(wseat, pg, driver):
+    run = rid("pre")
+    v1 = via(wseat, driver, 1)
+    try:
+        append(v1, run, 0, RENAMED[0])  # before the run's row exists: an era-2 run
+    finally:
+        v1.close()
+    v2 = via(wseat, driver, 2)
+    try:
+        err = refused(lambda: v2.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", run), "OW005")
+        sentence = assert_envelope(err, "era2_write_refused", RENAMED[0], run, 0)
+        assert sentence.startswith(f"run '{run}' cannot be stamped era 3: it already holds events written in era 2")
+    finally:
+        v2.close()
+    assert era_rows(pg, run) == [] and stored(pg, run) == [RENAMED[0]]
+    assert sql1(pg, "SELECT count(*) FROM runs WHERE run_id = %s", run) == [(0,)]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_late_host_trigger_cannot_move_a_v1_hosts_append_into_an_era3_run(wseat, pg, driver):
+    e3, e2 = era3_run(wseat), era2_run(pg)
+    name = f"zzzz_move_{uuid.uuid4().hex[:6]}"
+    pg.psql(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF NEW.run_id = '{e2}' THEN NEW.run_id := '{e3}'; END IF; RETURN NEW; END $$; "
+            f"CREATE TRIGGER {name} BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        v1 = via(wseat, driver, 1)
+        try:
+            err = refused(lambda: append(v1, e2, 1, RENAMED[0]), "OW005")
+            assert assert_envelope(err, "era2_write_refused", RENAMED[0], e3, 1).startswith(
+                f"event type '{RENAMED[0]}' stored in era-3 run '{e3}'")
+        finally:
+            v1.close()
+    finally:
+        pg.psql(f"DROP TRIGGER IF EXISTS {name} ON events; DROP FUNCTION IF EXISTS {name}()")
+    assert stored(pg, e3) == ["agent.reasoning-delta"] and stored(pg, e2) == []
