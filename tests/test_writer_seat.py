@@ -976,13 +976,13 @@ def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_
         conn.close()
     (salt, key_hex), = sql1(pg, "SELECT salt, hash FROM openwop_seat.claim_secret")
     log = read(pg.logfile)[logged_before:]
-    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
     for where, text in (("the server log", log), ("notices", "\n".join(notices)), ("pg_stat_activity", activity),
                         ("the spy's own table", "\n".join(seen)), ("the seat's log", wseat.log())):
         for name, value in (("the claim secret", CLAIM_SECRET), ("the claim key", key_hex)):
             leaked = value in text
             assert not leaked, f"{name} is in {where}"
     assert seen == []  # nothing of the spy's ran in the claim
+    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
     # What the log did show (the challenge, the proof) claims nothing on another backend, nor again on this one.
     proofs = re.findall(r"\$1 = '([0-9a-f]{64})'", log)
     assert proofs, "the claim's proof was expected in a log that records every parameter"
@@ -1015,13 +1015,13 @@ def test_nothing_a_client_pipelines_before_authentication_runs_before_its_claim(
         conn.close()
 
 
-def test_what_a_client_sends_before_its_session_is_ready_is_bounded(start_seat):
+def test_what_a_client_sends_before_its_session_is_ready_is_bounded(wseat):
+    """``proxy.claim_buffer_limit`` (default 1 MiB): a client that sends more before its session is ready ends."""
     from rawpg import RawConn, error_fields, query, startup
 
-    seat = start_seat(proxy={"claim_buffer_limit": 4096})
-    conn = RawConn(seat.port)
+    conn = RawConn(wseat.port)
     try:
-        conn.send(startup({"user": HOST, "database": "postgres"}) + query("SELECT 1; -- " + "x" * 8192))
+        conn.send(startup({"user": HOST, "database": "postgres"}) + query("SELECT 1; -- " + "x" * (2 << 20)))
         messages = conn.read_all_until_closed()
         errors = [error_fields(b) for t, b in messages if t == b"E"]
         assert errors and errors[-1]["C"] == "54000", messages
