@@ -999,6 +999,13 @@ BEGIN
         END IF;
     END IF;
     v_era := {era_sql(host, run)};
+    -- An era-2 row in a spelling the guard stores for a v2 writer is right for every writer: no need to ask
+    -- who wrote it (session_major() is the costly part of the check).
+    IF v_era IS DISTINCT FROM 3 AND (v_type = ANY ({text_array_literal(stored_v1)})
+        OR (pg_catalog.strpos(v_type, '.') > 0
+            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
+        RETURN NULL;
+    END IF;
     v_major := {SCHEMA}.session_major();
     IF v_major IS DISTINCT FROM 2 AND v_era IS DISTINCT FROM 3 THEN
         RETURN NULL;
