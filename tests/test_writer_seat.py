@@ -965,11 +965,17 @@ $$ BEGIN INSERT INTO {SPY}.seen VALUES (c); RETURN false; END $$;
 def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_it(wseat, pg, spy):
     logged_before = len(read(pg.logfile))
     notices: list[str] = []
-    conn = psycopg.connect(wseat.dsn(user=SPY), autocommit=True)  # the default major: 2
+    # the default major: 2; and every allowlisted setting the spy can put in its startup options
+    conn = psycopg.connect(wseat.dsn(user=SPY), autocommit=True,
+                           options=f"-c search_path={SPY},public -c statement_timeout=0 -c lock_timeout=0 "
+                                   "-c extra_float_digits=3 -c DateStyle=SQL,DMY -c TimeZone=Pacific/Chatham "
+                                   "-c IntervalStyle=sql_standard -c bytea_output=escape "
+                                   "-c default_transaction_isolation=serializable -c geqo=off")
     conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_detail} {d.context}"))
     try:
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
         assert conn.execute("SHOW debug_print_plan").fetchone() == ("on",)  # the role's settings are in force
+        assert conn.execute("SHOW search_path").fetchone() == (f"{SPY},public",)  # and its startup options
         activity = sql1(pg, "SELECT string_agg(coalesce(query, ''), ' ') FROM pg_stat_activity")[0][0]
         seen = [v for (v,) in conn.execute(f"SELECT v FROM {SPY}.seen").fetchall()]
     finally:
