@@ -743,13 +743,13 @@ def _history_check_sql(artifacts, host: HostConfig, events: EventsRef | None, ru
 
 
 def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, events: EventsRef | None = None) -> str:
+    arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
     if host.era_column is None:
         write = f"""INSERT INTO {SCHEMA}.run_era (run_id, era, source)
     VALUES (stamp_run.run, 3, coalesce(stamp_run.source, 'unknown'))
     ON CONFLICT (run_id) DO NOTHING;"""
     else:
         col, key = quote_ident(host.era_column), quote_ident(host.run_id_column)
-        arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
         write = f"""UPDATE {quote_qualified(host.runs_table)} SET {col} = 3
     WHERE {key} = {arg} AND {col} IS DISTINCT FROM 3;"""
     check = _history_check_sql(artifacts, host, events, "stamp_run.run", "stamp_run.source") if artifacts else ""
@@ -768,7 +768,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed', MESSAGE = 'openwop_seat.stamp_run: run is NULL';
     END IF;
     PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(stamp_run.run));
-    IF {era_sql(host, "stamp_run.run")} = 3 THEN
+    IF {era_sql(host, arg)} = 3 THEN
         RETURN false;  -- stamped already: nothing to check, nothing to write
     END IF;{check}
     {write}
