@@ -225,6 +225,8 @@ class SeatServer:
         # The writer rule as the last check found it (ADR 0006): "" in force, else why not.  While it is not,
         # new sessions on the host database are refused.
         self.writer_rule_broken = ""
+        self._checks_done = 0
+        self._check_lock = asyncio.Lock()
 
     @property
     def port(self) -> int:
@@ -286,6 +288,7 @@ class SeatServer:
             log.warning("writer rule check: host database (host.dsn) unreachable: %s", e)
             return self.writer_rule_broken
         self.stats.writer_rule_checks["broken" if why else "ok"] += 1
+        self._checks_done += 1
         if why and why != self.writer_rule_broken:
             log.error("the writer rule is not in force: new sessions on the host database are refused",
                       extra={"fields": {"why": why}})
@@ -293,6 +296,18 @@ class SeatServer:
             log.warning("the writer rule is in force again: new sessions on the host database are accepted")
         self.writer_rule_broken = why
         return why
+
+    async def writer_rule_refusal(self) -> str:
+        """Why a new session on the host database is refused, or "": while the last check found the writer rule
+        broken, each new session checks again (one check at a time, shared by the sessions that wait for it), so
+        that a repair is seen at once."""
+        if not self.writer_rule_broken:
+            return ""
+        seen = self._checks_done
+        async with self._check_lock:
+            if self._checks_done == seen:  # no check finished while this session waited: run one
+                await self.check_writer_rule()
+        return self.writer_rule_broken
 
     async def _check_writer_rule_periodically(self) -> None:
         while True:

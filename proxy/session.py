@@ -349,10 +349,13 @@ class Session:
             self._upstream_splitter = StreamSplitter()
         if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
             # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
-            self._fail_client("57P03", "openwop-seat accepts no new session on the host database while the writer "
-                                       f"rule is not in force: {self.server.writer_rule_broken}",
-                              reason="writer rule not in force")
-            return
+            why = await self.server.writer_rule_refusal()
+            if self.closed:  # the client left meanwhile
+                return
+            if why:
+                self._fail_client("57P03", "openwop-seat accepts no new session on the host database while the "
+                                           f"writer rule is not in force: {why}", reason="writer rule not in force")
+                return
         if self.server.on_host_database(self.params):
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
