@@ -83,6 +83,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -1578,51 +1579,74 @@ async def events_ref(conn, host: HostConfig) -> EventsRef:
 
 
 # What the database runs for the writer rule, as text that does not depend on the session (search_path is set
-# to pg_catalog for the query, so every name outside it comes out schema-qualified): every function of
-# openwop_seat (signature, SECURITY DEFINER, its SET clauses, owner, body) and every trigger that runs one
-# (its definition and enabled state).  migrate records its hash in meta (installed_sha256); verify, the
-# periodic check and SIGHUP compare (ADR 0006).
+# to pg_catalog for the query, so every name outside it comes out schema-qualified): one hash over every
+# function of openwop_seat (signature, SECURITY DEFINER, its SET clauses, owner, body), and one per trigger
+# that runs one (its definition and enabled state), keyed by table and name.  migrate records them in meta
+# (installed_sha256, JSON); verify, the periodic check and SIGHUP compare (ADR 0006).
 _INSTALLED_SQL = """
-SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-    COALESCE(pg_catalog.string_agg(x, E'\\n' ORDER BY x), ''), 'UTF8')), 'hex')
-FROM (
-    SELECT p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')|'
-           || p.prosecdef::text || '|' || COALESCE(pg_catalog.array_to_string(p.proconfig, ','), '')
-           || '|' || pg_catalog.pg_get_userbyid(p.proowner)::text || '|' || p.prosrc AS x
-    FROM pg_catalog.pg_proc p
-    WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
-    UNION ALL
-    SELECT pg_catalog.pg_get_triggerdef(t.oid) || '|' || t.tgenabled::text
-    FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
-      AND NOT t.tgisinternal
-) objects"""
+SELECT 'functions' AS k, pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+    COALESCE(pg_catalog.string_agg(
+        p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')|'
+        || p.prosecdef::text || '|' || COALESCE(pg_catalog.array_to_string(p.proconfig, ','), '')
+        || '|' || pg_catalog.pg_get_userbyid(p.proowner)::text || '|' || p.prosrc,
+        E'\\n' ORDER BY p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)), ''), 'UTF8')), 'hex') AS v
+FROM pg_catalog.pg_proc p
+WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+UNION ALL
+SELECT t.tgrelid::pg_catalog.regclass::text || ' ' || t.tgname::text,
+       pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+           pg_catalog.pg_get_triggerdef(t.oid) || '|' || t.tgenabled::text, 'UTF8')), 'hex')
+FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+  AND NOT t.tgisinternal"""
 
 
-async def installed_fingerprint(conn) -> str:
-    """The hash of the writer rule's functions and triggers as the database has them (see _INSTALLED_SQL)."""
+async def installed_objects(conn) -> dict[str, str]:
+    """The hashes of the writer rule's functions and triggers as the database has them (see _INSTALLED_SQL)."""
     if conn.is_in_transaction():  # migrate's: set the path for this query only
         old = await conn.fetchval("SELECT pg_catalog.current_setting('search_path')")
         await conn.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', true)")
-        value = await conn.fetchval(_INSTALLED_SQL)  # (an error aborts the transaction: nothing to restore)
+        rows = await conn.fetch(_INSTALLED_SQL)  # (an error aborts the transaction: nothing to restore)
         await conn.execute("SELECT pg_catalog.set_config('search_path', $1, true)", old)
-        return value
-    async with conn.transaction():
-        await conn.execute("SET LOCAL search_path TO pg_catalog")
-        return await conn.fetchval(_INSTALLED_SQL)
+    else:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL search_path TO pg_catalog")
+            rows = await conn.fetch(_INSTALLED_SQL)
+    return {r["k"]: r["v"] for r in rows}
+
+
+async def installed_fingerprint(conn) -> str:
+    """What meta.installed_sha256 holds: :func:`installed_objects` as canonical JSON."""
+    return json.dumps(await installed_objects(conn), sort_keys=True, separators=(",", ":"))
 
 
 async def check_installed(conn, meta: dict[str, str]) -> None:
-    """SchemaError unless the functions and triggers are the ones migrate installed (meta's installed_sha256)."""
-    recorded = meta.get("installed_sha256")
-    if recorded is None:
-        raise SchemaTooOld(f"{SCHEMA}.meta records no installed_sha256 (the fingerprint of the writer rule's "
-                           f"functions and triggers): run `openwop-seat migrate` with this release")
-    if await installed_fingerprint(conn) != recorded:
+    """SchemaError unless the functions, and each trigger that is there, are as migrate installed them.
+
+    A trigger that is missing (or a table that is gone) is :func:`check_writer_rule`'s business; one that is
+    there must be the one migrate installed, not replaced (``WHEN (false)``) or re-enabled otherwise.
+    """
+    raw = meta.get("installed_sha256")
+    try:
+        recorded = json.loads(raw) if raw is not None else None
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise SchemaTooOld(f"{SCHEMA}.meta records no usable installed_sha256 (the fingerprint of the writer "
+                           f"rule's functions and triggers): run `openwop-seat migrate` with this release")
+    now = await installed_objects(conn)
+    changed = []
+    if now.get("functions") != recorded.get("functions"):
+        changed.append(f"a function of {SCHEMA} was replaced, added or removed")
+    for key, value in sorted(now.items()):
+        if key != "functions" and value != recorded.get(key):
+            table, _, name = key.rpartition(" ")
+            changed.append(f"trigger {name} on {table} is not the one migrate installed (replaced, or its "
+                           f"enabled state changed)")
+    if changed:
         raise SchemaError(
-            f"the writer rule's functions or triggers differ from what `openwop-seat migrate` installed (a "
-            f"function of {SCHEMA} was replaced, or a trigger of it replaced, disabled or dropped): the writer "
-            f"rule is not in force as installed; run `openwop-seat migrate` and find out who changed them")
+            f"the writer rule is not in force as `openwop-seat migrate` installed it: {'; '.join(changed)}; run "
+            f"`openwop-seat migrate` and find out who changed it")
 
 
 async def _seat_triggers(conn) -> dict[tuple[int, str], str]:
