@@ -95,6 +95,9 @@ class HostConfig:
     # (README "Payload projection", ADR 0007): a key the hatch admits; a vendor.<org> carrier needs <org>
     # registered in the pinned declaration.json (checked where the artifacts are loaded).
     payload_carrier: str = "x-v1"
+    # How often a running seat checks that the writer rule is in force (triggers, functions, digest); 0: only at
+    # start, on /readyz and on SIGHUP.
+    check_interval: float = 10.0
 
 
 def cpu_count() -> int:
@@ -128,6 +131,7 @@ class Config:
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0
     buffer_limit: int = 1 << 20
+    claim_buffer_limit: int = 1 << 20  # bytes held from a client while its claim is in flight; more: FATAL 54000
     # processes sharing the listen port (SO_REUSEPORT) under a supervisor when > 1; default one per CPU
     workers: int = field(default_factory=lambda: cpu_count())
     max_client_conn: int = 1000  # sessions past their startup packet; more are refused with 53300
@@ -221,8 +225,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
-                   "startup_timeout", "buffer_limit", "max_client_conn", "client_idle_timeout", "workers",
-                   "plan_cache_bytes", "max_statement_bytes"})
+                   "startup_timeout", "buffer_limit", "claim_buffer_limit", "max_client_conn", "client_idle_timeout",
+                   "workers", "plan_cache_bytes", "max_statement_bytes"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -238,6 +242,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         kwargs["startup_timeout"] = _number(proxy["startup_timeout"], "proxy.startup_timeout", 0.001)
     if "buffer_limit" in proxy:
         kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
+    if "claim_buffer_limit" in proxy:
+        kwargs["claim_buffer_limit"] = _integer(proxy["claim_buffer_limit"], "proxy.claim_buffer_limit", 1024)
     if "workers" in proxy:  # an integer >= 1, or "auto": one per CPU
         kwargs["workers"] = cpu_count() if proxy["workers"] == "auto" else _integer(
             proxy["workers"], "proxy.workers", 1)
@@ -283,6 +289,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     host = _take(data.get("host", {}), "host",
                  {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
                   "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
+                  "check_interval",
                   *_OPTIONAL_COLUMNS})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
                    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
@@ -295,6 +302,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "claim_secret_file" in host:  # read (and checked) by schema.load_claim_secret, relative to the config file
         path = _string(host["claim_secret_file"], "host.claim_secret_file")
         host_kwargs["claim_secret_file"] = os.path.join(os.path.dirname(source), path) if source else path
+    if "check_interval" in host:
+        host_kwargs["check_interval"] = _number(host["check_interval"], "host.check_interval", 0)
     if "maintenance_role" in host:
         host_kwargs["maintenance_role"] = _string(host["maintenance_role"], "host.maintenance_role")
     if "append_lock" in host:

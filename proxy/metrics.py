@@ -70,6 +70,7 @@ class Stats:
         self.bytes_out = 0
         self.refusals: Counter[str] = Counter()
         self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
+        self.writer_rule_checks: Counter[str] = Counter()  # runtime checks of the writer rule, by result
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
         self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
         # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).
@@ -122,6 +123,18 @@ class SeatCollector:
                                 "(it can bypass the writer rule's guard)", labels=["role"])
         for role in ("superuser", "owns openwop_seat"):
             c.add_metric([role], stats.privileged_sessions[role])
+        yield c
+        g = GaugeMetricFamily("openwop_seat_writer_rule_broken",
+                              "1 while the last check found the writer rule not in force as migrate installed it "
+                              "(a trigger missing, disabled or replaced, a function replaced, another digest); new "
+                              "sessions on the host database are refused meanwhile")
+        g.add_metric([], 1 if server.writer_rule_broken else 0)
+        yield g
+        c = CounterMetricFamily("openwop_seat_writer_rule_checks", "Checks of the writer rule in the host database "
+                                "(at start of the check loop, every host.check_interval, on SIGHUP)",
+                                labels=["result"])
+        for result in ("ok", "broken", "error"):
+            c.add_metric([result], stats.writer_rule_checks[result])
         yield c
         c = CounterMetricFamily("openwop_seat_session_errors", "Sessions ended by the seat with an error",
                                 labels=["sqlstate"])

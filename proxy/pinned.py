@@ -325,7 +325,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
     import asyncpg
 
     from .artifacts import load_artifacts
-    from .schema import CLAIM_SQL, connect, load_claim_secret, verify
+    from .schema import claim_async, connect, load_claim_secret, verify
 
     artifacts = load_artifacts()
     words = spellings(artifacts)
@@ -359,7 +359,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
                 f"undecided {tally['undecided']}")
         failed = tally["undecided"] > 0
         if cancel:
-            row = await conn.fetchrow(CLAIM_SQL, secret, 2)
+            row = await claim_async(conn, secret, 2)
             if row is None:  # pragma: no cover - verify found the schema
                 raise PinnedError("the openwop_seat schema is missing: run openwop-seat migrate")
             done = {"cancelled": 0, "continue": tally["continue"], "terminal": 0}

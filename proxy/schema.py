@@ -40,12 +40,13 @@ such values impossible.
 
 The writer rule lives in the database too (design §4), installed by ``migrate``:
 
-* Who is writing.  Right after authentication the seat calls
-  ``openwop_seat.claim(secret, major)`` (the secret as a bind parameter): a
-  ``SECURITY DEFINER`` function that checks the secret against the salted
-  SHA-256 that ``migrate`` stored in ``claim_secret`` (no other role can read
-  it) and records the major in ``claims`` keyed by backend pid *and* backend
-  start time, so a later backend that reuses the pid inherits nothing.
+* Who is writing.  Right after authentication the seat asks the session for
+  a challenge (``openwop_seat.claim_challenge()``) and answers it with
+  ``openwop_seat.claim(proof, major)``, the proof an HMAC under the salted
+  SHA-256 of the secret that ``migrate`` stored in ``claim_secret`` (no other
+  role can read it); the secret never reaches the session (ADR 0006).  The
+  major is recorded in ``claims`` keyed by backend pid *and* backend start
+  time, so a later backend that reuses the pid inherits nothing.
   ``session_major()`` is that record for the current backend, or NULL.  A
   session setting cannot stand in for it (any client can ``SET`` one), and no
   statement parsing can (dynamic SQL defeats it).  A session without a claim
@@ -81,6 +82,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
+import json
 import os
 import re
 import secrets
@@ -109,13 +112,15 @@ RUN_LOCK_SEED = int.from_bytes(hashlib.sha256(b"openwop_seat.run_lock").digest()
 CLAIM_SECRET_ENV = "OPENWOP_SEAT_CLAIM_SECRET"
 CLAIM_SECRET_MIN_LENGTH = 16
 
-# What the seat sends right after authentication, with the secret and the
-# session's major as bind parameters (never as literals: a literal would show
-# in pg_stat_activity and the server log).
-# The seat's claim, with the secret and the major as bind parameters; it also asks whether the
+# What the seat sends right after authentication (ADR 0006): first the challenge, then the claim with the
+# proof and the session's major as bind parameters (types given by OID in the Parse, no casts).  Every
+# function and operator is schema-qualified, and the functions pin their search_path, so nothing the client
+# set (search_path, its own operators or functions) changes what runs.  The claim also asks whether the
 # session's role owns openwop_seat (such a role can bypass every in-database guard: warn about it).
+CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge()"
 CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
-             "FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat'")
+             "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
+CLAIM_PARAM_OIDS = (25, 23)  # text, integer
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
 # proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
@@ -242,7 +247,13 @@ COMMENT ON TABLE openwop_seat.events_v1_original IS
     'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
 REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
 """),
-    Step(5, "add payloads_clean (era-2 runs whose stored payloads need no projection: read as stored)", """
+    Step(5, "claims: a pending challenge per backend (the seat proves the secret without sending it)", """
+ALTER TABLE openwop_seat.claims ALTER COLUMN major DROP NOT NULL, ADD COLUMN challenge text;
+COMMENT ON TABLE openwop_seat.claims IS
+    'the major each seat session claimed (NULL: none yet) and its pending challenge, keyed by backend pid and '
+    'start time; written only by openwop_seat.claim_challenge and openwop_seat.claim';
+"""),
+    Step(6, "add payloads_clean (era-2 runs whose stored payloads need no projection: read as stored)", """
 CREATE TABLE openwop_seat.payloads_clean (
     run_id text PRIMARY KEY,
     marked_at timestamptz NOT NULL DEFAULT now()
@@ -254,7 +265,7 @@ GRANT SELECT ON openwop_seat.payloads_clean TO PUBLIC;
 """),
 )
 
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {
@@ -569,40 +580,100 @@ _PINNED = "SET search_path = pg_catalog, pg_temp"
 
 
 def _claim_sql() -> str:
+    no_secret = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', "
+                 "MESSAGE = 'openwop_seat.claim: wrong secret',\n"
+                 "            HINT = 'no claim secret is installed: run openwop-seat migrate with "
+                 f"host.claim_secret_file or {CLAIM_SECRET_ENV}';")
+    no_start = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',\n"
+                "            MESSAGE = 'openwop_seat.claim: the owner of openwop_seat cannot see this session''s "
+                "backend_start',\n"
+                "            HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs "
+                "migrate)';")
+    # A challenge and a proof (ADR 0006): the secret never reaches the session's backend.  claim_challenge()
+    # records a fresh random challenge for this backend (pid and start time) and returns it with the salt;
+    # the seat answers with HMAC-SHA256(sha256(salt || secret), 'openwop_seat.claim:' || challenge || ':' ||
+    # major), which claim() verifies against the stored key and the pending challenge, then consumes it.  A
+    # proof seen on one backend is worth nothing on another, nor twice on the same one.
     return f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.claim(secret text, major integer)
+DROP FUNCTION IF EXISTS {SCHEMA}.claim(text, integer);
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim_challenge()
+RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_salt text;
+    v_start timestamptz;
+    v_challenge text;
+BEGIN
+    SELECT s.salt INTO v_salt FROM {SCHEMA}.claim_secret s;
+    IF v_salt IS NULL THEN
+        {no_secret}
+    END IF;
+    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+    IF v_start IS NULL THEN
+        {no_start}
+    END IF;
+    v_challenge := pg_catalog.pg_backend_pid()::text || '.'
+        || ((EXTRACT(EPOCH FROM v_start) * 1000000)::bigint)::text || '.'
+        || pg_catalog.translate(pg_catalog.gen_random_uuid()::text, '-', '')
+        || pg_catalog.translate(pg_catalog.gen_random_uuid()::text, '-', '');
+    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at, challenge)
+    VALUES (pg_catalog.pg_backend_pid(), v_start, NULL, pg_catalog.now(), v_challenge)
+    ON CONFLICT (pid) DO UPDATE
+        SET major = CASE WHEN c.backend_start = EXCLUDED.backend_start THEN c.major END,
+            claimed_at = CASE WHEN c.backend_start = EXCLUDED.backend_start THEN c.claimed_at
+                              ELSE EXCLUDED.claimed_at END,
+            backend_start = EXCLUDED.backend_start, challenge = EXCLUDED.challenge;
+    RETURN v_salt || ':' || v_challenge;
+END
+$ow$;
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim(proof text, major integer)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
 DECLARE
     v_hash text;
-    v_salt text;
     v_start timestamptz;
+    v_challenge text;
+    v_key bytea;
+    v_ipad bytea;
+    v_opad bytea;
+    v_mac text;
 BEGIN
-    SELECT s.hash, s.salt INTO v_hash, v_salt FROM {SCHEMA}.claim_secret s;
-    IF v_hash IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret',
-            HINT = 'no claim secret is installed: run openwop-seat migrate with host.claim_secret_file or '
-                   '{CLAIM_SECRET_ENV}';
-    END IF;
-    IF claim.secret IS NULL
-       OR encode(sha256(convert_to(v_salt || claim.secret, 'UTF8')), 'hex') IS DISTINCT FROM v_hash THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret';
-    END IF;
     IF claim.major IS NULL OR claim.major NOT IN (1, 2) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = format('openwop_seat.claim: major must be 1 or 2, got %s', coalesce(claim.major::text, 'NULL'));
     END IF;
-    SELECT a.backend_start INTO v_start FROM pg_stat_get_activity(pg_backend_pid()) a;
-    IF v_start IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = 'openwop_seat.claim: the owner of openwop_seat cannot see this session''s backend_start',
-            HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs migrate)';
+    SELECT s.hash INTO v_hash FROM {SCHEMA}.claim_secret s;
+    IF v_hash IS NULL THEN
+        {no_secret}
     END IF;
-    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at)
-    VALUES (pg_backend_pid(), v_start, claim.major, now())
-    ON CONFLICT (pid) DO UPDATE
-        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at;
+    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+    IF v_start IS NULL THEN
+        {no_start}
+    END IF;
+    SELECT c.challenge INTO v_challenge FROM {SCHEMA}.claims c
+    WHERE c.pid = pg_catalog.pg_backend_pid() AND c.backend_start = v_start FOR UPDATE;
+    IF v_challenge IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret',
+            HINT = 'no challenge is pending for this backend: a claim answers openwop_seat.claim_challenge() '
+                   'of the same backend, once';
+    END IF;
+    -- HMAC-SHA256 (RFC 2104) with the 32-byte key sha256(salt || secret), zero-padded to the 64-byte block.
+    v_key := pg_catalog.decode(v_hash, 'hex') || pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex');
+    v_ipad := v_key;
+    v_opad := v_key;
+    FOR i IN 0..63 LOOP
+        v_ipad := pg_catalog.set_byte(v_ipad, i, pg_catalog.get_byte(v_key, i) # 54);
+        v_opad := pg_catalog.set_byte(v_opad, i, pg_catalog.get_byte(v_key, i) # 92);
+    END LOOP;
+    v_mac := pg_catalog.encode(pg_catalog.sha256(v_opad || pg_catalog.sha256(v_ipad || pg_catalog.convert_to(
+        'openwop_seat.claim:' || v_challenge || ':' || claim.major::text, 'UTF8'))), 'hex');
+    IF claim.proof IS NULL OR claim.proof IS DISTINCT FROM v_mac THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'openwop_seat.claim: wrong secret';
+    END IF;
+    UPDATE {SCHEMA}.claims c SET major = claim.major, claimed_at = pg_catalog.now(), challenge = NULL
+    WHERE c.pid = pg_catalog.pg_backend_pid();
 END
 $ow$;
 """
@@ -635,26 +706,83 @@ $ow$;
 """
 
 
-def _stamp_run_sql(host: HostConfig, run_id_type: str | None) -> str:
+@dataclass(frozen=True)
+class EventsRef:
+    """The host's events table as the writer rule's functions name it (their search_path is pinned)."""
+
+    table: str  # schema-qualified and quoted
+    run_id_type: str  # format_type of host.run_id_column in it
+
+
+def _history_check_sql(artifacts, host: HostConfig, events: EventsRef | None, run_expr: str, source_expr: str) -> str:
+    """plpgsql that refuses to stamp a run era 3 whose events are not all v2-clean (ADR 0006).
+
+    At creation (source ``created``) a run must have no events at all: events that exist before a v2 writer
+    creates the run were written in era 2 (by a v1 writer, or stored in their v1 spelling), and a stamp would
+    make the reader take them for era-3 rows.  Any other stamp (``backfill``, an operator) is refused while an
+    event's type is not in v2 vocabulary: backfill rewrites them in the same transaction before it stamps.
+    Runs under the run's exclusive lock, so the appends in flight have committed.  Needs the declared
+    variables v_type, v_run, v_seq, v_sentence.
+    """
+    if events is None:  # no events table yet: no history to check
+        return ""
+    rows = _codemap_rows(artifacts)
+    v2_names = frozenset(rows.values())
+    orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    run_col, typ = quote_ident(host.run_id_column), quote_ident(host.type_column)
+    return f"""
+    SELECT (e.{typ})::text, CASE WHEN (to_jsonb(e) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                                 THEN (to_jsonb(e) ->> 'sequence')::bigint END
+    INTO v_type, v_seq
+    FROM {events.table} e
+    WHERE e.{run_col} = CAST(({run_expr}) AS {events.run_id_type})
+      AND (({source_expr}) = 'created'
+           OR e.{typ} IS NULL
+           OR NOT ((e.{typ})::text = ANY ({text_array_literal(v2_names)})
+                   OR (pg_catalog.strpos((e.{typ})::text, '.') > 0
+                       AND pg_catalog.split_part((e.{typ})::text, '.', 1) = ANY ({text_array_literal(orgs)}))))
+    LIMIT 1;
+    IF FOUND THEN
+        v_run := ({run_expr});
+        {_raise_sql("era2_write_refused",
+                    "format('run %s cannot be stamped era 3: it already holds events written in era 2 (type %s at "
+                    "sequence %s)%s, and an era-3 log takes no era-2 write', quote_nullable(v_run), "
+                    "quote_nullable(v_type), coalesce(v_seq::text, 'unknown'), CASE WHEN (" + source_expr + ") = "
+                    "'created' THEN ' before its runs row was created' ELSE '' END)",
+                    "convert the run with openwop-seat backfill (it rewrites its events and stamps it in one "
+                    "transaction), or create the run under a new id")}
+    END IF;"""
+
+
+def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, events: EventsRef | None = None) -> str:
+    arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
     if host.era_column is None:
         write = f"""INSERT INTO {SCHEMA}.run_era (run_id, era, source)
     VALUES (stamp_run.run, 3, coalesce(stamp_run.source, 'unknown'))
     ON CONFLICT (run_id) DO NOTHING;"""
     else:
         col, key = quote_ident(host.era_column), quote_ident(host.run_id_column)
-        arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
         write = f"""UPDATE {quote_qualified(host.runs_table)} SET {col} = 3
     WHERE {key} = {arg} AND {col} IS DISTINCT FROM 3;"""
+    check = _history_check_sql(artifacts, host, events, "stamp_run.run", "stamp_run.source") if artifacts else ""
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.stamp_run(run text, source text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
+DECLARE
+    v_type text;
+    v_run text;
+    v_seq bigint;
+    v_sentence text;
 BEGIN
     IF stamp_run.run IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'null_value_not_allowed', MESSAGE = 'openwop_seat.stamp_run: run is NULL';
     END IF;
     PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(stamp_run.run));
+    IF {era_sql(host, arg)} = 3 THEN
+        RETURN false;  -- stamped already: nothing to check, nothing to write
+    END IF;{check}
     {write}
     RETURN FOUND;
 END
@@ -836,6 +964,143 @@ $ow$;
 """
 
 
+def _on_event_inserted_sql(artifacts, host: HostConfig) -> str:
+    """The final check of an append (AFTER INSERT): the stored row, whatever BEFORE triggers did to it.
+
+    A host trigger that fires after ``zz_openwop_seat_append`` (a name sorting later, or one added by a role
+    with only TRIGGER on the table) may change the row's run or type after the append guard judged it.  This
+    one judges what was stored: it takes the stored run's lock, reads its era again, and refuses an era-2
+    write into an era-3 run, a v2 writer's row outside v2 vocabulary in an era-3 run, and one outside the
+    v1 spellings the guard stores in an era-2 run.
+    """
+    rows = _codemap_rows(artifacts)
+    v2_names = frozenset(rows.values())
+    identity = frozenset(v1 for v1, v2 in rows.items() if v1 == v2)
+    preimages: dict[str, list[str]] = {}
+    for v1, v2 in rows.items():
+        preimages.setdefault(v2, []).append(v1)
+    stored_v1 = frozenset(v1s[0] for v2, v1s in preimages.items() if v2 not in identity and len(v1s) == 1) | identity
+    orgs = frozenset(artifacts.vendor_orgs) - frozenset(artifacts.reserved_orgs)
+    run = f"NEW.{quote_ident(host.run_id_column)}"
+    typ = f"NEW.{quote_ident(host.type_column)}"
+    where = "format('event type %s stored in %s run %s at sequence %s', quote_nullable(v_type), "
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_inserted()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({run})::text;
+    v_type text := ({typ})::text;
+    v_key bigint;
+    v_era smallint;
+    v_major smallint;
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    IF v_run IS NOT NULL THEN
+        v_key := {SCHEMA}.run_lock_key(v_run);
+        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
+                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
+                                     quote_nullable(v_run), current_setting('transaction_isolation'));
+            END IF;
+            PERFORM pg_advisory_xact_lock_shared(v_key);
+        END IF;
+    END IF;
+    v_era := {era_sql(host, run)};
+    -- An era-2 row in a spelling the guard stores for a v2 writer is right for every writer: no need to ask
+    -- who wrote it (session_major() is the costly part of the check).
+    IF v_era IS DISTINCT FROM 3 AND (v_type = ANY ({text_array_literal(stored_v1)})
+        OR (pg_catalog.strpos(v_type, '.') > 0
+            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
+        RETURN NULL;
+    END IF;
+    v_major := {SCHEMA}.session_major();
+    IF v_major IS DISTINCT FROM 2 AND v_era IS DISTINCT FROM 3 THEN
+        RETURN NULL;
+    END IF;
+    IF v_major = 2 AND v_type IS NOT NULL AND (
+        v_type = ANY (CASE WHEN v_era = 3 THEN {text_array_literal(v2_names)}
+                           ELSE {text_array_literal(stored_v1)} END)
+        OR (pg_catalog.strpos(v_type, '.') > 0
+            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
+        RETURN NULL;
+    END IF;
+    v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                  THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;
+    IF v_major IS DISTINCT FROM 2 THEN
+        {_raise_sql("era2_write_refused",
+                    where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || "
+                    "' by a writer that is not a v2 writer (major 1, raw, or a session the seat has not "
+                    "claimed): an era-3 log takes no era-2 write'",
+                    "appends to an era-3 run come from a session the seat claimed as major 2; a trigger that "
+                    "changes an event's run or type after the seat's check does not change that")}
+    END IF;
+    IF v_type IS NULL THEN
+        {_raise_sql("event_row_malformed",
+                    "format('the event row stored in run %s at sequence %s has a NULL type', "
+                    "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))")}
+    END IF;
+    {_raise_sql("event_type_unmapped",
+                where + "CASE WHEN v_era = 3 THEN 'era-3' ELSE 'era-2' END, quote_nullable(v_run), "
+                "coalesce(v_seq::text, 'unknown')) || CASE WHEN v_era = 3 THEN ' is not in v2 vocabulary' "
+                "ELSE ' is not a v1 spelling the seat stores for a v2 writer' END || "
+                "' (a trigger changed the row after the seat''s check)'")}
+END
+$ow$;
+"""
+
+
+def _update_era3_sql(host: HostConfig) -> str:
+    """An UPDATE of any column of an event of an era-3 run, by a session not claimed major 2: refused."""
+    old_run, new_run = f"OLD.{quote_ident(host.run_id_column)}", f"NEW.{quote_ident(host.run_id_column)}"
+    old_type = f"OLD.{quote_ident(host.type_column)}"
+    allow = ""
+    if host.maintenance_role is not None:
+        allow = f"""IF current_user = {quote_literal(host.maintenance_role)} THEN
+        RETURN NULL;
+    END IF;
+    """
+    # backfill --restore (the owner of openwop_seat, naming the run in REWRITE_SETTING) puts an era-3 run's rows back.
+    allow += f"""IF {old_run} IS NOT DISTINCT FROM {new_run}
+       AND ({old_run})::text = current_setting({quote_literal(REWRITE_SETTING)}, true)
+       AND {_owner_sql()} THEN
+        RETURN NULL;
+    END IF;
+    """
+    # SECURITY INVOKER: current_user is the role that runs the UPDATE (the era stores are readable by PUBLIC).
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_update_era3()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({old_run})::text;
+    v_type text := ({old_type})::text;
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    {allow}IF v_run IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
+    END IF;
+    IF {era_sql(host, old_run)} = 3 OR {era_sql(host, new_run)} = 3 THEN
+        v_seq := CASE WHEN (to_jsonb(OLD) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                      THEN (to_jsonb(OLD) ->> 'sequence')::bigint END;
+        {_raise_sql("era2_write_refused",
+                    "format('UPDATE of the event of type %s in era-3 run %s at sequence %s by a writer that is not "
+                    "a v2 writer (major 1, raw, or a session the seat has not claimed): an era-3 log takes no "
+                    "era-2 write', quote_nullable(v_type), quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))",
+                    "the events of an era-3 run change only through a session the seat claimed as major 2")}
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+"""
+
+
 def _owner_sql() -> str:
     """A boolean SQL expression: current_user is the owner of stamp_run (the owner of openwop_seat)."""
     return (f"current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p "
@@ -850,7 +1115,7 @@ def _owner_or_maintenance_sql(host: HostConfig) -> str:
     return f"(current_user = {quote_literal(host.maintenance_role)} OR {owner})"
 
 
-def _on_run_insert_sql(host: HostConfig) -> str:
+def _on_run_insert_sql(host: HostConfig, artifacts=None, events: EventsRef | None = None) -> str:
     key = f"NEW.{quote_ident(host.run_id_column)}"
     if host.era_column is None:
         # AFTER INSERT, only for major-2 sessions (the trigger's WHEN).
@@ -862,8 +1127,9 @@ def _on_run_insert_sql(host: HostConfig) -> str:
     RETURN NULL;"""
     else:
         # BEFORE INSERT, only for major-2 sessions (the trigger's WHEN): stamp_run's lock, then the column.
+        check = _history_check_sql(artifacts, host, events, f"({key})::text", "'created'") if artifacts else ""
         body = f"""IF {key} IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));
+        PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(({key})::text));{check}
     END IF;
     NEW.{quote_ident(host.era_column)} := 3;
     PERFORM pg_catalog.nextval('{SCHEMA}.runs_stamped_created');
@@ -873,6 +1139,11 @@ CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_insert()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 {_PINNED}
 AS $ow$
+DECLARE
+    v_type text;
+    v_run text;
+    v_seq bigint;
+    v_sentence text;
 BEGIN
     {body}
 END
@@ -987,9 +1258,14 @@ CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {runs} FOR EACH ROW
         out.append(Trigger(host.events_table, name, f"""
 CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {events} FOR EACH ROW
     EXECUTE FUNCTION {SCHEMA}.on_event_insert();"""))
+        # The final checks are AFTER ROW triggers: they see the row as stored, after every BEFORE trigger.
+        name = TRIGGER_PREFIX + "append_check"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER INSERT ON {events} FOR EACH ROW
+    EXECUTE FUNCTION {SCHEMA}.on_event_inserted();"""))
         name = TRIGGER_PREFIX + "update"
         out.append(Trigger(host.events_table, name, f"""
-CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {events} FOR EACH ROW
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     WHEN (OLD.{typ} IS DISTINCT FROM NEW.{typ} OR OLD.{run} IS DISTINCT FROM NEW.{run})
     EXECUTE FUNCTION {SCHEMA}.on_event_update();"""))
         # The payloads-clean mark (proxy.relations): a write that breaks it removes it.
@@ -997,10 +1273,16 @@ CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {events} FOR EACH ROW
         out.append(Trigger(host.events_table, name, f"""
 CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE ON {events} FOR EACH ROW
     EXECUTE FUNCTION {SCHEMA}.on_event_clean();"""))
+        name = TRIGGER_PREFIX + "update_era3"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
+    EXECUTE FUNCTION {SCHEMA}.on_event_update_era3();"""))
     return tuple(out)
 
 
-def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None) -> str:
+def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
+                    events: EventsRef | None = None) -> str:
     """The writer rule's functions (CREATE OR REPLACE; the triggers are :func:`writer_triggers`).
 
     Known limit: with ``[host] era_column``, an append under REPEATABLE READ or
@@ -1009,9 +1291,10 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None)
     is still detected).  The run_era store detects it (see the module
     docstring); the host's runs table cannot be probed the same way.
     """
-    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type),
-                    _on_event_insert_sql(artifacts, host), _on_run_insert_sql(host), _on_run_update_sql(host),
-                    _on_event_update_sql(host)))
+    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
+                    _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
+                    _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
+                    _update_era3_sql(host)))
 
 
 # Every role may call these (claim checks its secret; session_major tells a
@@ -1038,6 +1321,7 @@ PUBLIC_FUNCTIONS = (
     "era_now(text)",
     "returned_v2p(text, jsonb, text, bigint, text, text, text)",
     "claim(text, integer)",
+    "claim_challenge()",
     "session_major()",
     "run_lock_key(text)",
 )
@@ -1045,7 +1329,9 @@ PUBLIC_FUNCTIONS = (
 PRIVATE_FUNCTIONS = (
     "stamp_run(text, text)",
     "on_event_insert()",
+    "on_event_inserted()",
     "on_event_update()",
+    "on_event_update_era3()",
     "on_run_insert()",
     "on_run_update()",
 )
@@ -1053,7 +1339,7 @@ FUNCTIONS = PUBLIC_FUNCTIONS + PRIVATE_FUNCTIONS
 
 
 def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
-                         writer_host: HostConfig | None = None) -> str:
+                         writer_host: HostConfig | None = None, events: EventsRef | None = None) -> str:
     """The DDL of every artifact-dependent function (CREATE OR REPLACE; idempotent), and their grants.
 
     ``writer_host``: ``host`` with the runs table schema-qualified (see
@@ -1075,7 +1361,7 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
                     _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
                     read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
-                    writer_rule_sql(artifacts, writer_host or host, run_id_type))) + "\n" + grants + "\n"
+                    writer_rule_sql(artifacts, writer_host or host, run_id_type, events))) + "\n" + grants + "\n"
 
 
 # --- connecting ----------------------------------------------------------------------
@@ -1293,6 +1579,97 @@ async def qualified_host(conn, host: HostConfig) -> HostConfig:
     return replace(host, runs_table=f"{row['nspname']}.{row['relname']}")
 
 
+async def events_ref(conn, host: HostConfig) -> EventsRef:
+    """The events table (which exists) schema-qualified, and the type of its run id column; SchemaError when the
+    connected role (the owner of openwop_seat) cannot read it: stamp_run reads a run's events before it stamps."""
+    row = await conn.fetchrow(
+        "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS t, "
+        "pg_catalog.format_type(a.atttypid, a.atttypmod) AS run_type, "
+        "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS readable "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 AND NOT a.attisdropped "
+        "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(host.events_table), host.run_id_column)
+    if row is None:  # pragma: no cover - writer_tables found it with the column
+        raise SchemaError(f"the events table {host.events_table!r} (host.events_table) does not exist")
+    if not row["readable"]:
+        role = await conn.fetchval("SELECT current_user")
+        raise SchemaError(f"the migrating role (the owner of openwop_seat) cannot read the events table "
+                          f"{host.events_table!r}: stamp_run reads a run's events before it stamps the run era 3 "
+                          f"(a run with era-2 events is not stamped): GRANT SELECT ON {row['t']} TO {role}")
+    return EventsRef(row["t"], row["run_type"])
+
+
+# What the database runs for the writer rule, as text that does not depend on the session (search_path is set
+# to pg_catalog for the query, so every name outside it comes out schema-qualified): one hash over every
+# function of openwop_seat (signature, SECURITY DEFINER, its SET clauses, owner, body), and one per trigger
+# that runs one (its definition and enabled state), keyed by table and name.  migrate records them in meta
+# (installed_sha256, JSON); verify, the periodic check and SIGHUP compare (ADR 0006).
+_INSTALLED_SQL = """
+SELECT 'functions' AS k, pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+    COALESCE(pg_catalog.string_agg(
+        p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')|'
+        || p.prosecdef::text || '|' || COALESCE(pg_catalog.array_to_string(p.proconfig, ','), '')
+        || '|' || pg_catalog.pg_get_userbyid(p.proowner)::text || '|' || p.prosrc,
+        E'\\n' ORDER BY p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)), ''), 'UTF8')), 'hex') AS v
+FROM pg_catalog.pg_proc p
+WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+UNION ALL
+SELECT t.tgrelid::pg_catalog.regclass::text || ' ' || t.tgname::text,
+       pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+           pg_catalog.pg_get_triggerdef(t.oid) || '|' || t.tgenabled::text, 'UTF8')), 'hex')
+FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'openwop_seat')
+  AND NOT t.tgisinternal"""
+
+
+async def installed_objects(conn) -> dict[str, str]:
+    """The hashes of the writer rule's functions and triggers as the database has them (see _INSTALLED_SQL)."""
+    if conn.is_in_transaction():  # migrate's: set the path for this query only
+        old = await conn.fetchval("SELECT pg_catalog.current_setting('search_path')")
+        await conn.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog', true)")
+        rows = await conn.fetch(_INSTALLED_SQL)  # (an error aborts the transaction: nothing to restore)
+        await conn.execute("SELECT pg_catalog.set_config('search_path', $1, true)", old)
+    else:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL search_path TO pg_catalog")
+            rows = await conn.fetch(_INSTALLED_SQL)
+    return {r["k"]: r["v"] for r in rows}
+
+
+async def installed_fingerprint(conn) -> str:
+    """What meta.installed_sha256 holds: :func:`installed_objects` as canonical JSON."""
+    return json.dumps(await installed_objects(conn), sort_keys=True, separators=(",", ":"))
+
+
+async def check_installed(conn, meta: dict[str, str]) -> None:
+    """SchemaError unless the functions, and each trigger that is there, are as migrate installed them.
+
+    A trigger that is missing (or a table that is gone) is :func:`check_writer_rule`'s business; one that is
+    there must be the one migrate installed, not replaced (``WHEN (false)``) or re-enabled otherwise.
+    """
+    raw = meta.get("installed_sha256")
+    try:
+        recorded = json.loads(raw) if raw is not None else None
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise SchemaTooOld(f"{SCHEMA}.meta records no usable installed_sha256 (the fingerprint of the writer "
+                           f"rule's functions and triggers): run `openwop-seat migrate` with this release")
+    now = await installed_objects(conn)
+    changed = []
+    if now.get("functions") != recorded.get("functions"):
+        changed.append(f"a function of {SCHEMA} was replaced, added or removed")
+    for key, value in sorted(now.items()):
+        if key != "functions" and value != recorded.get(key):
+            table, _, name = key.rpartition(" ")
+            changed.append(f"trigger {name} on {table} is not the one migrate installed (replaced, or its "
+                           f"enabled state changed)")
+    if changed:
+        raise SchemaError(
+            f"the writer rule is not in force as `openwop-seat migrate` installed it: {'; '.join(changed)}; run "
+            f"`openwop-seat migrate` and find out who changed it")
+
+
 async def _seat_triggers(conn) -> dict[tuple[int, str], str]:
     """Every trigger that runs a function of openwop_seat: (table oid, name) -> tgenabled."""
     rows = await conn.fetch(
@@ -1382,6 +1759,24 @@ def load_claim_secret(config: Config) -> str | None:
     return secret
 
 
+def claim_key(salt: str, secret: str) -> bytes:
+    """The claim's HMAC key: SHA-256 of ``salt || secret`` (UTF-8); its hex is what ``claim_secret.hash`` holds."""
+    return hashlib.sha256((salt + secret).encode("utf-8")).digest()
+
+
+def claim_proof(secret: str, challenge_answer: str, major: int) -> str:
+    """The proof ``claim(proof, major)`` verifies, for what ``claim_challenge()`` returned (``salt:challenge``)."""
+    salt, _, challenge = challenge_answer.partition(":")
+    return hmac.new(claim_key(salt, secret), f"openwop_seat.claim:{challenge}:{major}".encode("utf-8"),
+                    hashlib.sha256).hexdigest()
+
+
+async def claim_async(conn, secret: str, major: int):
+    """Claim ``major`` on an asyncpg connection as the seat does: the claim row ``(claim, owns openwop_seat)``."""
+    challenge = await conn.fetchval(CHALLENGE_SQL)
+    return await conn.fetchrow(CLAIM_SQL, claim_proof(secret, challenge, major), major)
+
+
 def claim_secret_hash(salt: str, secret: str) -> str:
     """What ``claim_secret.hash`` holds: hex SHA-256 of ``salt || secret`` in UTF-8 (as ``claim`` computes it)."""
     return hashlib.sha256((salt + secret).encode("utf-8")).hexdigest()
@@ -1466,6 +1861,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
                           f"it needs PostgreSQL 14 or newer")
     run_id_type = await check_era_column(conn, config.host) if config.host.era_column is not None else None
     tables = await writer_tables(conn, config.host)
+    events = await events_ref(conn, config.host) if "events" in tables else None  # before anything changes
     sees_sessions = await conn.fetchval(
         "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')")
     owner_problem = ("the migrating role (the owner of openwop_seat's functions) cannot see other roles' sessions "
@@ -1498,8 +1894,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     triggers = writer_triggers(config.host, tables)
     writer_host = await qualified_host(conn, config.host)
     columns = await relations.events_columns(conn, config.host) if "events" in tables else None
-    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host)
-           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns) if columns is not None else "")
+    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
+           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns)
+              if columns is not None else "")
            + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)
     installed = False
@@ -1508,7 +1905,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         meta = await read_meta(conn) or {}
         expected = await _expected_triggers(conn, triggers)
         missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
-        if not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
+        # A function or trigger changed since the last migrate (not by one): install again rather than bless it.
+        tampered = await installed_fingerprint(conn) != meta.get("installed_sha256")
+        if tampered or not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
                 and not missing and not stray
                 and (columns is None or not await relations.relation_problems(conn, config.host))):
@@ -1523,6 +1922,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
                                       "objects_sha256": fingerprint})
             installed = True
+        now = await installed_fingerprint(conn)
+        if meta.get("installed_sha256") != now:
+            await _upsert_meta(conn, {"installed_sha256": now})
     if installed:
         old = meta.get("artifact_digest")
         line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
@@ -1575,6 +1977,7 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
     if config.host.era_column is not None:
         await check_era_column(conn, config.host)
     await check_writer_rule(conn, config)
+    await check_installed(conn, meta)
 
 
 def cmd_migrate(config: Config, dsn: str) -> int:

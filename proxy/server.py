@@ -211,7 +211,7 @@ async def check_claim_secret(config: Config, secret: str) -> None:
 
     conn = await schema.connect(config.host.dsn)
     try:
-        await conn.execute(schema.CLAIM_SQL, secret, 1)
+        await schema.claim_async(conn, secret, 1)
     except asyncpg.PostgresError as e:
         raise schema.SchemaError(f"the claim secret cannot claim sessions in the host database: {e} "
                                  "(is it the secret `openwop-seat migrate` installed?)") from None
@@ -290,6 +290,11 @@ class SeatServer:
         self.read_context: ReadContext | None = None
         self.claim_secret: str | None = None  # None: sessions are not claimed, every writer is v1
         self._reload_lock = asyncio.Lock()
+        # The writer rule as the last check found it (ADR 0006): "" in force, else why not.  While it is not,
+        # new sessions on the host database are refused.
+        self.writer_rule_broken = ""
+        self._checks_done = 0
+        self._check_lock = asyncio.Lock()
 
     @property
     def port(self) -> int:
@@ -310,6 +315,8 @@ class SeatServer:
             else:
                 await check_claim_secret(self.config, self.claim_secret)
             self._spawn(self._watch_relations())
+        if self.read_context is not None and self.config.host.check_interval > 0:
+            self._spawn(self._check_writer_rule_periodically())
         listen = self.config.listen
         self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
                                                   reuse_address=True, backlog=1024,
@@ -361,6 +368,59 @@ class SeatServer:
             if derived != ev.derived_oids or derived_payload != ev.derived_payload_oids:
                 ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
 
+    async def check_writer_rule(self) -> str:
+        """Check that the writer rule is in force as migrate installed it (``schema.verify``: layout, digest,
+        triggers present and enabled, the fingerprint of the functions and triggers); "" or why not.
+
+        A database that cannot be reached leaves the last verdict as it was (sessions fail on their own then).
+        """
+        import asyncpg
+
+        from . import schema
+
+        ctx = self.read_context
+        if ctx is None:
+            return ""
+        try:
+            await asyncio.wait_for(schema.verify(self.config.host.dsn, self.config, ctx.artifacts),
+                                   self.config.connect_timeout)
+            why = ""
+        except schema.SchemaError as e:
+            why = str(e)
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            self.stats.writer_rule_checks["error"] += 1
+            log.warning("writer rule check: host database (host.dsn) unreachable: %s", e)
+            return self.writer_rule_broken
+        self.stats.writer_rule_checks["broken" if why else "ok"] += 1
+        self._checks_done += 1
+        if why and why != self.writer_rule_broken:
+            log.error("the writer rule is not in force: new sessions on the host database are refused",
+                      extra={"fields": {"why": why}})
+        elif not why and self.writer_rule_broken:
+            log.warning("the writer rule is in force again: new sessions on the host database are accepted")
+        self.writer_rule_broken = why
+        return why
+
+    async def writer_rule_refusal(self) -> str:
+        """Why a new session on the host database is refused, or "": while the last check found the writer rule
+        broken, each new session checks again (one check at a time, shared by the sessions that wait for it), so
+        that a repair is seen at once."""
+        if not self.writer_rule_broken:
+            return ""
+        seen = self._checks_done
+        async with self._check_lock:
+            if self._checks_done == seen:  # no check finished while this session waited: run one
+                await self.check_writer_rule()
+        return self.writer_rule_broken
+
+    async def _check_writer_rule_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.host.check_interval)
+            try:
+                await self.check_writer_rule()
+            except Exception:  # pragma: no cover - a bug must not stop the checks
+                log.exception("writer rule check failed")
+
     def on_host_database(self, params: dict[str, str]) -> bool:
         ctx = self.read_context
         return ctx is not None and params.get("database", params.get("user")) == ctx.database
@@ -391,6 +451,8 @@ class SeatServer:
             writer.close()
         except (OSError, asyncio.TimeoutError) as e:
             return False, f"upstream {up} unreachable: {e}"
+        if self.writer_rule_broken:
+            return False, f"writer rule not in force: {self.writer_rule_broken}"
         ctx = self.read_context
         if ctx is not None:
             # The host database still holds this seat's schema for these artifacts (`schema.verify`), checked on
@@ -444,6 +506,7 @@ class SeatServer:
         async with self._reload_lock:
             old = self.config
             log.info("reloading", extra={"fields": {"config": old.source or "(defaults)"}})
+            await self.check_writer_rule()  # SIGHUP checks the writer rule whatever becomes of the reload
             try:
                 new = load_config(old.source).with_overrides(**dict(old.overrides))
                 restart = [key for name, key in RESTART_KEYS.items()

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Callable
 from .wire import messages
 from .errors import BY_SQLSTATE
 from .reader import ReadPath, ReadPathError
-from .schema import CLAIM_SQL as schema_claim_sql
+from .schema import CHALLENGE_SQL as schema_challenge_sql, CLAIM_PARAM_OIDS, CLAIM_SQL as schema_claim_sql, claim_proof
+from .startup import StartupRefused, parse_startup
 from .wire.codec import (
     FRONTEND_TYPES,
     HELD,
@@ -47,7 +48,8 @@ ANSWERED_FRONTEND = frozenset(b"QSF")
 RAW_COUNTED = frozenset(b"QSF")
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
-                   "08P01": "protocol_violation", "57P01": "shutting_down"}
+                   "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
+                   "57P03": "writer_rule_not_in_force"}
 
 # With a read path, the client messages it rewrites or accounts for (and Terminate, for the session state)…
 READ_FRONTEND = frozenset(b"QPBDECSFX")
@@ -66,6 +68,7 @@ log = logging.getLogger("openwop_seat.session")
 _session_ids = itertools.count(1)
 
 CLAIM_SQL = schema_claim_sql.encode()
+CHALLENGE_SQL = schema_challenge_sql.encode()
 
 
 class UpstreamUnavailable(Exception):
@@ -225,6 +228,10 @@ class Session:
         self._claim_secret: str | None = None  # set for major-2 sessions on the host database
         self._claiming = False  # the seat's own claim statement is in flight
         self._claim_buf = bytearray()
+        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
+        self._claim_held = 0  # bytes held from the client until its claim is done
+        self._pre_ready = bytearray()  # …of which an incomplete message
+        self._claim_timer: asyncio.TimerHandle | None = None
         self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
         self._client_backlog: list[bytes] = []
         self._client_framer: EditFramer | None = None  # with a read path: frames the client's stream…
@@ -313,10 +320,14 @@ class Session:
         self.close("cancel forwarded")
 
     async def _start(self, startup: StartupMessage) -> None:
-        self.params = startup.params
-        spoof = _seat_settings_in_startup(self.params)
-        if spoof:
-            raise ProtocolViolation(spoof, sqlstate="42501")
+        self.params = dict(startup.params)
+        try:
+            # As PostgreSQL reads the packet (options split with escapes, -c and --name=value, an empty database
+            # meaning the user's): the allowlist of settings, and the database that decides the major and the claim.
+            parsed = parse_startup(self.params)
+        except StartupRefused as e:
+            raise ProtocolViolation(str(e), sqlstate=e.sqlstate) from None
+        self.params["user"], self.params["database"] = parsed.user, parsed.database
         limit = self.config.max_client_conn
         if sum(1 for s in self.server.sessions if s.major is not None and not s.closed) >= limit:
             # As PgBouncer does: answered after the startup packet, before any upstream connection.
@@ -338,6 +349,15 @@ class Session:
         if self.reader is not None:
             self._client_framer = EditFramer(READ_FRONTEND, FRONTEND_TYPES)
             self._upstream_splitter = StreamSplitter()
+        if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
+            # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
+            why = await self.server.writer_rule_refusal()
+            if self.closed:  # the client left meanwhile
+                return
+            if why:
+                self._fail_client("57P03", "openwop-seat accepts no new session on the host database while the "
+                                           f"writer rule is not in force: {why}", reason="writer rule not in force")
+                return
         if self.server.on_host_database(self.params):
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
@@ -358,8 +378,14 @@ class Session:
         up.write(startup.raw)
         self.bytes_in += len(startup.raw)
         up.sink = self._from_upstream
-        self.client.sink = self._from_client
-        for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
+        # A session to be claimed: until the claim is done, only authentication messages reach the server, so
+        # nothing the client sends can run before the claim or be taken for its answer (ADR 0006).
+        client_sink = self._from_client if self._claim_secret is None else self._client_before_ready
+        if self._claim_secret is not None:
+            self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout,
+                                                                      self._claim_timed_out)
+        self.client.sink = client_sink
+        for peer, sink in ((up, self._from_upstream), (self.client, client_sink)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
                 peer.buffer.clear()
@@ -549,12 +575,61 @@ class Session:
         self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
 
     def _send_claim(self) -> None:
-        """Call openwop_seat.claim(secret, major) on the session, the secret a bind parameter."""
-        secret, major = self._claim_secret.encode(), (b"2" if self.major == 2 else b"1")
-        params = struct.pack("!i", len(secret)) + secret + struct.pack("!i", len(major)) + major
+        """Start the claim (ADR 0006): ask the backend for a challenge; :meth:`_claim_answer` proves the secret.
+
+        While the claim is in flight the client is not read from (the kernel's socket buffer holds what it
+        sends), and what was read already is held, at most ``proxy.claim_buffer_limit`` bytes.
+        """
         self._claiming = True
+        self._claim_phase = 1
+        _set_reading(self.client, False)
         self.upstream.write(
-            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00\x00\x00")
+            messages.message(b"P", b"\x00" + CHALLENGE_SQL + b"\x00\x00\x00")
+            + messages.message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
+            + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+            + messages.message(b"S"))
+
+    def _client_before_ready(self, data: bytes) -> None:
+        """The client's bytes from its startup packet until the claim is done: while the server authenticates,
+        authentication messages ('p') go through; every other message is held, at most
+        ``proxy.claim_buffer_limit`` bytes, and forwarded once the claim is done."""
+        self._claim_held += len(data)
+        if self._claim_held > self.config.claim_buffer_limit:
+            self._fail_client("54000", f"the client sent more than {self.config.claim_buffer_limit} bytes before "
+                                       f"its session was ready (proxy.claim_buffer_limit)", reason="claim buffer full")
+            return
+        pending = self._pre_ready
+        pending += data
+        while len(pending) >= 5:
+            (length,) = struct.unpack_from("!i", pending, 1)
+            if length < 4 or len(pending) < 1 + length:
+                break  # incomplete (a bad length is the relay's to report, once the held bytes reach it)
+            message = bytes(pending[:1 + length])
+            if (message[0] == 0x70 and not self._client_backlog and not self._claiming
+                    and self.state.phase is Phase.AUTHENTICATING):
+                self.upstream.write(message)  # a password or SASL message: authentication needs it now
+                self.bytes_in += len(message)
+                self._claim_held -= len(message)
+            else:
+                self._client_backlog.append(message)
+            del pending[:1 + length]
+
+    def _claim_timed_out(self) -> None:
+        if self.client.sink == self._client_before_ready and not self.closed:
+            self._fail_client("08006", f"timeout: authentication and the claim of this session's major took longer "
+                                       f"than {self.config.startup_timeout} s (proxy.startup_timeout)",
+                              reason="claim timeout")
+
+    def _send_proof(self, challenge: str) -> None:
+        """The second half of the claim: the proof for this backend's challenge, never the secret."""
+        major = 2 if self.major == 2 else 1
+        proof = claim_proof(self._claim_secret, challenge, major).encode()
+        major_text = str(major).encode()
+        params = struct.pack("!i", len(proof)) + proof + struct.pack("!i", len(major_text)) + major_text
+        oids = struct.pack("!h", len(CLAIM_PARAM_OIDS)) + b"".join(struct.pack("!I", o) for o in CLAIM_PARAM_OIDS)
+        self._claim_phase = 2
+        self.upstream.write(
+            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00" + oids)
             + messages.message(b"B", b"\x00\x00\x00\x00\x00\x02" + params + b"\x00\x00")
             + messages.message(b"E", b"\x00\x00\x00\x00\x00")
             + messages.message(b"S"))
@@ -564,11 +639,13 @@ class Session:
         if not self.upstream_walker.at_boundary:
             return
         answer, self._claim_buf = bytes(self._claim_buf), bytearray()
-        error, done, pos, owns_schema = None, False, 0, False
+        error, done, pos, owns_schema, first = None, False, 0, False, None
         for t, body in messages.iter_messages(answer):
             pos += 5 + len(body)
-            if t == 0x44:  # (claim, owns openwop_seat): the second column is 't' or 'f'
+            if t == 0x44:  # phase 1: (salt:challenge); phase 2: (claim, owns openwop_seat), 't' or 'f'
                 owns_schema = body.endswith(b"\x00\x00\x00\x01t")
+                (n,) = struct.unpack_from("!i", body, 2)
+                first = body[6:6 + n].decode("utf-8", "replace") if n >= 0 else None
             elif t == 0x45:
                 error = messages.parse_error_fields(body)
             elif t == 0x5A:
@@ -577,7 +654,15 @@ class Session:
         if not done:
             self._claim_buf = bytearray(answer)
             return
+        if error is None and self._claim_phase == 1:
+            if first is None or ":" not in first:
+                error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
+            else:
+                self._send_proof(first)
+                return
         self._claiming = False
+        if self._claim_timer is not None:
+            self._claim_timer.cancel()
         if error is not None:
             log.error("session %s: claim failed: %s %s", self.id, error.get("C"), error.get("M"))
             self._fail_client(error.get("C", "XX000"),
@@ -595,8 +680,15 @@ class Session:
         self.bytes_out += len(self._held_ready)
         if answer[pos:]:
             self.client.write(answer[pos:])
+        self.client.sink = self._from_client
+        _set_reading(self.client, True)
+        if self._pre_ready:  # an incomplete message: the relay frames it with what follows
+            self._client_backlog.append(bytes(self._pre_ready))
+            self._pre_ready.clear()
         backlog, self._client_backlog = self._client_backlog, []
         for chunk in backlog:
+            if self.closed:
+                break
             self._from_client(chunk)
 
     def _auth_messages(self, data: bytes) -> bytes | None:
@@ -758,16 +850,6 @@ class Session:
         }
         fields.update(more)
         return fields
-
-
-def _seat_settings_in_startup(params: dict[str, str]) -> str:
-    """A clear refusal for startup parameters or -c options that try to set openwop_seat.* settings."""
-    for name, value in params.items():
-        if name.lower().startswith("openwop_seat."):
-            return f"startup parameter {name}: openwop_seat.* settings belong to the seat and cannot be set by a client"
-        if name == "options" and "openwop_seat." in value.lower():
-            return "startup options set openwop_seat.* settings, which belong to the seat and cannot be set by a client"
-    return ""
 
 
 def _upstream_reason(message: str) -> str:

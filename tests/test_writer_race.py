@@ -1,21 +1,26 @@
-"""Stamping races appends: three seats, v1 and v2 writers, a backfill stamping the runs they write to.
+"""Stamping races appends: three seats, v1 and v2 writers, a backfill converting and stamping the runs they
+write to, and a v2 host creating runs while a v1 host appends to their ids.
 
 Three seat processes share the test cluster's host database.  Through them,
 major-1 sessions (``application_name`` ``race-v1``) append v1 spellings and
 major-2 sessions append v2 names, with the host's own append path (``BEGIN``;
 ``pg_advisory_xact_lock(hashtext(run), 1)``; the next-sequence CTE with
 ``RETURNING``; ``COMMIT``), to a set of era-2 runs, while a direct superuser
-session (the owner of ``openwop_seat``) stamps those runs era 3 one by one with
-``SELECT openwop_seat.stamp_run($1, 'test')``, as a backfill does.  Everything
+session (the owner of ``openwop_seat``) converts and stamps those runs era 3 one
+by one, as ``backfill`` does (``stamp_run`` refuses a run whose events are not in
+v2 vocabulary, ADR 0006).  Meanwhile a v2 host creates new runs through one seat
+(stamped at creation) while a v1 host appends to the same ids through another.  Everything
 is chosen by ``random.Random(1234)``; every loop is bounded; it runs for
 ``SECONDS``.
 
 The oracle.  The stamper runs, in one READ COMMITTED transaction::
 
-    SELECT openwop_seat.stamp_run(run, 'test');       -- takes the run's lock exclusively
-    SELECT event_id FROM events WHERE run_id = run;   -- S: a fresh snapshot, after the lock
+    SELECT pg_advisory_xact_lock(openwop_seat.run_lock_key(run));  -- the run's lock, exclusively
+    SELECT event_id, type FROM events WHERE run_id = run;          -- S: a fresh snapshot, after the lock
+    UPDATE events SET type = <its v2 name> WHERE run_id = run …;  -- the conversion (openwop_seat.rewrite_run)
+    SELECT openwop_seat.stamp_run(run, 'test');
 
-``stamp_run`` returns only once every append in flight to the run has released
+The lock returns only once every append in flight to the run has released
 its shared lock, i.e. has committed (PostgreSQL releases a transaction's locks
 after its commit is visible) or rolled back, and no append can take the lock
 again until the stamp commits; so S is exactly the set of rows appended before
@@ -26,8 +31,9 @@ therefore leaves, in every stamped run:
    append that read era 2 and committed after the stamp; without the lock an
    append that reads era 2 just before the stamp's insert and commits after the
    stamper's snapshot lands exactly there);
-2. only v1 spellings in S (both writers store v1 spellings in an era-2 run), and
-   only v2 names outside S (after the stamp only major-2 appends succeed);
+2. only v1 spellings in S as read (both writers store v1 spellings in an era-2
+   run), each now stored as its v2 name, and only v2 names outside S (after the
+   stamp only major-2 appends succeed): no era-2 row in an era-3 run;
 3. every row of S before every row outside S in sequence order (the host's lock
    serializes a run's appends, so sequence order is commit order);
 4. no v1-spelled row sent after the stamp was acknowledged (each payload holds
@@ -36,6 +42,11 @@ and, on the client side: every append a v1 writer got refused failed with
 ``era2_write_refused`` (OW005) with its own envelope, into a run whose stamp
 had been sent, and left no row; every append that succeeded is stored, and
 its RETURNING row read back the name it sent; no major-2 append was refused.  The stamp rows themselves: era 3, source 'test', stamped within the run.
+
+For the created runs: each is either created (stamped ``created``, holding only
+the creator's v2 event and no v1 row) or refused with ``era2_write_refused``
+because a v1 row was there first (then era 2, with no runs row); both happen.
+Over every run of the test, no era-3 run holds a type outside v2 vocabulary.
 """
 
 from __future__ import annotations
@@ -97,6 +108,8 @@ class Shared:
     stamps: dict[str, Stamp] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # anything unexpected, from any thread
+    seen_types: dict[str, str] = field(default_factory=dict)  # event_id -> its type when the stamper read S
+    created: dict[str, tuple] = field(default_factory=dict)  # run -> (outcome of its creation, its early events)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -140,24 +153,84 @@ def writer(name: str, major: int, dsn: str, rng: random.Random, shared: Shared, 
             shared.failures.append(f"writer {name}: {type(e).__name__}: {e}")
 
 
+REWRITE = """UPDATE events e SET type = m.v2 FROM (SELECT * FROM unnest(%s::text[], %s::text[])) AS m(v1, v2)
+WHERE e.run_id = %s AND e.type = m.v1"""
+
+
 def stamper(dsn: str, rng: random.Random, shared: Shared, start: float) -> None:
+    """A backfill of each run in turn: its lock, its events (S), their types rewritten, its stamp; one transaction.
+
+    ``stamp_run`` refuses a run whose events are not in v2 vocabulary (ADR 0006), so the rows are converted
+    first, under the run's exclusive lock, as ``openwop-seat backfill`` does."""
+    v1s, v2s = list(V2_NAME), [V2_NAME[t] for t in V2_NAME]
     try:
-        with psycopg.connect(dsn) as conn:  # not autocommit: the stamp and the snapshot in one transaction
+        with psycopg.connect(dsn) as conn:  # not autocommit: lock, snapshot, rewrite and stamp in one transaction
             for i, run in enumerate(shared.order):
                 due = start + (i + 1) * SECONDS / (len(shared.order) + 1) + rng.uniform(-0.05, 0.05)
                 time.sleep(max(0.0, due - time.monotonic()))
                 sent = time.monotonic_ns()
                 with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(openwop_seat.run_lock_key(%s))", (run,))
+                    rows = conn.execute("SELECT event_id, type FROM events WHERE run_id = %s", (run,)).fetchall()
+                    conn.execute("SELECT set_config('openwop_seat.rewrite_run', %s, true)", (run,))
+                    conn.execute(REWRITE, (v1s, v2s, run))
                     (stamped,), = conn.execute("SELECT openwop_seat.stamp_run(%s, 'test')", (run,)).fetchall()
-                    seen = frozenset(e for (e,) in conn.execute("SELECT event_id FROM events WHERE run_id = %s",
-                                                                (run,)).fetchall())
                 done = time.monotonic_ns()
                 with shared.lock:
-                    shared.stamps[run] = Stamp(sent, done, stamped, seen)
+                    shared.stamps[run] = Stamp(sent, done, stamped, frozenset(e for e, _ in rows))
+                    shared.seen_types.update(dict(rows))
                     shared.next_stamp = i + 1
     except Exception as e:  # noqa: BLE001 - reported by the test
         with shared.lock:
             shared.failures.append(f"stamper: {type(e).__name__}: {e}")
+
+
+NEW_RUNS = 40  # runs a v2 writer creates while a v1 writer appends to the same ids
+
+
+def creator(dsn: str, rng: random.Random, shared: Shared, runs: list[str], deadline: float) -> None:
+    """A v2 host creating runs (stamped era 3 at creation), then appending one v2 event to each it created."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
+            for run in runs:
+                time.sleep(max(0.0, min(rng.uniform(0.0, 0.15), deadline - time.monotonic())))
+                try:
+                    conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'race')", (run,))
+                    outcome: tuple = ("created",)
+                    conn.execute(APPEND, {"run": run, "event": f"{run}-v2", "type": V2_RENAMED[0], "node": "c",
+                                          "payload": json.dumps({"sent": time.monotonic_ns()}),
+                                          "ts": datetime.now(timezone.utc)})
+                except psycopg.Error as e:
+                    outcome = ("refused", e.sqlstate, e.diag.message_primary)
+                with shared.lock:
+                    shared.created[run] = outcome
+    except Exception as e:  # noqa: BLE001 - reported by the test
+        with shared.lock:
+            shared.failures.append(f"creator: {type(e).__name__}: {type(e).__name__}: {e}")
+
+
+def early_writer(dsn: str, rng: random.Random, shared: Shared, runs: list[str], deadline: float) -> None:
+    """A v1 host appending to the ids the creator is about to create (or has): before, they land in an era-2
+    run without a row (and the creation must then be refused); after, they are refused."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (1,)
+            for n in range(MAX_APPENDS):
+                if time.monotonic() >= deadline:
+                    break
+                run = rng.choice(runs)
+                params = {"run": run, "event": f"{run}-early-{n}", "type": RENAMED[0], "node": "early",
+                          "payload": json.dumps({"sent": time.monotonic_ns()}), "ts": datetime.now(timezone.utc)}
+                try:
+                    conn.execute(APPEND, params)
+                except psycopg.Error as e:
+                    if e.sqlstate != "OW005":
+                        raise
+                time.sleep(rng.uniform(0.0, 0.05))
+    except Exception as e:  # noqa: BLE001 - reported by the test
+        with shared.lock:
+            shared.failures.append(f"early writer: {type(e).__name__}: {e}")
 
 
 def test_stamps_racing_appends_through_three_seats(race_seats, pg):
@@ -184,6 +257,13 @@ def test_stamps_racing_appends_through_three_seats(race_seats, pg):
                     name, major, dsn, random.Random(master.getrandbits(64)), shared, runs, deadline)))
     threads.append(threading.Thread(target=stamper, daemon=True,
                                     args=(pg.dsn(), random.Random(master.getrandbits(64)), shared, start)))
+    new_runs = [f"race-{tag}-new-{i:02d}" for i in range(NEW_RUNS)]
+    threads.append(threading.Thread(target=creator, daemon=True, args=(
+        race_seats[0].dsn(user="host_user", application_name="race-v2"), random.Random(master.getrandbits(64)),
+        shared, new_runs, deadline)))
+    threads.append(threading.Thread(target=early_writer, daemon=True, args=(
+        race_seats[1].dsn(user="host_user", application_name="race-v1"), random.Random(master.getrandbits(64)),
+        shared, new_runs, deadline)))
     for t in threads:
         t.start()
     for t in threads:
@@ -219,13 +299,47 @@ def test_stamps_racing_appends_through_three_seats(race_seats, pg):
             elif etype not in V2_RENAMED:
                 problems.append(f"{run}: {event} (seq {seq}) stored unexpected {etype!r} after the stamp")
         for event, seq, etype, payload in before:
-            if etype not in A.renamed:
-                problems.append(f"{run}: {event} (seq {seq}) stored {etype!r} before the stamp: not a v1 spelling")
+            if shared.seen_types[event] not in A.renamed:
+                problems.append(f"{run}: {event} (seq {seq}) read {shared.seen_types[event]!r} before the stamp: "
+                                f"not a v1 spelling")
+            if etype != V2_NAME.get(shared.seen_types[event]):
+                problems.append(f"{run}: {event} (seq {seq}) stored {etype!r}: not its v1 spelling's v2 name")
             if payload["sent"] > stamp.done:
                 problems.append(f"{run}: {event} (seq {seq}) stored in a v1 spelling, sent after the stamp")
         if before and after and max(e[1] for e in before) > min(e[1] for e in after):
             problems.append(f"{run}: an append after the stamp has a lower sequence than one before it")
     assert problems == []
+
+    # Runs created while a v1 writer appended to their ids: created (era 3, stamped at creation) with no v1 row,
+    # or refused (OW005) because a v1 row was there first, and then still era 2 without a runs row.
+    assert sorted(shared.created) == sorted(new_runs), "the creator did not try every run"
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        new_rows = conn.execute("SELECT run_id, type FROM events WHERE run_id = ANY(%s)", (new_runs,)).fetchall()
+        new_eras = dict(conn.execute("SELECT run_id, source FROM openwop_seat.run_era WHERE run_id = ANY(%s)",
+                                     (new_runs,)).fetchall())
+        with_row = {r for (r,) in conn.execute("SELECT run_id FROM runs WHERE run_id = ANY(%s)",
+                                               (new_runs,)).fetchall()}
+        # zero era-2 rows in era-3 runs, over every run of this test
+        mixed = conn.execute(
+            "SELECT e.run_id, e.type FROM events e JOIN openwop_seat.run_era r ON r.run_id = e.run_id "
+            "WHERE e.run_id = ANY(%s) AND NOT (e.type = ANY(%s))", (runs + new_runs, V2_RENAMED)).fetchall()
+    assert mixed == [], mixed
+    new_types: dict[str, list[str]] = {r: [] for r in new_runs}
+    for run, etype in new_rows:
+        new_types[run].append(etype)
+    created = refused_creations = 0
+    for run in new_runs:
+        outcome = shared.created[run]
+        if outcome[0] == "created":
+            created += 1
+            assert new_eras.get(run) == "created" and run in with_row, run
+            assert new_types[run] == [V2_RENAMED[0]], (run, new_types[run])  # the v2 event, no v1 row
+        else:
+            refused_creations += 1
+            assert outcome[1] == "OW005" and "cannot be stamped era 3" in outcome[2], outcome
+            assert run not in new_eras and run not in with_row, run
+            assert new_types[run] and set(new_types[run]) == {RENAMED[0]}, (run, new_types[run])
+    assert created > 0 and refused_creations > 0, (created, refused_creations)
 
     outcomes = shared.outcomes
     stats = {"v1 stored": 0, "v1 refused": 0, "v2 stored before": 0, "v2 stored after": 0, "v1 in flight": 0}
@@ -238,11 +352,14 @@ def test_stamps_racing_appends_through_three_seats(race_seats, pg):
             assert run == o.run and (seq, o.sent_type) == o.returned, o  # RETURNING reads back what was sent
             if o.major == 1:
                 stats["v1 stored"] += 1
-                assert stored == o.sent_type and o.event in stamp.seen, o
+                assert shared.seen_types[o.event] == o.sent_type and o.event in stamp.seen, o
+                assert stored == V2_NAME[o.sent_type], o  # converted by the backfill with its run
             else:
                 in_s = o.event in stamp.seen
                 stats["v2 stored before" if in_s else "v2 stored after"] += 1
-                assert stored == ({v: k for k, v in V2_NAME.items()}[o.sent_type] if in_s else o.sent_type), o
+                if in_s:  # stored in its v1 spelling in the era-2 run, converted back by the backfill
+                    assert shared.seen_types[o.event] == {v: k for k, v in V2_NAME.items()}[o.sent_type], o
+                assert stored == o.sent_type, o
             continue
         assert o.major == 1, o  # a v2 writer's append is never refused
         stats["v1 refused"] += 1

@@ -2,7 +2,7 @@
 
 Everything here talks to PostgreSQL directly (psycopg), as the seat's own
 sessions will: a *v2 writer* is a session that called
-``SELECT openwop_seat.claim(%s, 2)`` with the secret as a bind parameter; a
+``openwop_seat.claim_challenge()`` and ``claim(proof, 2)`` with a proof made from the secret; a
 session without a claim (one that bypasses the seat) is a *v1 writer*.  The
 host's role is ``host_user``, which owns the host's tables but not
 ``openwop_seat``.  Each store (``run_era`` and ``[host] era_column``) gets a
@@ -57,7 +57,7 @@ class Store:
                 **kwargs) -> psycopg.Connection:
         conn = psycopg.connect(self.pg.dsn(user=user, dbname=self.name), autocommit=True, **kwargs)
         if major is not None:
-            conn.execute("SELECT openwop_seat.claim(%s, %s)", (secret, major))
+            claim(conn, secret, major)
         return conn
 
     def sql(self, query: str, params=()) -> list[tuple]:
@@ -74,6 +74,12 @@ class Store:
 
     def run_era_rows(self, run: str) -> list[tuple]:
         return self.sql("SELECT era, source FROM openwop_seat.run_era WHERE run_id = %s", (run,))
+
+
+def claim(conn, secret: str, major: int) -> None:
+    """Claim ``major`` as the seat does: a challenge of this backend, then the proof made with ``secret``."""
+    (challenge,), = conn.execute("SELECT openwop_seat.claim_challenge()").fetchall()
+    conn.execute("SELECT openwop_seat.claim(%s, %s)", (schema.claim_proof(secret, challenge, major), major))
 
 
 def create_run(conn, run: str) -> None:
@@ -418,14 +424,18 @@ def test_wrong_secret_is_refused_and_records_nothing(store):
     run = rid()
     with store.connect() as conn:
         pid = conn.info.backend_pid
-        for secret in (WRONG, SECRET.upper(), SECRET + " ", None, ""):
-            err = refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 2)", (secret,)), "42501")
+        for secret in (WRONG, SECRET.upper(), SECRET + " "):
+            err = refusal(lambda: claim(conn, secret, 2), "42501")
             assert err.diag.message_primary == "openwop_seat.claim: wrong secret"
-        assert claims_of(store, pid) == []
+        for proof in (SECRET, None, ""):  # the secret itself is no proof
+            conn.execute("SELECT openwop_seat.claim_challenge()")
+            err = refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 2)", (proof,)), "42501")
+            assert err.diag.message_primary == "openwop_seat.claim: wrong secret"
+        assert claims_of(store, pid) in ([], [(None,)])  # at most a pending challenge, no major
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
         create_run(conn, run)
-        refusal(lambda: conn.execute("SELECT openwop_seat.claim(%s, 3)", (SECRET,)), "22023")
-        assert claims_of(store, pid) == []
+        refusal(lambda: claim(conn, SECRET, 3), "22023")
+        assert claims_of(store, pid) in ([], [(None,)])
     assert store.era(run) == 2
 
 
@@ -462,7 +472,7 @@ def test_a_claim_of_an_earlier_backend_with_the_same_pid_is_not_inherited(store)
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
         create_run(conn, run)
         assert store.era(run) == 2
-        conn.execute("SELECT openwop_seat.claim(%s, 2)", (SECRET,))
+        claim(conn, SECRET, 2)
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
         store.sql("UPDATE openwop_seat.claims SET backend_start = backend_start + interval '1 second' "
                   "WHERE pid = %s", (pid,))
@@ -501,7 +511,103 @@ def test_the_secret_stays_out_of_pg_stat_activity_and_the_log(store):
     assert digest == hashlib.sha256((salt + SECRET).encode()).hexdigest() and SECRET not in salt + digest
     with open(store.pg.logfile, errors="replace") as log:
         text = log.read()
-    assert SECRET not in text and WRONG not in text  # bind parameters (a DO block's literal would be logged)
+    assert SECRET not in text and WRONG not in text  # the secret is never sent (a DO block's literal would be logged)
+
+
+# --- guards that hold whatever other triggers exist (ADR 0006) ---------------------------------------
+
+
+@pytest.fixture
+def trigger_role(store):
+    """A role with only the TRIGGER privilege on events (and a function of its own to fire)."""
+    role = f"trig_{uuid.uuid4().hex[:8]}"
+    store.sql(f"CREATE ROLE {role}; GRANT TRIGGER ON events TO {role}; GRANT USAGE, CREATE ON SCHEMA public TO {role}")
+    yield role
+    store.sql(f"DROP TRIGGER IF EXISTS zzzz_{role} ON events; DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def add_late_trigger(store: Store, role: str, body: str) -> None:
+    """A BEFORE INSERT trigger on events whose name sorts after the seat's, made by ``role``."""
+    store.sql(f"SET ROLE {role}; "
+              f"CREATE FUNCTION public.{role}_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {body} RETURN NEW; END $$; "
+              f"CREATE TRIGGER zzzz_{role} BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION public.{role}_fn(); "
+              f"RESET ROLE")
+
+
+def test_a_trigger_after_the_guard_cannot_move_a_v1_row_into_an_era3_run(store, trigger_role):
+    era3, era2 = rid("e3"), rid("e2")
+    with store.connect(2) as v2:
+        create_run(v2, era3)
+    add_late_trigger(store, trigger_role, f"IF NEW.run_id = '{era2}' THEN NEW.run_id := '{era3}'; END IF;")
+    with store.connect() as v1:
+        err = refusal(lambda: append(v1, era2, 0, RENAMED[0]), ERRORS["era2_write_refused"].sqlstate)
+        sentence = assert_envelope(err, "era2_write_refused", RENAMED[0], era3, 0)
+        assert sentence.startswith(f"event type '{RENAMED[0]}' stored in era-3 run '{era3}' at sequence 0")
+    assert store.stored(era3) == [] and store.stored(era2) == []
+
+
+def test_a_trigger_after_the_guard_cannot_put_a_v1_spelling_into_a_v2_writers_rows(store, trigger_role):
+    era3, era2 = rid("e3"), rid("e2")
+    with store.connect(2) as v2:
+        create_run(v2, era3)
+    add_late_trigger(store, trigger_role, f"NEW.type := '{RENAMED[0]}';")
+    with store.connect(2) as v2:
+        err = refusal(lambda: append(v2, era3, 0, A.v1_to_v2[RENAMED[0]]), ERRORS["event_type_unmapped"].sqlstate)
+        assert "is not in v2 vocabulary" in assert_envelope(err, "event_type_unmapped", RENAMED[0], era3, 0)
+        # in an era-2 run the v1 spelling is what the seat stores: the same late change passes there
+        append(v2, era2, 0, A.v1_to_v2[RENAMED[0]])
+    assert store.stored(era3) == [] and store.stored(era2) == [RENAMED[0]]
+
+
+def test_stamping_at_creation_is_refused_for_a_run_that_already_has_events(store):
+    run = rid()
+    with store.connect() as v1:
+        append(v1, run, 0, RENAMED[0])  # a v1 writer's event before the run's row exists
+    with store.connect(2) as v2:
+        err = refusal(lambda: create_run(v2, run), ERRORS["era2_write_refused"].sqlstate)
+        sentence = assert_envelope(err, "era2_write_refused", RENAMED[0], run, 0)
+        assert "cannot be stamped era 3" in sentence and "before its runs row was created" in sentence
+        assert "backfill" in err.diag.message_hint
+    assert store.era(run) == 2 and store.sql("SELECT count(*) FROM runs WHERE run_id = %s", (run,)) == [(0,)]
+    assert store.stored(run) == [RENAMED[0]]
+
+
+def test_a_later_stamp_is_refused_while_events_are_not_v2_clean(store):
+    run = rid()
+    with store.connect() as v1:
+        create_run(v1, run)
+        append(v1, run, 0, "run.started")  # a name v2 shares
+        append(v1, run, 1, RENAMED[0])  # a v1-only spelling
+    with pytest.raises(psycopg.Error) as info:
+        store.sql("SELECT openwop_seat.stamp_run(%s, 'operator')", (run,))
+    assert info.value.sqlstate == ERRORS["era2_write_refused"].sqlstate
+    assert f"(type '{RENAMED[0]}' at sequence 1)" in info.value.diag.message_primary
+    assert store.era(run) == 2
+    store.sql("DELETE FROM events WHERE run_id = %s AND sequence = 1", (run,))
+    assert store.sql("SELECT openwop_seat.stamp_run(%s, 'operator')", (run,)) == [(True,)]
+    assert store.era(run) == 3
+
+
+def test_a_v1_writer_cannot_update_any_column_of_an_era3_event(store):
+    era3, era2 = rid("e3"), rid("e2")
+    with store.connect(2) as v2:
+        create_run(v2, era3)
+        append(v2, era3, 0, "run.started")
+    with store.connect() as v1:
+        create_run(v1, era2)
+        append(v1, era2, 0, "run.started")
+        for column, value in (("payload", '{"v1": "shape"}'), ("node_id", "n"), ("causation_id", "c")):
+            err = refusal(lambda: v1.execute(f"UPDATE events SET {column} = %s WHERE run_id = %s", (value, era3)),
+                          ERRORS["era2_write_refused"].sqlstate)
+            sentence = assert_envelope(err, "era2_write_refused", "run.started", era3, 0)
+            assert sentence.startswith(f"UPDATE of the event of type 'run.started' in era-3 run '{era3}'")
+        v1.execute("UPDATE events SET payload = '{\"a\": 1}' WHERE run_id = %s", (era2,))  # era 2: as before
+    with store.connect(1) as major1:
+        refusal(lambda: major1.execute("UPDATE events SET payload = '{}' WHERE run_id = %s", (era3,)),
+                ERRORS["era2_write_refused"].sqlstate)
+    with store.connect(2) as v2:
+        v2.execute("UPDATE events SET payload = '{\"b\": 2}' WHERE run_id = %s", (era3,))  # a v2 writer may
+    assert store.sql("SELECT payload FROM events WHERE run_id = %s", (era3,)) == [({"b": 2},)]
 
 
 # --- the lock: stamping and appending exclude each other --------------------------------------
@@ -529,13 +635,13 @@ def test_a_stamp_waits_for_appends_in_flight(store):
     with store.connect() as v1, psycopg.connect(store.pg.dsn(dbname=store.name), autocommit=True) as admin:
         create_run(v1, run)
         v1.execute("BEGIN")
-        append(v1, run, 0, "agent.reasoning.delta")  # era 2: stored; holds the run's lock shared
+        append(v1, run, 0, "run.started")  # era 2: stored; holds the run's lock shared (a name v2 shares)
         stamp = Background(lambda: admin.execute("SELECT openwop_seat.stamp_run(%s, 'backfill')", (run,)).fetchone())
         wait_for_lock(store, admin.info.backend_pid)
         v1.execute("COMMIT")
         assert stamp.result() == (True,)
     assert store.era(run) == 3
-    assert store.stored(run) == ["agent.reasoning.delta"]
+    assert store.stored(run) == ["run.started"]
     assert store.sql("SELECT openwop_seat.stamp_run(%s, 'backfill')", (run,)) == [(False,)]  # once
 
 
@@ -603,7 +709,7 @@ def claim_state(pg, db: str, secret: str) -> str | None:
     """None when ``secret`` claims major 2 on ``db``; else the refusal's SQLSTATE."""
     with psycopg.connect(pg.dsn(user="host_user", dbname=db), autocommit=True) as conn:
         try:
-            conn.execute("SELECT openwop_seat.claim(%s, 2)", (secret,))
+            claim(conn, secret, 2)
         except psycopg.Error as e:
             return e.sqlstate
         assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
@@ -700,8 +806,9 @@ def test_verify_refuses_missing_disabled_or_foreign_triggers(pg, make_db, monkey
         run_verify(column)
     migrate(pg, db, column)
     names = pg.psql("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1", dbname=db).split()
-    assert names == ["zz_openwop_seat_append", "zz_openwop_seat_clean", "zz_openwop_seat_keep_era_column",
-                     "zz_openwop_seat_stamp_era_column", "zz_openwop_seat_update"]
+    assert names == ["zz_openwop_seat_append", "zz_openwop_seat_append_check", "zz_openwop_seat_clean",
+                     "zz_openwop_seat_keep_era_column", "zz_openwop_seat_stamp_era_column", "zz_openwop_seat_update",
+                     "zz_openwop_seat_update_era3"]
 
 
 def test_missing_host_tables_are_reported_and_installed_later(pg, make_db, monkeypatch):
@@ -727,7 +834,8 @@ def test_an_owner_that_cannot_see_sessions_is_refused_a_secret(pg, make_db, monk
     try:
         db = make_db()
         made_here.append(db)  # dropped before the role that owns its objects
-        pg.psql(f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT TRIGGER ON runs, events TO {owner}", dbname=db)
+        pg.psql(f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT TRIGGER ON runs, events TO {owner}; "
+                f"GRANT SELECT ON events TO {owner}", dbname=db)
         monkeypatch.setenv(schema.CLAIM_SECRET_ENV, SECRET)
         with pytest.raises(schema.SchemaError, match=f"GRANT pg_read_all_stats TO {owner}"):
             migrate(pg, db, user=owner)
@@ -737,7 +845,7 @@ def test_an_owner_that_cannot_see_sessions_is_refused_a_secret(pg, make_db, monk
         assert claim_state(pg, db, SECRET) is None  # a non-superuser owner works once it can see sessions
         run = rid()
         with psycopg.connect(pg.dsn(user="host_user", dbname=db), autocommit=True) as v2:
-            v2.execute("SELECT openwop_seat.claim(%s, 2)", (SECRET,))
+            claim(v2, SECRET, 2)
             create_run(v2, run)
             append(v2, run, 0, "agent.reasoning-delta")
             assert v2.execute("SELECT openwop_seat.era_of(%s)", (run,)).fetchone() == (3,)

@@ -534,7 +534,13 @@ def test_update_of_type_or_run_id_is_refused_for_every_session(wseat, pg, driver
                 for update in UPDATES:
                     err = refused(lambda: conn.q(update, run), "42501")
                     assert err.message == "openwop_seat: UPDATE of events.type/run_id is refused", err
-                conn.q("UPDATE events SET payload = '{\"updated\": true}' WHERE run_id = %s", run)  # other columns may
+                other = "UPDATE events SET payload = '{\"updated\": true}' WHERE run_id = %s"
+                if major == 2 or run == e2:
+                    conn.q(other, run)  # other columns may change, except an era-3 event's for a v1 writer
+                else:
+                    err = refused(lambda: conn.q(other, run), "OW005")
+                    assert err.message.startswith(f"era2_write_refused: UPDATE of the event of type "
+                                                  f"'agent.reasoning-delta' in era-3 run '{e3}' at sequence 0"), err
         finally:
             conn.close()
     direct = Psycopg(pg.dsn(user=HOST))
@@ -738,17 +744,29 @@ def test_raw_session_spoofs_reach_the_database_and_claim_nothing(wseat, pg, driv
     assert era_rows(pg, run) == []
 
 
-@pytest.mark.parametrize("driver, how", [("psycopg", "options"), ("asyncpg", "options"), ("asyncpg", "parameter")])
-def test_seat_refuses_openwop_seat_settings_at_startup(wseat, driver, how):
-    """``-c openwop_seat.major=2`` in libpq's options, or a startup parameter of that name (asyncpg sends any)."""
+SEAT_SETTING_SPELLINGS = [
+    ("options", "-c openwop_seat.major=2"),
+    ("options", r"-c openwop\_seat.major=2"),  # pg_split_opts reads the backslash as an escape: the same setting
+    ("options", "-copenwop_seat.major=2"),
+    ("options", "--openwop-seat.major=2"),  # '-' in a --name reads as '_'
+    ("options", "-c search_path=public -c OPENWOP_SEAT.major=2"),
+    ("parameter", "openwop_seat.major"),
+    ("parameter", "OpenWOP_Seat.Major"),
+]
+
+
+@pytest.mark.parametrize("driver, how, spelling",
+                         [("psycopg", how, s) for how, s in SEAT_SETTING_SPELLINGS if how == "options"]
+                         + [("asyncpg", how, s) for how, s in SEAT_SETTING_SPELLINGS])  # libpq sends no others
+def test_seat_refuses_openwop_seat_settings_at_startup_however_spelled(wseat, pg, driver, how, spelling):
+    """``openwop_seat.*`` however PostgreSQL would read it: options split with escapes, -c, --name, any case."""
+    before = sql1(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", HOST)[0][0]
     if driver == "psycopg":
         with pytest.raises(psycopg.OperationalError) as info:
-            psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host",
-                                      options="'-c openwop_seat.major=2'")).close()
+            psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), options=spelling).close()
         message = str(info.value)  # libpq reports no SQLSTATE for a failed connection, only the FATAL text
-        assert "FATAL:  startup options set" in message, message
     else:
-        settings = {"options": "-c openwop_seat.major=2"} if how == "options" else {"openwop_seat.major": "2"}
+        settings = {"options": spelling} if how == "options" else {spelling: "2"}
 
         async def go():
             conn = await asyncpg.connect(wseat.url(HOST), server_settings={"application_name": "v1-host", **settings})
@@ -758,11 +776,46 @@ def test_seat_refuses_openwop_seat_settings_at_startup(wseat, driver, how):
             asyncio.run(go())
         assert info.value.sqlstate == "42501"
         message = info.value.message
-    expected = {"options": "startup options set openwop_seat.* settings, which belong to the seat and cannot be set "
-                           "by a client",
-                "parameter": "startup parameter openwop_seat.major: openwop_seat.* settings belong to the seat and "
-                             "cannot be set by a client"}[how]
-    assert expected in message, message
+    assert "openwop_seat.* settings belong to the seat and cannot be set by a client" in message, message
+    assert message.count("startup ") == 1 and ("startup options" if how == "options" else "startup parameter") in message
+    # refused before any upstream connection
+    assert sql1(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", HOST)[0][0] <= before
+
+
+@pytest.mark.parametrize("spelling", ["-c log_parameter_max_length_on_error=-1", "--client-min-messages=debug5",
+                                      "-c debug_print_plan=on", "-d 5", "-c work_mem=1MB"])
+def test_seat_refuses_startup_settings_outside_its_allowlist(wseat, spelling):
+    with pytest.raises(psycopg.OperationalError) as info:
+        psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), options=spelling).close()
+    message = str(info.value)
+    assert "FATAL:  startup options" in message and "through openwop-seat" in message, message
+
+
+def test_allowed_startup_settings_pass_and_apply(wseat):
+    conn = psycopg.connect(wseat.dsn(user=HOST, application_name="v1-host"), autocommit=True,
+                           options="-c search_path=public --statement-timeout=12345 -c TimeZone=UTC")
+    try:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("12345ms",)
+        assert conn.execute("SHOW search_path").fetchone() == ("public",)
+        assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (1,)
+    finally:
+        conn.close()
+
+
+def test_an_empty_database_parameter_is_the_users_database_and_is_claimed(wseat):
+    """PostgreSQL connects an empty ``database`` to the database named like the user (here ``postgres``, the
+    host database): the seat must claim and translate it as such, not take "" for another database."""
+    from rawpg import RawConn, query
+
+    conn = RawConn(wseat.port)
+    try:
+        answer = conn.login(user="postgres", database="")
+        assert answer[-1][0] == b"Z", answer
+        conn.send(query("SELECT current_database() || ':' || coalesce(openwop_seat.session_major()::text, 'none')"))
+        rows = [body for t, body in conn.read_until(b"Z") if t == b"D"]
+        assert len(rows) == 1 and rows[0].endswith(b"postgres:2"), rows  # claimed as the v2 host it is
+    finally:
+        conn.close()
 
 
 SECRETLESS_FN = """CREATE OR REPLACE FUNCTION ws_try_claim(guess text) RETURNS void LANGUAGE plpgsql AS
@@ -874,3 +927,152 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
         assert "openwop_seat.claim_secret" in dump.stdout and doc["salt"] in dump.stdout  # the data is there
         leaked = CLAIM_SECRET in dump.stdout
         assert not leaked, "the claim secret is in a pg_dump of the database"
+
+
+SPY = "ws_spy"
+# Every way the spy's backend could be made to print the claim's statement, parameters or plan: set for its
+# role by a superuser (ALTER ROLE … SET applies when the backend starts, before the claim; startup options
+# cannot carry them through the seat).
+SPY_SETTINGS = {"log_statement": "all", "log_min_duration_statement": "0", "log_parameter_max_length": "-1",
+                "log_parameter_max_length_on_error": "-1", "log_min_error_statement": "debug5",
+                "debug_print_parse": "on", "debug_print_rewritten": "on", "debug_print_plan": "on",
+                "client_min_messages": "debug5", "log_error_verbosity": "verbose", "search_path": "ws_spy, public"}
+
+
+@pytest.fixture
+def spy(pg):
+    """A role with its own schema, operators and functions shadowing what a claim could call."""
+    pg.psql(f"DROP SCHEMA IF EXISTS {SPY} CASCADE; DROP ROLE IF EXISTS {SPY}; CREATE ROLE {SPY} LOGIN; "
+            f"GRANT CREATE ON DATABASE postgres TO {SPY}; CREATE SCHEMA {SPY} AUTHORIZATION {SPY}; "
+            + "".join(f"ALTER ROLE {SPY} SET {k} = '{v}'; " for k, v in SPY_SETTINGS.items()))
+    pg.psql(f"""
+CREATE TABLE {SPY}.seen (v text);
+CREATE FUNCTION {SPY}.leak(a text, b text) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a), (b); RAISE NOTICE 'leak % %', a, b; RETURN a = b; END $$;
+CREATE OPERATOR {SPY}.= (LEFTARG = text, RIGHTARG = text, FUNCTION = {SPY}.leak);
+CREATE FUNCTION {SPY}.leakcat(a text, b text) RETURNS text LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a), (b); RETURN a operator(pg_catalog.||) b; END $$;
+CREATE OPERATOR {SPY}.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = {SPY}.leakcat);
+CREATE FUNCTION {SPY}.claim(a text, b integer) RETURNS void LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (a); END $$;
+CREATE FUNCTION {SPY}.pg_has_role(a name, b oid, c text) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO {SPY}.seen VALUES (c); RETURN false; END $$;
+""", user=SPY)
+    yield SPY
+    pg.psql(f"DROP SCHEMA IF EXISTS {SPY} CASCADE; DROP OWNED BY {SPY}; DROP ROLE IF EXISTS {SPY}", check=False)
+
+
+def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_it(wseat, pg, spy):
+    logged_before = len(read(pg.logfile))
+    notices: list[str] = []
+    # the default major: 2; and every allowlisted setting the spy can put in its startup options
+    conn = psycopg.connect(wseat.dsn(user=SPY), autocommit=True,
+                           options=f"-c search_path={SPY},public -c statement_timeout=0 -c lock_timeout=0 "
+                                   "-c extra_float_digits=3 -c DateStyle=SQL,DMY -c TimeZone=Pacific/Chatham "
+                                   "-c IntervalStyle=sql_standard -c bytea_output=escape "
+                                   "-c default_transaction_isolation=serializable -c geqo=off")
+    conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_detail} {d.context}"))
+    try:
+        assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (2,)
+        assert conn.execute("SHOW debug_print_plan").fetchone() == ("on",)  # the role's settings are in force
+        assert conn.execute("SHOW search_path").fetchone() == (f"{SPY},public",)  # and its startup options
+        activity = sql1(pg, "SELECT string_agg(coalesce(query, ''), ' ') FROM pg_stat_activity")[0][0]
+        seen = [v for (v,) in conn.execute(f"SELECT v FROM {SPY}.seen").fetchall()]
+    finally:
+        conn.close()
+    (salt, key_hex), = sql1(pg, "SELECT salt, hash FROM openwop_seat.claim_secret")
+    log = read(pg.logfile)[logged_before:]
+    for where, text in (("the server log", log), ("notices", "\n".join(notices)), ("pg_stat_activity", activity),
+                        ("the spy's own table", "\n".join(seen)), ("the seat's log", wseat.log())):
+        for name, value in (("the claim secret", CLAIM_SECRET), ("the claim key", key_hex)):
+            leaked = value in text
+            assert not leaked, f"{name} is in {where}"
+    assert seen == []  # nothing of the spy's ran in the claim
+    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
+    # What the log did show (the challenge, the proof) claims nothing on another backend, nor again on this one.
+    proofs = re.findall(r"\$1 = '([0-9a-f]{64})'", log)
+    assert proofs, "the claim's proof was expected in a log that records every parameter"
+    with psycopg.connect(pg.dsn(user=SPY), autocommit=True) as direct:
+        for proof in proofs:
+            direct.execute("SELECT openwop_seat.claim_challenge()")
+            with pytest.raises(psycopg.Error) as info:
+                direct.execute("SELECT openwop_seat.claim(%s, 2)", (proof,))
+            assert info.value.sqlstate == "42501"
+        assert direct.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
+
+
+def test_nothing_a_client_pipelines_before_authentication_runs_before_its_claim(wseat):
+    """A client (trust authentication) that sends queries right behind its startup packet: they run after the
+    claim, on a claimed session, and no answer of theirs can be taken for the claim's (a forged challenge)."""
+    from rawpg import RawConn, query, startup
+
+    conn = RawConn(wseat.port)
+    try:
+        conn.send(startup({"user": HOST, "database": "postgres"})
+                  + query("SELECT 'forged-salt:forged-challenge'")
+                  + query("SELECT coalesce(openwop_seat.session_major()::text, 'none')"))
+        messages = conn.read_until(b"Z")  # authentication, then the client's first ReadyForQuery
+        assert not [b for t, b in messages if t == b"E"], messages
+        first = [b for t, b in conn.read_until(b"Z") if t == b"D"]
+        second = [b for t, b in conn.read_until(b"Z") if t == b"D"]
+        assert first and first[0].endswith(b"forged-salt:forged-challenge"), first
+        assert second and second[0].endswith(b"2"), second  # claimed as the v2 host it is, before it ran
+    finally:
+        conn.close()
+
+
+def test_what_a_client_sends_before_its_session_is_ready_is_bounded(wseat):
+    """``proxy.claim_buffer_limit`` (default 1 MiB): a client that sends more before its session is ready ends."""
+    from rawpg import RawConn, error_fields, query, startup
+
+    conn = RawConn(wseat.port)
+    try:
+        conn.send(startup({"user": HOST, "database": "postgres"}) + query("SELECT 1; -- " + "x" * (2 << 20)))
+        messages = conn.read_all_until_closed()
+        errors = [error_fields(b) for t, b in messages if t == b"E"]
+        assert errors and errors[-1]["C"] == "54000", messages
+        assert "proxy.claim_buffer_limit" in errors[-1]["M"]
+    finally:
+        conn.close()
+
+
+# --- the guards through the seat (ADR 0006) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_v2_host_cannot_stamp_a_run_that_already_has_v1_events(wseat, pg, driver):
+    run = rid("pre")
+    v1 = via(wseat, driver, 1)
+    try:
+        append(v1, run, 0, RENAMED[0])  # before the run's row exists: an era-2 run
+    finally:
+        v1.close()
+    v2 = via(wseat, driver, 2)
+    try:
+        err = refused(lambda: v2.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", run), "OW005")
+        sentence = assert_envelope(err, "era2_write_refused", RENAMED[0], run, 0)
+        assert sentence.startswith(f"run '{run}' cannot be stamped era 3: it already holds events written in era 2")
+    finally:
+        v2.close()
+    assert era_rows(pg, run) == [] and stored(pg, run) == [RENAMED[0]]
+    assert sql1(pg, "SELECT count(*) FROM runs WHERE run_id = %s", run) == [(0,)]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_late_host_trigger_cannot_move_a_v1_hosts_append_into_an_era3_run(wseat, pg, driver):
+    e3, e2 = era3_run(wseat), era2_run(pg)
+    name = f"zzzz_move_{uuid.uuid4().hex[:6]}"
+    pg.psql(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF NEW.run_id = '{e2}' THEN NEW.run_id := '{e3}'; END IF; RETURN NEW; END $$; "
+            f"CREATE TRIGGER {name} BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        v1 = via(wseat, driver, 1)
+        try:
+            err = refused(lambda: append(v1, e2, 1, RENAMED[0]), "OW005")
+            assert assert_envelope(err, "era2_write_refused", RENAMED[0], e3, 1).startswith(
+                f"event type '{RENAMED[0]}' stored in era-3 run '{e3}'")
+        finally:
+            v1.close()
+    finally:
+        pg.psql(f"DROP TRIGGER IF EXISTS {name} ON events; DROP FUNCTION IF EXISTS {name}()")
+    assert stored(pg, e3) == ["agent.reasoning-delta"] and stored(pg, e2) == []
