@@ -245,9 +245,10 @@ class Classifier:
         seen to read the events table, and the catalog functions that run a query given as text, always."""
         from pglast import ast
 
-        if isinstance(stmt, ast.DoStmt):
-            raise Untranslatable("DO block", "a DO block runs code on the server, out of the seat's sight (it could "
-                                             "read the events table untranslated); run it from a raw session")
+        if isinstance(stmt, ast.DoStmt) and self._risky_block(stmt):
+            raise Untranslatable("DO block", "a DO block that names the events table, runs dynamic SQL, is not "
+                                             "PL/pgSQL or calls a function that could read the table runs code out "
+                                             "of the seat's sight; run it from a raw session")
         if isinstance(stmt, ast.CreateFunctionStmt) and self.mentions_events(text):
             raise Untranslatable("a function body naming the events table",
                                  "a function body naming the events table would read it on the server, "
@@ -267,6 +268,13 @@ class Classifier:
                                      f"the events table out of the seat's sight (it names the table, runs dynamic "
                                      f"SQL, or calls such a function), so a translated session may not call it "
                                      f"(call it from a raw session, or read the events table directly)")
+
+    def _risky_block(self, stmt) -> bool:
+        """Could a DO block read the events table: the same test as for the database's functions."""
+        opts = {d.defname: d.arg.sval for d in stmt.args or () if getattr(d.arg, "sval", None) is not None}
+        body = opts.get("as", "").lower()
+        return (opts.get("language", "plpgsql").lower() != "plpgsql" or self._needle in body
+                or any(w in body for w in DYNAMIC_SQL_WORDS) or any(f in body for f in self.functions))
 
     # ---- the rewrite
 
@@ -553,6 +561,9 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
     "database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema", "cursor_to_xml",
     "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "dblink", "dblink_exec", "dblink_open", "dblink_send_query"))
 _NEEDLES = ("u&", SEAT_SCHEMA, "to_xml", "ts_stat", "ts_rewrite", "dblink")
+# Words in server-side code (a function's body, a DO block) that mean it may run SQL the seat cannot see.
+DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink",
+                     "ts_stat", "ts_rewrite")
 _DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
 
 _QUERY_STATEMENTS: tuple = ()

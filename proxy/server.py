@@ -9,6 +9,7 @@ import ssl
 
 from dataclasses import dataclass, field, fields, replace
 
+from .classify import DYNAMIC_SQL_WORDS
 from .config import Config, ConfigError, load_config
 from .metrics import MetricsHTTP, Stats
 from . import relations
@@ -96,11 +97,6 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
 """
 
 
-# Words in a function's body that mean it may run SQL the seat cannot see the text of.
-_DYNAMIC = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink", "ts_stat",
-            "ts_rewrite")
-
-
 def risky_functions(rows, table: str) -> frozenset[str]:
     """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
     plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative."""
@@ -109,7 +105,7 @@ def risky_functions(rows, table: str) -> frozenset[str]:
     for r in rows:
         bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower()))
     risky = {name for name, defs in bodies.items()
-             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in _DYNAMIC)
+             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
                     for lang, body in defs)}
     while True:
         more = {name for name, defs in bodies.items() if name not in risky
