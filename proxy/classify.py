@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import HostConfig
 
@@ -43,18 +43,19 @@ WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
+PASSED_TEXTS = 1024
 
 
-@dataclass(frozen=True)
-class StatementPlan:
+# NamedTuples, not frozen dataclasses: a plan is made for every new statement text, and a frozen
+# dataclass costs several times as much to build.
+class StatementPlan(NamedTuple):
     action: str  # PASS, TRANSLATE or REFUSE
     sql: str  # the text to send for this statement
     kind: str = ""  # for REFUSE: what was refused (names the statement kind)
     detail: str = ""  # for REFUSE: a human explanation
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """The plan for one Query string or one Parse: its statements and the text to send."""
 
     statements: tuple[StatementPlan, ...]
@@ -116,6 +117,7 @@ class Classifier:
         self._cache: OrderedDict[str, Plan] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
+        self._passed: dict[str, Plan] = {}  # texts the prefilter passes (see classify)
         schema, _, table = host.events_table.rpartition(".")
         self._schema = schema or None
         self._table = table
@@ -129,6 +131,17 @@ class Classifier:
         if plan is not None:
             self.hits += 1
             self._cache.move_to_end(sql)
+            return plan
+        plan = self._passed.get(sql)
+        if plan is not None:
+            return plan
+        if not self._worth_parsing(sql):
+            # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
+            # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
+            plan = Plan((StatementPlan(PASS, sql),), sql)
+            if len(self._passed) >= PASSED_TEXTS:
+                self._passed.clear()
+            self._passed[sql] = plan
             return plan
         self.misses += 1
         plan = self._classify(sql)
@@ -150,9 +163,11 @@ class Classifier:
         return self._needle in low or "u&" in low
 
     def _worth_parsing(self, sql: str) -> bool:
+        # plain substring tests, written out: several times cheaper than a regular expression or any() here
         low = sql.lower()
-        return (self._needle in low or any(n in low for n in _NEEDLES) or _DO_BLOCK.search(low) is not None
-                or any(f in low for f in self.functions))
+        return (self._needle in low or "u&" in low or "openwop_seat" in low or "to_xml" in low or "ts_stat" in low
+                or "ts_rewrite" in low or "dblink" in low or ("do" in low and _DO_BLOCK.search(low) is not None)
+                or (bool(self.functions) and any(f in low for f in self.functions)))
 
     def set_functions(self, names) -> None:
         """The functions defined in the database whose bodies could read the events table out of the seat's
@@ -162,6 +177,7 @@ class Classifier:
         if names != self.functions:
             self.functions = names
             self._cache.clear()
+            self._passed.clear()
             self.bytes = 0
 
     # -- internals
@@ -560,7 +576,6 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
     "table_to_xml_and_xmlschema", "schema_to_xml", "schema_to_xmlschema", "schema_to_xml_and_xmlschema",
     "database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema", "cursor_to_xml",
     "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "dblink", "dblink_exec", "dblink_open", "dblink_send_query"))
-_NEEDLES = ("u&", SEAT_SCHEMA, "to_xml", "ts_stat", "ts_rewrite", "dblink")
 # Words in server-side code (a function's body, a DO block) that mean it may run SQL the seat cannot see.
 DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink",
                      "ts_stat", "ts_rewrite")
@@ -585,7 +600,7 @@ _init_kinds()
 
 def _cost(sql: str, plan: Plan) -> int:
     """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
-    return len(sql) + (len(plan.text) if plan.changed else 0) + 200
+    return 2 * len(sql) + (len(plan.text) if plan.changed else 0) + 600  # the texts and the Python objects
 
 
 def _seat_setting(stmt) -> str:

@@ -275,7 +275,7 @@ class ReadPath:
                 self.statements[name] = Statement(plan, cls=cls)
             if not name:
                 self.unnamed = None
-            if _forgets_prepared(sql):
+            if (self.prepared or self.preparing) and _forgets_prepared(sql):
                 self._forget_prepared()
             if plan.changed:
                 replacement = self._translated_parse(name, plan.text, body[sql_end + 1:])
@@ -313,7 +313,7 @@ class ReadPath:
             if plan.refused is not None:
                 return self._unquiet()
             self.unnamed = None  # a simple Query destroys the unnamed statement
-            if _forgets_prepared(sql):
+            if (self.prepared or self.preparing) and _forgets_prepared(sql):
                 self._forget_prepared()
             counts = self.statement_counts
             for st in plan.statements:
@@ -403,7 +403,7 @@ class ReadPath:
     def _query(self, body: bytes) -> bytes | None:
         sql = body[:-1].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
-        if _forgets_prepared(sql):
+        if (self.prepared or self.preparing) and _forgets_prepared(sql):
             self._forget_prepared()
         entry = Entry("Q", plan=plan, t0=perf_counter())
         counts = self.statement_counts
@@ -429,7 +429,7 @@ class ReadPath:
         sql_end = body.index(b"\x00", name_end + 1)
         sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
-        if _forgets_prepared(sql):
+        if (self.prepared or self.preparing) and _forgets_prepared(sql):
             self._forget_prepared()
         st = Statement(plan)
         if plan.statements:
