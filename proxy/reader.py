@@ -387,6 +387,8 @@ class ReadPath:
         if t == 0x43:  # 'C' Close
             kind, name = body[:1], body[1:-1].decode()
             (self.statements if kind == b"S" else self.portals).pop(name, None)
+            if kind == b"S" and not name:
+                self.unnamed = None
             self._push(Entry("C"), watch=False)
             return None
         if t == 0x53:  # 'S' Sync
@@ -403,6 +405,7 @@ class ReadPath:
     def _query(self, body: bytes) -> bytes | None:
         sql = body[:-1].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
+        self.unnamed = None  # a simple Query destroys the unnamed statement
         if (self.prepared or self.preparing) and _forgets_prepared(sql):
             self._forget_prepared()
         entry = Entry("Q", plan=plan, t0=perf_counter())
@@ -429,6 +432,8 @@ class ReadPath:
         sql_end = body.index(b"\x00", name_end + 1)
         sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
+        if not name:
+            self.unnamed = None  # the client's unnamed statement is this one, sent as it is (the FIFO is in use)
         if (self.prepared or self.preparing) and _forgets_prepared(sql):
             self._forget_prepared()
         st = Statement(plan)

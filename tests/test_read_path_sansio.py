@@ -163,6 +163,22 @@ def test_a_query_or_a_close_of_the_unnamed_statement_ends_the_substitution():
     assert rp.on_client(ord("D"), b"S\x00") is None
 
 
+def test_an_unnamed_parse_while_a_refusal_is_in_flight_ends_the_substitution():
+    """The FIFO is in use (a refused statement's answer is owed): a translated unnamed Parse then goes unnamed,
+    and a later Bind of the unnamed statement must not be sent to the prepared one."""
+    rp = new_read_path()
+    extended(rp, PAGE)
+    ready(rp)
+    rp.on_client(ord("P"), parse("", REFUSED))  # the FIFO takes over
+    rp.on_client(ord("S"), b"")
+    p = decoded(rp.on_client(ord("P"), parse("", PAGE)))
+    assert p[1].startswith(b"\x00SELECT") and rp.unnamed is None
+    rp.on_server(ord("E"), error())
+    rp.on_server(ord("Z"), b"I")
+    rp.on_server(ord("1"), b"")
+    assert rp.on_client(ord("B"), bind()) is None
+
+
 def test_a_later_unnamed_parse_of_another_statement_ends_the_substitution():
     rp = new_read_path()
     extended(rp, PAGE)
