@@ -839,6 +839,23 @@ def _raise_sql(code: str, sentence: str, hint: str | None = None) -> str:
             'details', jsonb_build_object('type', v_type, 'runId', v_run, 'sequence', v_seq))::text{hint_sql};"""
 
 
+# The append triggers' shared lock on the run (against a stamp in flight), in PL/pgSQL over v_run and v_key: under
+# READ COMMITTED it waits; under a stricter isolation it asks for a retry, since the snapshot may predate the stamp.
+_RUN_LOCK_SHARED = f"""    IF v_run IS NOT NULL THEN
+        v_key := {SCHEMA}.run_lock_key(v_run);
+        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
+                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
+                                     quote_nullable(v_run), current_setting('transaction_isolation'));
+            END IF;
+            PERFORM pg_advisory_xact_lock_shared(v_key);
+        END IF;
+    END IF;
+"""
+
+
 def _on_event_insert_sql(artifacts, host: HostConfig) -> str:
     rows = _codemap_rows(artifacts)
     v2_names = frozenset(rows.values())
@@ -890,19 +907,7 @@ DECLARE
     v_seq bigint;
     v_sentence text;
 BEGIN
-    IF v_run IS NOT NULL THEN
-        v_key := {SCHEMA}.run_lock_key(v_run);
-        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
-                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
-                                     quote_nullable(v_run), current_setting('transaction_isolation'));
-            END IF;
-            PERFORM pg_advisory_xact_lock_shared(v_key);
-        END IF;
-    END IF;
-    -- READ COMMITTED: a fresh snapshot, taken after the lock (a stamp in flight has committed or rolled back).
+{_RUN_LOCK_SHARED}    -- READ COMMITTED: a fresh snapshot, taken after the lock (a stamp in flight has committed or rolled back).
     v_era := {era_sql(host, run)};{probe}
     v_major := {SCHEMA}.session_major();
     IF v_major IS DISTINCT FROM 2 THEN
@@ -998,19 +1003,7 @@ DECLARE
     v_seq bigint;
     v_sentence text;
 BEGIN
-    IF v_run IS NOT NULL THEN
-        v_key := {SCHEMA}.run_lock_key(v_run);
-        IF NOT pg_try_advisory_xact_lock_shared(v_key) THEN
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
-                    MESSAGE = format('openwop_seat: run %s is being stamped era 3 by a concurrent transaction, '
-                                     'so this %s transaction''s snapshot may not show its era: retry the transaction',
-                                     quote_nullable(v_run), current_setting('transaction_isolation'));
-            END IF;
-            PERFORM pg_advisory_xact_lock_shared(v_key);
-        END IF;
-    END IF;
-    v_era := {era_sql(host, run)};
+{_RUN_LOCK_SHARED}    v_era := {era_sql(host, run)};
     -- An era-2 row in a spelling the guard stores for a v2 writer is right for every writer: no need to ask
     -- who wrote it (session_major() is the costly part of the check).
     IF v_era IS DISTINCT FROM 3 AND (v_type = ANY ({text_array_literal(stored_v1)})

@@ -64,6 +64,14 @@ def test_client_rules_first_match_wins():
     ({"host": {"payload_column": ""}}, "host.payload_column"),
     ({"host": {"tenant_column": "runs.tenant"}}, "host.tenant_column: expected a column name"),
     ({"host": {"node_id_column": 7}}, "host.node_id_column"),
+    ({"proxy": {"plan_cache_bytes": -1}}, "proxy.plan_cache_bytes"),
+    ({"proxy": {"plan_cache_bytes": "32MB"}}, "proxy.plan_cache_bytes"),
+    ({"proxy": {"max_statement_bytes": 100}}, "proxy.max_statement_bytes"),
+    ({"proxy": {"max_statement_bytes": 1.5}}, "proxy.max_statement_bytes"),
+    ({"proxy": {"claim_buffer_limit": -1}}, "proxy.claim_buffer_limit"),
+    ({"host": {"check_interval": -1}}, "host.check_interval"),
+    ({"host": {"check_interval": "often"}}, "host.check_interval"),
+    ({"host": {"payload_carrier": "carrier"}}, "host.payload_carrier"),
 ])
 def test_invalid_config_names_the_key(data, text):
     with pytest.raises(ConfigError) as e:
