@@ -375,3 +375,36 @@ def test_a_translated_statement_after_a_failed_pipeline_is_prepared_again_not_tr
             assert_translated(rows, 2)
     finally:
         conn.close()
+
+
+def test_a_payloads_clean_mark_never_outlives_a_payload_that_needs_projection(leak_seat, pg):
+    """A run marked payloads-clean is read as stored; any write that would need projection removes the mark in
+    the same transaction, so a stale mark can never serve an unprojected payload."""
+    run = f"clean-{uuid.uuid4().hex[:8]}"
+    dirty = '{"nodeId": "n1", "typeId": "t", "extra": true}'  # node.started: `extra` is boxed by the projection
+    marked = "SELECT count(*) FROM openwop_seat.payloads_clean WHERE run_id = %s"
+
+    def read_payloads():
+        with connect(leak_seat, 2) as conn:
+            return [r[0] for r in conn.execute("SELECT payload FROM events WHERE run_id = %s ORDER BY sequence",
+                                               (run,)).fetchall()]
+
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("INSERT INTO events VALUES (%s, %s, 0, 'run.resuming', NULL, %s::jsonb, now(), NULL)",
+                     (f"{run}-0", run, '{"fromStatus": "suspended"}'))
+        assert conn.execute("SELECT openwop_seat.mark_payloads_clean(%s)", (run,)).fetchone() == (True,)
+        assert read_payloads() == [{"fromStatus": "suspended"}]
+        # a v1 host appends a payload that needs projection: the mark goes with the same insert
+        conn.execute("INSERT INTO events VALUES (%s, %s, 1, 'node.started', 'n1', %s::jsonb, now(), NULL)",
+                     (f"{run}-1", run, dirty))
+        assert conn.execute(marked, (run,)).fetchone() == (0,)
+        assert "extra" not in read_payloads()[1]  # projected (boxed), not as stored
+        assert conn.execute("SELECT openwop_seat.mark_payloads_clean(%s)", (run,)).fetchone() == (False,)
+        # an UPDATE that makes a payload need projection removes the mark too
+        conn.execute("DELETE FROM events WHERE event_id = %s", (f"{run}-1",))
+        assert conn.execute("SELECT openwop_seat.mark_payloads_clean(%s)", (run,)).fetchone() == (True,)
+        conn.execute("UPDATE events SET payload = '{\"fromStatus\": \"suspended\", \"odd\": 1}' "
+                     "WHERE event_id = %s", (f"{run}-0",))
+        assert conn.execute(marked, (run,)).fetchone() == (0,)
+        assert read_payloads() != [{"fromStatus": "suspended", "odd": 1}]  # projected, not as stored
+        conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
