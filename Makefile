@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 NODE   := tests/node
 
-.PHONY: setup node test demo bench clean
+.PHONY: setup node test test-unit demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,14 @@ $(NODE)/node_modules/.installed: $(NODE)/package.json $(NODE)/package-lock.json
 	npm ci --prefix $(NODE) --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# Everything: unit tests, then the integration tests against a throwaway PostgreSQL cluster and the real
+# clients (psql, pgbench, openssl, node-postgres); a missing client fails the run.
 test: setup node
 	$(PY) -m pytest
+
+# Pure tests only (tests/unit): no cluster, no client, no node; seconds.
+test-unit: setup
+	$(PY) -m pytest tests/unit
 
 demo: setup
 	$(PY) -m proxy.demo

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import HOST_SCHEMA  # noqa: E402
+from harness import HOST_SCHEMA  # noqa: E402
 
 from proxy.devcluster import DevCluster  # noqa: E402
 

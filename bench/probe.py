@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import HOST_SCHEMA, wait_listening  # noqa: E402
+from harness import HOST_SCHEMA, wait_listening  # noqa: E402
 
 from proxy.classify import Classifier  # noqa: E402
 from proxy.config import HostConfig  # noqa: E402

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
-from conftest import HOST_SCHEMA  # noqa: E402
+from harness import HOST_SCHEMA  # noqa: E402
 
 from proxy.devcluster import DevCluster  # noqa: E402
 

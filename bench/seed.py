@@ -32,7 +32,7 @@ from proxy.artifacts import load_artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import HOST_SCHEMA  # noqa: E402  (the reference host's tables, shared with the tests)
+from harness import HOST_SCHEMA  # noqa: E402  (the reference host's tables, shared with the tests)
 
 PAGE_ROWS = 100
 PAGE_RUNS = range(1_000_001, 1_000_011)  # 10 era-2 runs of PAGE_ROWS renamed events each, payloads-clean

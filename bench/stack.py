@@ -36,7 +36,7 @@ from .seed import V1_APPLICATION
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import render_config, wait_listening  # noqa: E402  (the suite's seat config and port wait)
+from harness import render_config, wait_listening  # noqa: E402  (the suite's seat config and port wait)
 
 PGBOUNCER_INSTALL = "sudo apt-get update && sudo apt-get install -y pgbouncer"
 

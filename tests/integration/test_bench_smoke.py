@@ -1,0 +1,54 @@
+"""`make bench` (issues #6, #15) kept from rotting: a tiny run end to end, and its refusals of bad arguments.
+
+The run starts its own PostgreSQL, PgBouncer (installing it when missing and running as root, else
+failing with the install command) and seat, like `make bench`, with 1 round of 1 s per measurement
+and 50 idle connections. Only that it runs and what it writes are asserted: no figure is judged here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from harness import ROOT
+
+RATIO_KEYS = {"passthrough_simple", "passthrough_extended", "passthrough_prepared", "era3_page_text",
+              "era3_page_binary", "era2_page_major1_text", "translated_text", "translated_binary",
+              "projection_page_text", "append_v2_into_era2", "p50_added_us", "p99_ratio", "idle_conn_kib"}
+REPORTED_KEYS = {"projection_page_text"}  # measured with no goal: never judged met or not met
+
+
+def bench(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
+    out = tmp_path / "results" / "smoke.json"
+    done = bench("--rounds", "1", "--seconds", "1", "--idle-connections", "50", "--scale", "1", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert set(document["ratios"]) == RATIO_KEYS
+    for key, value in document["ratios"].items():
+        assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), key
+    assert set(document["machine"]) >= {"cpu_model", "cpus", "memory_mib", "kernel", "postgresql", "pgbouncer",
+                                        "python"}
+    for workload in RATIO_KEYS & set(document["rounds"]["throughput"]):
+        assert set(document["rounds"]["throughput"][workload][0]) == {"direct", "pgbouncer", "seat"}
+    assert set(document["goals"]) == RATIO_KEYS - REPORTED_KEYS
+    assert set(document["goals_met"]) == RATIO_KEYS - REPORTED_KEYS
+    assert set(document["reported"]) == REPORTED_KEYS
+    assert "seat/pgbouncer" in done.stdout and "goals (issues #6, #15):" in done.stdout
+    assert any(line.split()[:1] == ["projection_page_text"] and "reported" in line.split()
+               for line in done.stdout.splitlines())
+
+
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path):
+    out = tmp_path / "never.json"
+    for args in (["--rounds", "0"], ["--seconds", "x"], ["--only", "everything"], ["--idle-connections", "-5"]):
+        done = bench(*args, "--out", str(out), timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "error:" in done.stderr, args
+    assert not out.exists()

@@ -1,0 +1,132 @@
+"""Configuration parsing (strict keys) and the command line."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from harness import ROOT, seat_cli as cli
+from proxy.config import ClientRule, Config, ConfigError, HostPort, load_config, parse_config
+
+
+
+def test_example_config_loads():
+    config = load_config(str(ROOT / "config" / "openwop-seat.toml"))
+    assert isinstance(config, Config)
+
+
+def test_defaults():
+    c = parse_config({})
+    assert c.listen == HostPort("127.0.0.1", 6543) and c.default_major == 2 and c.shutdown_timeout == 30
+    assert c.tls.upstream_sslmode == "disable" and c.metrics_listen is None
+
+
+def test_client_rules_first_match_wins():
+    c = parse_config({"proxy": {"default_major": "raw", "clients": [
+        {"user": "legacy", "major": 1},
+        {"database": "app", "application_name": "host-v2", "major": 2},
+        {"database": "app", "major": 1},
+    ]}})
+    assert c.major_for({"user": "legacy", "database": "app", "application_name": "host-v2"}) == 1
+    assert c.major_for({"user": "u", "database": "app", "application_name": "host-v2"}) == 2
+    assert c.major_for({"user": "u", "database": "app"}) == 1
+    assert c.major_for({"user": "app"}) == 1  # database defaults to the user name
+    assert c.major_for({"user": "u", "database": "other"}) == "raw"
+    assert c.clients[0] == ClientRule(major=1, user="legacy")
+
+
+@pytest.mark.parametrize("data, text", [
+    ({"proxy": {"listen_port": 1}}, "unknown key proxy.listen_port"),
+    ({"proxies": {}}, "unknown key proxies"),
+    ({"tls": {"cert": "x"}}, "unknown key tls.cert"),
+    ({"proxy": {"clients": [{"user": "a", "major": 2, "role": "x"}]}}, "unknown key proxy.clients[0].role"),
+    ({"proxy": {"clients": [{"user": "a"}]}}, "proxy.clients[0].major: required"),
+    ({"proxy": {"clients": [{"major": 2}]}}, "name at least one of"),
+    ({"proxy": {"default_major": 3}}, "proxy.default_major: expected 1, 2 or \"raw\""),
+    ({"proxy": {"default_major": True}}, "proxy.default_major"),
+    ({"proxy": {"listen": "6543"}}, "proxy.listen: expected \"HOST:PORT\""),
+    ({"proxy": {"upstream": "db:99999"}}, "proxy.upstream"),
+    ({"proxy": {"shutdown_timeout": -1}}, "proxy.shutdown_timeout"),
+    ({"tls": {"upstream_sslmode": "allow"}}, "tls.upstream_sslmode: expected one of"),
+    ({"tls": {"upstream_sslmode": "verify-full"}}, "tls.upstream_ca_file: required"),
+    ({"tls": {"cert_file": "/nonexistent/cert.pem"}}, "tls.cert_file: no such file"),
+    ({"log": {"format": "xml"}}, "log.format"),
+    ({"host": {"payload_column": "pay load"}}, "host.payload_column: expected a column name"),
+    ({"host": {"payload_column": ""}}, "host.payload_column"),
+    ({"host": {"tenant_column": "runs.tenant"}}, "host.tenant_column: expected a column name"),
+    ({"host": {"node_id_column": 7}}, "host.node_id_column"),
+    ({"proxy": {"plan_cache_bytes": -1}}, "proxy.plan_cache_bytes"),
+    ({"proxy": {"plan_cache_bytes": "32MB"}}, "proxy.plan_cache_bytes"),
+    ({"proxy": {"max_statement_bytes": 100}}, "proxy.max_statement_bytes"),
+    ({"proxy": {"max_statement_bytes": 1.5}}, "proxy.max_statement_bytes"),
+    ({"proxy": {"claim_buffer_limit": -1}}, "proxy.claim_buffer_limit"),
+    ({"host": {"check_interval": -1}}, "host.check_interval"),
+    ({"host": {"check_interval": "often"}}, "host.check_interval"),
+    ({"host": {"payload_carrier": "carrier"}}, "host.payload_carrier"),
+])
+def test_invalid_config_names_the_key(data, text):
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert text in str(e.value)
+
+
+def test_optional_projection_columns():
+    host = parse_config({"host": {"event_id_column": "", "tenant_column": "org"}}).host
+    assert (host.event_id_column, host.node_id_column, host.tenant_column) == (None, "node_id", "org")
+
+
+def test_projection_columns_are_checked_against_the_tables():
+    from proxy.schema import SchemaError
+    from proxy.server import resolve_columns
+
+    host = parse_config({"host": {"payload_column": "body"}}).host
+    with pytest.raises(SchemaError, match="host.payload_column 'body': no such column"):
+        resolve_columns(host, {"payload": 6, "event_id": 1}, {"tenant_id": 2})
+    resolved, absent = resolve_columns(parse_config({}).host, {"payload": 6, "event_id": 1}, {})
+    assert absent == ["node_id_column", "tenant_column"]
+    assert (resolved.event_id_column, resolved.node_id_column, resolved.tenant_column) == ("event_id", None, None)
+
+
+def test_ipv6_hostport():
+    assert parse_config({"proxy": {"listen": "[::1]:7000"}}).listen == HostPort("::1", 7000)
+
+
+def test_version_and_help():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("openwop-seat ")
+    for args in (["--help"], ["serve", "--help"], ["config", "--help"]):
+        out = cli(*args)
+        assert out.returncode == 0 and "usage: openwop-seat" in out.stdout
+    assert "--upstream HOST:PORT" in cli("serve", "--help").stdout
+
+
+def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[proxy]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n")
+    out = cli("serve", "--config", str(bad))
+    assert out.returncode == 2 and "unknown key proxy.bogus" in out.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[proxy\n")
+    out = cli("config", "--config", str(broken))
+    assert out.returncode == 2 and "invalid TOML" in out.stderr
+    out = cli("serve", "--config", str(tmp_path / "missing.toml"))
+    assert out.returncode == 2 and "cannot read config file" in out.stderr
+
+
+def test_serve_needs_host_dsn_unless_every_major_is_raw(tmp_path):
+    out = cli("serve", "--listen", "127.0.0.1:0")
+    assert out.returncode == 2 and "host.dsn: required" in out.stderr
+
+
+def test_append_lock_is_one_expression_over_run_id():
+    from proxy.config import ConfigError, parse_config
+    from proxy.schema import host_append_lock_sql
+
+    config = parse_config({"host": {"append_lock": " pg_advisory_xact_lock(hashtext(run_id), 1) "}})
+    assert config.host.append_lock == "pg_advisory_xact_lock(hashtext(run_id), 1)"
+    assert host_append_lock_sql(config.host) == (
+        "SELECT (pg_advisory_xact_lock(hashtext(run_id), 1)) FROM (SELECT $1::text AS run_id) AS openwop_seat_run")
+    assert host_append_lock_sql(parse_config({}).host) is None
+    for bad in ("", "pg_advisory_xact_lock(42)", "pg_advisory_xact_lock(hashtext(run_id)); DROP TABLE events", 7):
+        with pytest.raises(ConfigError, match="host.append_lock"):
+            parse_config({"host": {"append_lock": bad}})

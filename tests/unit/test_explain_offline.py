@@ -1,0 +1,82 @@
+"""`openwop-seat explain` offline: what it says of statements, without running what it would send (the
+integration tests run that on a real database).
+
+The command runs as a subprocess and needs no database.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from harness import render_config, seat_cli
+
+EVENT_COLUMNS = ["event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id"]
+# The reference host's statements (host-traffic.md).
+LOG_PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+APPEND = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = $2) "
+          "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
+          "SELECT $1, $2, next.seq, $3, $4, $5, now(), $6 FROM next RETURNING *")
+RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
+GROUPED = "WITH events AS (SELECT 1) SELECT * FROM events"  # refused: a CTE hiding the events table
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("explain") / "openwop-seat.toml"
+    path.write_text(render_config({"proxy": {"default_major": 2}}))
+    return path
+
+
+def explain(config, *args: str) -> subprocess.CompletedProcess:
+    return seat_cli("explain", "--config", str(config), *args)
+
+
+def test_a_statement_without_event_columns_passes(config):
+    out = explain(config, RUN_READ)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "major: 2 (proxy.default_major)",
+        "passthrough: sent as written (it reads nothing of the events table)"]
+
+
+def test_several_statements_and_a_raw_session(config):
+    out = explain(config, f"SELECT 1; {GROUPED}")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[1] == "statement 1: passthrough: sent as written (it reads nothing of the events table)"
+    assert lines[2].startswith("statement 2: refused (CTE named like the events table)")
+    assert lines[-1].startswith("sent together in one Query message, they fail as if the refused statement")
+    raw = explain(config, "--major", "raw", GROUPED)
+    assert raw.returncode == 0
+    assert "passthrough: a raw session is relayed as is" in raw.stdout
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--major", "3", "SELECT 1"], 2, "argument --major: expected 1, 2 or raw, got '3'"),
+    (["--major", "two", "SELECT 1"], 2, "argument --major: expected 1, 2 or raw, got 'two'"),
+    (["   "], 2, "openwop-seat explain: the SQL is empty"),
+    ([], 2, "the following arguments are required: SQL"),
+])
+def test_bad_input(config, args, code, message):
+    out = explain(config, *args)
+    assert out.returncode == code
+    assert message in out.stderr
+    assert out.stdout == ""
+
+
+def test_a_missing_config_file_is_a_configuration_error(tmp_path):
+    out = explain(tmp_path / "nope.toml", "SELECT 1")
+    assert out.returncode == 2
+    assert "configuration error: cannot read config file" in out.stderr
+
+
+def test_the_relation_named_is_the_one_of_the_major():
+    from proxy.config import Config
+    from proxy.explain import explain as explain_in_process
+
+    lines: list[str] = []
+    status = explain_in_process(Config(), "SELECT e.type AS kind, e.run_id FROM events e WHERE e.run_id = $1", 1,
+                                out=lines.append)
+    assert status == 0
+    assert lines[1] == "translated: the events table is read as openwop_seat.events_m1"

@@ -1,0 +1,85 @@
+"""The seat's schema in a real PostgreSQL: layout steps, artifact objects, and the era check of reads.
+
+Every test that changes the seat's schema gets a database of its own (created
+with ``CREATE DATABASE`` on the shared test cluster and dropped afterwards), so
+tests do not disturb each other or the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+
+from proxy import schema
+from proxy.artifacts import load_artifacts
+from proxy.config import Config, HostConfig
+from proxy.errors import ERRORS
+from proxy.schema import (SchemaError, era_sql, quote_ident, quote_qualified, read_check_sql)
+
+ROOT = Path(__file__).resolve().parents[2]
+_names = itertools.count()
+
+ARTIFACTS = load_artifacts()
+V1_TYPE = sorted(ARTIFACTS.v1_types)[0]
+VENDOR_TYPE = "example.thing-happened"
+
+EVENTS_DDL = """(event_id text PRIMARY KEY, run_id text, sequence int, type text, node_id text, payload jsonb,
+                 "timestamp" timestamptz, causation_id text, UNIQUE (run_id, sequence))"""
+
+ERA_COLUMN_CONFIG = Config(host=HostConfig(era_column="era"))
+
+
+def test_quoting():
+    assert quote_ident("events") == '"events"'
+    assert quote_ident('We"ird') == '"We""ird"'
+    assert quote_qualified("events") == '"events"'
+    assert quote_qualified("Host.Events") == '"Host"."Events"'
+    with pytest.raises(ValueError):
+        quote_qualified("a.b.c")
+    assert schema.quote_literal("it's") == "'it''s'"
+    assert schema.quote_literal("a\\b") == "E'a\\\\b'"
+    assert schema.text_array_literal({"b", "a.c-d"}) == "'{\"a.c-d\",\"b\"}'::text[]"
+    assert schema.text_array_literal({'q"x'}) == "E'{\"q\\\\\"x\"}'::text[]"
+    assert schema.text_array_literal(set()) == "'{}'::text[]"
+
+
+def test_builders():
+    default = era_sql(HostConfig(), "e.run_id")
+    assert default.startswith("COALESCE((SELECT openwop_seat_era.era FROM openwop_seat.run_era openwop_seat_era ")
+    assert "(e.run_id)::text" in default and default.endswith("2::smallint)")
+    column = era_sql(HostConfig(runs_table="app.Runs", run_id_column="Id", era_column="Era"), "x.run_id")
+    assert 'FROM "app"."Runs" openwop_seat_era' in column
+    assert 'openwop_seat_era."Era"' in column and 'openwop_seat_era."Id"' in column
+    assert "refuse_row('event_row_malformed'" in column
+    assert read_check_sql(2, "E", "T", "R", "S") == "openwop_seat.read_v2(E, (T)::text, (R)::text, (S)::bigint)"
+    assert read_check_sql(1, "E", "T", "R", "S") == "openwop_seat.read_v1(E, (T)::text, (R)::text, (S)::bigint)"
+    with pytest.raises(ValueError):
+        read_check_sql(3, "E", "T", "R", "S")
+
+
+def test_generated_sql_comes_from_the_artifacts():
+    fake = dataclasses.replace(ARTIFACTS, v1_types=frozenset({"only.this-one"}), vendor_orgs=frozenset({"acme", "vendor"}),
+                               reserved_orgs=frozenset({"vendor"}), payload_shapes={})
+    sql = schema.artifact_objects_sql(fake, HostConfig())
+    assert "'{\"only.this-one\"}'::text[]" in sql
+    assert "'{\"acme\"}'::text[]" in sql  # reserved orgs are not vendor prefixes
+    assert V1_TYPE not in sql
+    for e in ERRORS.values():
+        assert f"'{e.code}' THEN '{e.sqlstate}'" in sql
+
+
+def test_lock_key_is_fixed():
+    import hashlib
+
+    expected = int.from_bytes(hashlib.sha256(b"openwop_seat.migrate").digest()[:8], "big", signed=True)
+    assert schema.LOCK_KEY == expected and -2**63 <= schema.LOCK_KEY < 2**63
+
+
+def test_keyword_dsn_parsing():
+    assert schema.parse_keyword_dsn("host=h port=5 dbname='a b' password='it\\'s' user = u") == {
+        "host": "h", "port": "5", "dbname": "a b", "password": "it's", "user": "u"}
+    with pytest.raises(SchemaError):
+        schema.parse_keyword_dsn("host")
