@@ -33,7 +33,7 @@ test-unit: setup
 	$(PY) -m pytest tests/unit
 
 demo: setup
-	$(PY) -m proxy.demo
+	$(PY) -m proxy.dev.demo
 
 # The seat against direct PostgreSQL and PgBouncer (README, "Performance"); e.g.
 # make bench BENCH_ARGS="--rounds 1 --seconds 2" for a quick look.

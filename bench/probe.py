@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import HOST_SCHEMA, wait_listening  # noqa: E402
 
-from proxy.classify import Classifier  # noqa: E402
+from proxy.readpath.classify import Classifier  # noqa: E402
 from proxy.config import HostConfig  # noqa: E402
-from proxy.devcluster import DevCluster, free_port  # noqa: E402
+from proxy.dev.devcluster import DevCluster, free_port  # noqa: E402
 
 PAGE = "SELECT * FROM events WHERE run_id = 'run-1' AND sequence > 0 ORDER BY sequence LIMIT 100"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import asyncpg
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -44,7 +44,7 @@ TENANT = "acme"
 # The host's page read (host-traffic.md), with the bench's page size.
 PAGE_SQL = f"SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT {PAGE_ROWS}"
 
-# The host's append (host-traffic.md; as in proxy.demo), one transaction per event.
+# The host's append (host-traffic.md; as in proxy.dev.demo), one transaction per event.
 APPEND_SQL = """\
 WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = $1)
 INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)

@@ -30,7 +30,7 @@ from pathlib import Path
 import asyncpg
 
 from proxy import __version__
-from proxy.devcluster import DevCluster, free_port
+from proxy.dev.devcluster import DevCluster, free_port
 
 from .seed import V1_APPLICATION
 

@@ -7,8 +7,9 @@ import asyncio
 import logging
 import sys
 
-from . import __version__
-from .config import CONFIG_ENV, ConfigError, load_config
+from proxy import __version__
+from proxy.config import CONFIG_ENV, ConfigError, load_config
+from proxy.errors import describe
 
 log = logging.getLogger("openwop_seat")
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate the pinned spec artifacts and print their tag, digest and counts",
         description="Load the vendored spec artifacts as `serve` would; exit non-zero naming the first violation.")
     check.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
-    check.set_defaults(run=lambda args: _lazy("artifacts", "cmd_check")(args.config))
+    check.set_defaults(run=lambda args: cmd_check(args.config))
 
     migrate = commands.add_parser(
         "migrate", help="install or upgrade the seat's schema (openwop_seat) in the host database",
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     migrate.add_argument("--dsn", required=True, metavar="DSN",
                          help="libpq-style connection string or URL of the host database, as the schema owner")
-    migrate.set_defaults(run=lambda args: _lazy("schema", "cmd_migrate")(load_config(args.config), args.dsn))
+    migrate.set_defaults(run=lambda args: _lazy("db.migrate", "cmd_migrate")(load_config(args.config), args.dsn))
 
     pinned = commands.add_parser(
         "pinned-runs", help="list runs pinned to v1 change ids; continue or cancel them",
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "starting with # are skipped; an empty file is refused")
     pinned.add_argument("--cancel", action="store_true",
                         help="cancel the runs to cancel (needs --implemented and the claim secret)")
-    pinned.set_defaults(run=lambda args: _lazy("pinned", "cmd_pinned_runs")(
+    pinned.set_defaults(run=lambda args: _lazy("tools.pinned", "cmd_pinned_runs")(
         load_config(args.config), args.dsn, args.implemented, args.cancel))
 
     adr = commands.add_parser(
@@ -80,17 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     adr.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     adr.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database")
     adr.add_argument("--out", metavar="FILE", help="write the ADR to FILE (a new file) instead of stdout")
-    adr.set_defaults(run=lambda args: _lazy("adr", "cmd_adr")(load_config(args.config), args.dsn, args.out))
+    adr.set_defaults(run=lambda args: _lazy("tools.adr", "cmd_adr")(load_config(args.config), args.dsn, args.out))
 
     explain = commands.add_parser(
         "explain", help="show how the seat classifies and rewrites one SQL string",
         description="Classify SQL as serve would, without a database: passthrough, translated (with the text "
                     "sent instead) or refused (with the reason). Exit 0 (sent), 1 (refused), 2 (bad input).")
     explain.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
-    explain.add_argument("--major", type=lambda text: _lazy("explain", "parse_major")(text), metavar="1|2|raw",
+    explain.add_argument("--major", type=lambda text: _lazy("tools.explain", "parse_major")(text), metavar="1|2|raw",
                          help="the session's major (default: proxy.default_major)")
     explain.add_argument("sql", metavar="SQL", help="the statement(s), as one Query string")
-    explain.set_defaults(run=lambda args: _lazy("explain", "cmd_explain")(load_config(args.config), args.sql,
+    explain.set_defaults(run=lambda args: _lazy("tools.explain", "cmd_explain")(load_config(args.config), args.sql,
                                                                         args.major))
     _add_audit(commands)
     _add_backfill(commands)
@@ -114,7 +115,7 @@ def _add_audit(commands) -> None:
     audit.add_argument("--samples", type=int, default=5, metavar="N",
                        help="sample run ids and sequences kept per kind of failure (default 5)")
     audit.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    audit.set_defaults(run=lambda args: _lazy("audit", "cmd_audit")(
+    audit.set_defaults(run=lambda args: _lazy("tools.audit", "cmd_audit")(
         load_config(args.config), args.dsn, args.json, args.batch, args.samples, not args.no_progress))
 
 
@@ -151,7 +152,7 @@ def _add_backfill(commands) -> None:
     backfill.add_argument("--batch", type=int, default=100, metavar="N",
                           help="run ids listed per step of --all and per progress update (default 100)")
     backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    backfill.set_defaults(run=lambda args: _lazy("backfill", "cmd_backfill")(load_config(args.config), args))
+    backfill.set_defaults(run=lambda args: _lazy("tools.backfill", "cmd_backfill")(load_config(args.config), args))
 
 
 def _lazy(module: str, name: str):
@@ -161,6 +162,28 @@ def _lazy(module: str, name: str):
     return getattr(importlib.import_module(f"proxy.{module}"), name)
 
 
+def cmd_check(config_path: str | None) -> int:
+    """``openwop-seat check [--config FILE]``: load the packaged set and print its report.
+
+    A config file, when given, is loaded (and so validated) but not otherwise
+    used yet; a ConfigError propagates to the CLI, which reports it.
+    """
+    from proxy.artifacts.load import ArtifactError, check_report, load_artifacts
+
+    if config_path is not None:
+        load_config(config_path)
+    try:
+        artifacts = load_artifacts()
+    except ArtifactError as e:
+        print(f"openwop-seat check: {e}", file=sys.stderr)
+        return 1
+    print(check_report(artifacts))
+    return 0
+
+
+# --- reading -----------------------------------------------------------------
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     print(config)
@@ -168,18 +191,18 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .logs import setup_logging
-    from .server import SeatServer
+    from proxy.logs import setup_logging
+    from proxy.serve.listener import SeatServer
 
     config = load_config(args.config).with_overrides(args.listen, args.upstream, args.metrics_listen)
     setup_logging(config.log_format, config.log_level)
     if config.workers > 1 and args.worker is None:
-        from .supervisor import run_supervisor
+        from proxy.serve.supervisor import run_supervisor
 
         passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
         return run_supervisor(config, passed)
     if args.worker is not None:
-        from .supervisor import install_worker_log_fields
+        from proxy.serve.supervisor import install_worker_log_fields
 
         install_worker_log_fields(args.worker)
 
@@ -188,15 +211,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         await server.start()
         server.install_signal_handlers()
         if args.worker_fd is not None:
-            from .supervisor import attach_worker
+            from proxy.serve.supervisor import attach_worker
 
             supervisor_link = attach_worker(server, args.worker_fd)  # noqa: F841 - kept open while serving
         await server.serve_forever()
-
-    import asyncpg
-
-    from .artifacts import ArtifactError
-    from .schema import SchemaError
 
     try:
         import uvloop
@@ -206,14 +224,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runner = uvloop.run
     try:
         runner(run())
-    except SchemaError as e:
-        print(f"openwop-seat serve: {e}", file=sys.stderr)
-        return 1
-    except ArtifactError as e:
-        print(f"openwop-seat serve: spec artifacts: {e}", file=sys.stderr)
-        return 1
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        print(f"openwop-seat serve: cannot check the host database (host.dsn): {e}", file=sys.stderr)
+    except ConfigError:
+        raise  # main() reports it with exit status 2
+    except Exception as e:
+        if (why := describe(e, database="the host database (host.dsn)")) is None:
+            raise
+        print(f"openwop-seat serve: {why}", file=sys.stderr)
         return 1
     return 0
 

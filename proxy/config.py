@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from proxy.errors import SeatException
 
 CONFIG_ENV = "OPENWOP_SEAT_CONFIG"
 
@@ -16,7 +18,7 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class ConfigError(Exception):
+class ConfigError(SeatException):
     """The configuration is invalid; the message names the offending key."""
 
 
@@ -309,7 +311,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "append_lock" in host:
         host_kwargs["append_lock"] = _append_lock(host["append_lock"])
     if "payload_carrier" in host:
-        from .projection import CarrierError, check_carrier
+        from proxy.artifacts.payload_shapes import CarrierError, check_carrier
 
         try:
             host_kwargs["payload_carrier"] = check_carrier(host["payload_carrier"])
@@ -347,3 +349,33 @@ def load_config(path: str | None) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     return parse_config(data, source=path)
+
+
+# Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
+RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
+                "workers": "proxy.workers"}
+
+
+_SECTIONED = {"tls": "tls", "host": "host"}
+
+
+_TOP = {"metrics_listen": "metrics.listen", "log_format": "log.format", "log_level": "log.level"}
+
+
+def config_keys(config: Config) -> dict[str, object]:
+    """The configuration as {"section.key": value}, the names of the TOML file."""
+    out: dict[str, object] = {}
+    for f in fields(config):
+        if f.name in ("source", "overrides"):
+            continue
+        value = getattr(config, f.name)
+        if f.name in _SECTIONED:
+            out.update((f"{_SECTIONED[f.name]}.{g.name}", getattr(value, g.name)) for g in fields(value))
+        else:
+            out[_TOP.get(f.name, f"proxy.{f.name}")] = value
+    return out
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    a, b = config_keys(old), config_keys(new)
+    return [k for k in a if a[k] != b[k]]

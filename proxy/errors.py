@@ -1,17 +1,25 @@
-"""The errors the seat (and the SQL it installs) raises: one dedicated SQLSTATE per condition.
+"""Errors: the refusal codes the seat (and the SQL it installs) sends, and the seat's own exceptions.
 
 Every refusal is an ErrorResponse whose message starts with the code and whose
 DETAIL is the OpenWOP error envelope as JSON, so a host can surface it with the
 registered HTTP status. SQLSTATE class "OW" is not used by PostgreSQL.
+
+Every exception the seat raises for an operator to read derives from
+:class:`SeatException`; :func:`describe` turns it (or an OS, TLS or database
+error met on the way) into the one sentence that `serve`, a reload and the
+cutover tools print.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class SeatError:
+class ErrorCode:
+    """One refusal condition: its code, SQLSTATE and HTTP status (an entry of a table, not an exception)."""
+
     code: str  # the OpenWOP error code, or the seat's own
     sqlstate: str
     http_status: int
@@ -20,21 +28,48 @@ class SeatError:
 
 
 ERRORS = {e.code: e for e in (
-    SeatError("event_type_unmapped", "OW001", 500, True,
+    ErrorCode("event_type_unmapped", "OW001", 500, True,
               "an era-2 row's type has no codemap row and no registered vendor prefix"),
-    SeatError("payload_unprojectable", "OW002", 500, True,
+    ErrorCode("payload_unprojectable", "OW002", 500, True,
               "an era-2 row's payload holds keys the v2 definition can neither carry nor seat"),
-    SeatError("event_row_malformed", "OW003", 500, False,
+    ErrorCode("event_row_malformed", "OW003", 500, False,
               "an event row the reader rule cannot read without defaulting a field (NULL type, unknown run)"),
-    SeatError("statement_untranslatable", "OW004", 500, False,
+    ErrorCode("statement_untranslatable", "OW004", 500, False,
               "a statement reads event columns in a way the seat cannot translate exactly"),
-    SeatError("era2_write_refused", "OW005", 409, False,
+    ErrorCode("era2_write_refused", "OW005", 409, False,
               "an era-2 (v1-vocabulary) write into a run already stamped era 3"),
-    SeatError("v1_representation_refused", "OW006", 500, False,
+    ErrorCode("v1_representation_refused", "OW006", 500, False,
               "a major-1 read of an era-3 log while the codemap is not a bijection"),
-    SeatError("result_untranslatable", "OW007", 500, False,
+    ErrorCode("result_untranslatable", "OW007", 500, False,
               "a result carries event columns without the seat's era column (a view over events, or a "
               "statement shape the seat does not know); the session is closed rather than relay it"),
 )}
 
 BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}
+
+
+class SeatException(Exception):
+    """Base of the seat's own exceptions: the message is a sentence for an operator, after ``prefix``."""
+
+    prefix = ""
+
+    def describe(self) -> str:
+        return f"{self.prefix}{self}"
+
+
+def describe(e: BaseException, *, database: str = "the database") -> str | None:
+    """What to print for an error that stops a command or a reload, or None for one that is a bug.
+
+    ``database`` names the database an OS-level failure was met on (e.g. "the host database (host.dsn)").
+    """
+    if isinstance(e, SeatException):
+        return e.describe()
+    if isinstance(e, ssl.SSLError):
+        return f"tls: {e.reason or e}"
+    import asyncpg  # here, not at the top: this module is imported by pure code that needs no driver
+
+    if isinstance(e, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return f"error from {database}: {e}"
+    if isinstance(e, (OSError, TimeoutError)):
+        return f"cannot connect to {database}: {e}"
+    return None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from proxy.errors import SeatException
+
 # Request codes of the untyped packets that open a connection.
 SSL_REQUEST_CODE = 80877103
 GSSENC_REQUEST_CODE = 80877104
@@ -36,7 +38,7 @@ _I32 = struct.Struct("!i")
 _HEADER = struct.Struct("!BI")
 
 
-class ProtocolViolation(Exception):
+class ProtocolViolation(SeatException):
     """The peer broke the protocol; the stream cannot be resynchronised.
 
     ``valid_upto`` is the offset, in the chunk that was being fed, of the first

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from .codec import CANCEL_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE
+from proxy.wire.codec import CANCEL_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE
 
 _U32 = struct.Struct("!I")
 

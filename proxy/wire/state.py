@@ -5,7 +5,11 @@ from __future__ import annotations
 import struct
 from enum import Enum
 
-from .messages import parse_backend_key_data, parse_error_fields, parse_parameter_status
+from proxy.wire.messages import (
+    parse_backend_key_data,
+    parse_error_fields,
+    parse_parameter_status,
+)
 
 # Backend messages the session state needs to see (bodies are all tiny).
 BACKEND_CAPTURE = frozenset(b"RKSZEv")

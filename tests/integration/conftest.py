@@ -16,7 +16,7 @@ import time
 import pytest
 from harness import HBA, HOST_SCHEMA, PASSWORD, ROOT, Seat, render_config, wait_listening
 
-from proxy.devcluster import DevCluster, free_port
+from proxy.dev.devcluster import DevCluster, free_port
 
 REQUIRED_TOOLS = {
     "psql": "sudo apt-get install -y postgresql-client",

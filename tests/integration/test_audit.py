@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from harness import HOST_SCHEMA
-from proxy.artifacts import load_artifacts
-from proxy.cutover import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from proxy.artifacts.load import load_artifacts
+from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 A = load_artifacts()

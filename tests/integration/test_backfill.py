@@ -25,8 +25,8 @@ from psycopg import pq
 from psycopg.adapt import Loader
 
 from harness import render_config
-from proxy.artifacts import load_artifacts
-from proxy.cutover import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from proxy.artifacts.load import load_artifacts
+from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from proxy.errors import ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import sys
 import psycopg
 
 from harness import ROOT, render_config, seat_cli as cli, wait_listening
-from proxy.devcluster import free_port
+from proxy.dev.devcluster import free_port
 
 
 def test_serve_port_in_use_fails_cleanly(seat, tmp_path):

@@ -1,4 +1,4 @@
-"""`make demo` (python -m proxy.demo) runs end to end and shows what it says it shows."""
+"""`make demo` (python -m proxy.dev.demo) runs end to end and shows what it says it shows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 
 def test_demo_shows_translation_projection_and_refusals():
-    proc = subprocess.run([sys.executable, "-m", "proxy.demo"], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-m", "proxy.dev.demo"], capture_output=True, text=True, timeout=300,
                           check=False)
     out = proc.stdout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

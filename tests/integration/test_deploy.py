@@ -32,7 +32,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "openwop-seat.json"
 
 # Metrics Prometheus itself makes (not exported by the seat) that expressions may use.
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
-# Names defined in proxy/metrics.py that a default seat does not export yet, with the reason. Each
+# Names defined in proxy/serve/metrics.py that a default seat does not export yet, with the reason. Each
 # must still appear in metrics.py; once a seat exports it, the test says to remove it from here.
 PENDING: dict[str, str] = {}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
@@ -169,7 +169,7 @@ def test_alert_rules_are_complete():
 
 def test_metric_names_in_rules_and_dashboard_are_exported(exported):
     names, _ = exported
-    source = (ROOT / "proxy" / "metrics.py").read_text()
+    source = (ROOT / "proxy" / "serve" / "metrics.py").read_text()
     used: dict[str, str] = {}
     for rule in rules():
         for name in metric_names(rule["expr"]):
@@ -184,7 +184,7 @@ def test_metric_names_in_rules_and_dashboard_are_exported(exported):
             assert name not in PENDING, f"{name} is exported now: remove it from PENDING in tests/test_deploy.py"
         elif name in PENDING:
             base = re.sub(r"_(bucket|sum|count|total)$", "", name)
-            assert base in source, f"{name} is PENDING but proxy/metrics.py no longer defines it"
+            assert base in source, f"{name} is PENDING but proxy/serve/metrics.py no longer defines it"
         else:
             unknown.append(f"{name} ({where})")
     assert not unknown, "not exported by a seat: " + ", ".join(unknown)

@@ -46,7 +46,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 HERE = Path(__file__).resolve().parents[1]
 FIXTURES = HERE / "fixtures" / "reader-rule-v1"

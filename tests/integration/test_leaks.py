@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 import rawpg
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()
 RENAMED_V1 = sorted(A.renamed)

@@ -8,7 +8,7 @@ import urllib.request
 
 import psycopg
 
-from proxy.devcluster import free_port
+from proxy.dev.devcluster import free_port
 
 
 def get(port: int, path: str) -> tuple[int, str]:

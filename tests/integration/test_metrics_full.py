@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import HOST_SCHEMA, ROOT
-from proxy.artifacts import load_artifacts
-from proxy.devcluster import free_port
-from proxy.schema import LAYOUT_VERSION
+from proxy.artifacts.load import load_artifacts
+from proxy.dev.devcluster import free_port
+from proxy.db.layout import LAYOUT_VERSION
 from test_metrics import get
 
 A = load_artifacts()

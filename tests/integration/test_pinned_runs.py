@@ -23,10 +23,10 @@ import psycopg
 import pytest
 
 from harness import CLAIM_SECRET, HOST_SCHEMA, ROOT, render_config
-from proxy.artifacts import load_artifacts
-from proxy.devcluster import free_port
+from proxy.artifacts.load import load_artifacts
+from proxy.dev.devcluster import free_port
 from proxy.errors import ERRORS
-from proxy.pinned import spellings
+from proxy.tools.pinned import spellings
 
 A = load_artifacts()
 WORDS = spellings(A)

@@ -299,7 +299,7 @@ def test_the_translated_relation_is_flattened_and_projects_by_one_call(pg, loade
     """The read relation is a view PostgreSQL flattens into the statement (the page's run filter reaches the
     index); its payload check is one plpgsql call per era-2 row, planned once per session, with no per-type
     branch inlined into the statement's plan."""
-    from proxy.classify import Classifier
+    from proxy.readpath.classify import Classifier
     from proxy.config import HostConfig
 
     sql = Classifier(HostConfig(), 2).classify(

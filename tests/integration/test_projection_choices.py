@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from harness import HOST_SCHEMA, ROOT, render_config
-from proxy.artifacts import load_artifacts
-from proxy.projection import (projection_sql)
+from proxy.artifacts.load import load_artifacts
+from proxy.db.projection_sql import projection_sql
 
 ARTIFACTS = load_artifacts()
 SCHEMAS = Path(__file__).resolve().parents[2] / "proxy" / "spec" / "schemas" / "v2"

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.artifacts import load_artifacts
-from proxy.projection import INTERRUPT_KINDS, interrupt_kind_types
+from proxy.artifacts.load import load_artifacts
+from proxy.db.projection_sql import INTERRUPT_KINDS, interrupt_kind_types
 from test_projection import TextJsonb
 
 ARTIFACTS = load_artifacts()

@@ -13,7 +13,7 @@ import asyncpg
 import psycopg
 import pytest
 
-from proxy.devcluster import DevCluster, free_port
+from proxy.dev.devcluster import DevCluster, free_port
 from rawpg import RawConn, error_fields, msg, query, startup
 
 

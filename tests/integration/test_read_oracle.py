@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import HOST_SCHEMA, ROOT
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()
 assert A.v2_to_v1 is not None

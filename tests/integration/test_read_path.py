@@ -9,7 +9,7 @@ import asyncpg
 import psycopg
 import pytest
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()
 RENAMED = sorted(A.renamed)

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()
 assert A.v2_to_v1 is not None, "the pinned codemap is a bijection; the major-1 expectations below rely on it"
@@ -302,7 +302,7 @@ def test_seat_reads_like_direct_but_for_the_type_column(prop_seat, pg, logs, sha
 def test_every_shape_is_rewritten_by_the_classifier():
     """The shapes above exercise the translating path: every one reads the translated relation but the one
     without a type column, which reads only columns both eras store alike, from the table itself."""
-    from proxy.classify import PASS, TRANSLATE, Classifier
+    from proxy.readpath.classify import PASS, TRANSLATE, Classifier
     from proxy.config import HostConfig
 
     for major in (2, 1):

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from harness import HOST_SCHEMA
-from proxy.cutover import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from proxy.errors import ERRORS
 from test_backfill import (ROOT, backfill, bseat, config_file, direct, era, make_run, originals,  # noqa: F401
                            raw_read_v1, rid, seat_reads, whole_rows)

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from harness import render_config
-from proxy.devcluster import free_port
+from proxy.dev.devcluster import free_port
 from rawpg import RawConn, error_fields, query, startup
 
 

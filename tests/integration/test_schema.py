@@ -19,12 +19,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from proxy import schema
-from proxy.artifacts import load_artifacts
+from proxy.db.layout import STEPS
+from proxy.db.migrate import migrate as db_migrate, verify as db_verify
+from proxy.db.sql import quote_literal, text_array_literal
+from proxy.db.writer_sql import FUNCTIONS
+from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
 from proxy.errors import ERRORS
-from proxy.schema import (LAYOUT_VERSION, DigestMismatch, SchemaError, SchemaGap, SchemaMissing, SchemaTooNew,
-                          era_sql, read_check_sql)
+from proxy.db.layout import LAYOUT_VERSION, DigestMismatch, SchemaError, SchemaGap, SchemaMissing, SchemaTooNew
+from proxy.db.reader_sql import era_sql, read_check_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -68,11 +71,11 @@ def make_db(pg):
 
 
 def migrate(pg, db: str, config: Config = Config(), artifacts=ARTIFACTS) -> list[str]:
-    return run(schema.migrate(pg.dsn(dbname=db), config, artifacts, out=quiet))
+    return run(db_migrate(pg.dsn(dbname=db), config, artifacts, out=quiet))
 
 
 def verify(pg, db: str, config: Config = Config(), artifacts=ARTIFACTS) -> None:
-    run(schema.verify(pg.dsn(dbname=db), config, artifacts))
+    run(db_verify(pg.dsn(dbname=db), config, artifacts))
 
 
 def meta(pg, db: str) -> dict[str, str]:
@@ -85,9 +88,9 @@ def meta(pg, db: str) -> dict[str, str]:
 
 def test_literals_round_trip(pg):
     values = ['q"x', "back\\slash", "it's", "a,b", "{}", "plain.type-name"]
-    got = pg.psql(f"SELECT v FROM unnest({schema.text_array_literal(values)}) v ORDER BY v", dbname="postgres")
+    got = pg.psql(f"SELECT v FROM unnest({text_array_literal(values)}) v ORDER BY v", dbname="postgres")
     assert got.splitlines() == sorted(values)
-    got = pg.psql(f"SET standard_conforming_strings = off; SELECT {schema.quote_literal(values[1])}")
+    got = pg.psql(f"SET standard_conforming_strings = off; SELECT {quote_literal(values[1])}")
     assert got.splitlines()[-1] == values[1]
 
 
@@ -99,11 +102,11 @@ def test_first_migrate_then_noop(pg, make_db):
     with pytest.raises(SchemaMissing):
         verify(pg, db)
     actions = migrate(pg, db)
-    assert actions[:len(schema.STEPS) + 1] == [
-        f"applied step {step.version}: {step.description}" for step in schema.STEPS] + [
+    assert actions[:len(STEPS) + 1] == [
+        f"applied step {step.version}: {step.description}" for step in STEPS] + [
         f"installed artifact objects for digest {ARTIFACTS.digest} (tag {ARTIFACTS.tag})"]
     # the test run's claim secret (conftest) is installed too
-    assert actions[len(schema.STEPS) + 1:] in ([], ["installed the claim secret (its salted SHA-256: the secret "
+    assert actions[len(STEPS) + 1:] in ([], ["installed the claim secret (its salted SHA-256: the secret "
                                                      "itself is not stored)"])
     m = meta(pg, db)
     assert m["layout_version"] == str(LAYOUT_VERSION)
@@ -111,7 +114,7 @@ def test_first_migrate_then_noop(pg, make_db):
     assert m["updated_at"]
     functions = pg.psql("SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'openwop_seat'::regnamespace "
                         "ORDER BY 1::text", dbname=db).split()
-    assert sorted(functions) == sorted(f"openwop_seat.{f}".replace(" ", "") for f in schema.FUNCTIONS)
+    assert sorted(functions) == sorted(f"openwop_seat.{f}".replace(" ", "") for f in FUNCTIONS)
     verify(pg, db)
 
     assert migrate(pg, db) == ["nothing to do"]
@@ -137,7 +140,7 @@ def test_concurrent_cli_migrates_apply_each_step_once(pg, make_db):
     for out, err, rc in results:
         assert rc == 0, err
     lines = [line for out, _, _ in results for line in out.splitlines()]
-    for step in schema.STEPS:
+    for step in STEPS:
         assert sum(line.startswith(f"applied step {step.version}:") for line in lines) == 1, lines
     assert sum(line.startswith("installed artifact objects") for line in lines) == 1, lines
     assert sum(line == "nothing to do" for line in lines) == 2, lines
@@ -206,7 +209,7 @@ def test_digest_mismatch(pg, make_db):
 
 
 def test_cli_connection_error():
-    from proxy.devcluster import free_port
+    from proxy.dev.devcluster import free_port
 
     out = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn",
                           f"host=127.0.0.1 port={free_port()} user=nobody dbname=x connect_timeout=5"],

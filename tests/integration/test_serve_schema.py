@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from harness import HOST_SCHEMA, ROOT, render_config
-from proxy.devcluster import free_port
+from proxy.dev.devcluster import free_port
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from harness import PASSWORD
-from proxy.devcluster import DevCluster
+from proxy.dev.devcluster import DevCluster
 from rawpg import RawConn, error_fields, startup
 
 

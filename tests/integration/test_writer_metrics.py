@@ -6,7 +6,7 @@ import uuid
 
 import psycopg
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 from test_metrics import get, metric
 
 A = load_artifacts()

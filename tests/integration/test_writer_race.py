@@ -62,7 +62,7 @@ from datetime import datetime, timezone
 import psycopg
 import pytest
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()
 RENAMED = sorted(A.renamed)

@@ -28,8 +28,11 @@ import psycopg
 import pytest
 
 from harness import HOST_SCHEMA, ROOT, render_config
-from proxy import schema
-from proxy.artifacts import load_artifacts
+from proxy.db.claims import claim_proof, load_claim_secret
+from proxy.db.layout import CLAIM_SECRET_ENV, RUN_LOCK_SEED, SchemaError, UPDATE_REFUSED_SQLSTATE
+from proxy.db.migrate import migrate as db_migrate, verify
+from proxy.db.writer_sql import writer_rule_sql
+from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, ConfigError, HostConfig, parse_config
 from proxy.errors import ERRORS
 
@@ -79,7 +82,7 @@ class Store:
 def claim(conn, secret: str, major: int) -> None:
     """Claim ``major`` as the seat does: a challenge of this backend, then the proof made with ``secret``."""
     (challenge,), = conn.execute("SELECT openwop_seat.claim_challenge()").fetchall()
-    conn.execute("SELECT openwop_seat.claim(%s, %s)", (schema.claim_proof(secret, challenge, major), major))
+    conn.execute("SELECT openwop_seat.claim(%s, %s)", (claim_proof(secret, challenge, major), major))
 
 
 def create_run(conn, run: str) -> None:
@@ -163,7 +166,7 @@ def store(request, pg, maintenance_role, tmp_path_factory):
     config_file = tmp_path_factory.mktemp("wr") / "migrate.toml"
     config_file.write_text(render_config({"host": dict(host)}))
     env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
-    env[schema.CLAIM_SECRET_ENV] = SECRET
+    env[CLAIM_SECRET_ENV] = SECRET
     out = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--config", str(config_file), "--dsn",
                           pg.dsn(dbname=name)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -401,7 +404,7 @@ def test_update_of_type_or_run_is_refused_except_for_the_maintenance_role(store,
         with conn:
             for assignment in ("type = 'run.started'", "run_id = 'elsewhere'"):
                 err = refusal(lambda: conn.execute(f"UPDATE events SET {assignment} WHERE run_id = %s", (run,)),
-                              schema.UPDATE_REFUSED_SQLSTATE)
+                              UPDATE_REFUSED_SQLSTATE)
                 assert err.diag.message_primary == "openwop_seat: UPDATE of events.type/run_id is refused"
                 assert f"run '{run}' at sequence 0" in err.diag.message_detail
                 assert maintenance_role in err.diag.message_hint
@@ -701,7 +704,7 @@ def make_db(pg):
 def migrate(pg, db: str, config: Config = Config(), user: str | None = None) -> tuple[list[str], list[str]]:
     """(what migrate returned, every line it printed)."""
     lines: list[str] = []
-    done = asyncio.run(schema.migrate(pg.dsn(user=user, dbname=db), config, A, out=lines.append))
+    done = asyncio.run(db_migrate(pg.dsn(user=user, dbname=db), config, A, out=lines.append))
     return done, lines
 
 
@@ -718,27 +721,27 @@ def claim_state(pg, db: str, secret: str) -> str | None:
 
 def test_claim_secret_lifecycle(pg, make_db, monkeypatch):
     db = make_db()
-    monkeypatch.delenv(schema.CLAIM_SECRET_ENV, raising=False)
+    monkeypatch.delenv(CLAIM_SECRET_ENV, raising=False)
     _, lines = migrate(pg, db)
     assert "no claim secret installed: every session is a v1 writer" in lines
     assert claim_state(pg, db, SECRET) == "42501"
 
-    monkeypatch.setenv(schema.CLAIM_SECRET_ENV, SECRET)
+    monkeypatch.setenv(CLAIM_SECRET_ENV, SECRET)
     done, _ = migrate(pg, db)
     assert done == ["installed the claim secret (its salted SHA-256: the secret itself is not stored)"]
     assert claim_state(pg, db, SECRET) is None
 
-    monkeypatch.delenv(schema.CLAIM_SECRET_ENV)
+    monkeypatch.delenv(CLAIM_SECRET_ENV)
     done, lines = migrate(pg, db)
     assert done == ["nothing to do"] and "no claim secret given: the existing one is kept" in lines
     assert claim_state(pg, db, SECRET) is None
 
-    monkeypatch.setenv(schema.CLAIM_SECRET_ENV, SECRET)
+    monkeypatch.setenv(CLAIM_SECRET_ENV, SECRET)
     done, lines = migrate(pg, db)
     assert done == ["nothing to do"] and "the claim secret given is the one installed: kept" in lines
 
     other = f"another-secret-{uuid.uuid4().hex}"
-    monkeypatch.setenv(schema.CLAIM_SECRET_ENV, other)
+    monkeypatch.setenv(CLAIM_SECRET_ENV, other)
     done, _ = migrate(pg, db)
     assert done == ["replaced the claim secret: seats still holding the old one can no longer claim a major"]
     assert claim_state(pg, db, SECRET) == "42501" and claim_state(pg, db, other) is None
@@ -746,25 +749,25 @@ def test_claim_secret_lifecycle(pg, make_db, monkeypatch):
 
 
 def test_load_claim_secret(tmp_path, monkeypatch):
-    monkeypatch.delenv(schema.CLAIM_SECRET_ENV, raising=False)
-    assert schema.load_claim_secret(Config()) is None
-    monkeypatch.setenv(schema.CLAIM_SECRET_ENV, SECRET)
-    assert schema.load_claim_secret(Config()) == SECRET
+    monkeypatch.delenv(CLAIM_SECRET_ENV, raising=False)
+    assert load_claim_secret(Config()) is None
+    monkeypatch.setenv(CLAIM_SECRET_ENV, SECRET)
+    assert load_claim_secret(Config()) == SECRET
     secret_file = tmp_path / "claim-secret"
     secret_file.write_text("from-the-file-0123456789\n")
     config = parse_config({"host": {"claim_secret_file": "claim-secret"}}, source=str(tmp_path / "seat.toml"))
     assert config.host.claim_secret_file == str(secret_file)  # relative to the config file
-    assert schema.load_claim_secret(config) == "from-the-file-0123456789"  # the file wins over the environment
+    assert load_claim_secret(config) == "from-the-file-0123456789"  # the file wins over the environment
     for content, what in (("\n", "empty"), (b"", "empty"), ("short\n", "fewer than 16"), (b"\xff" * 20, "UTF-8")):
         secret_file.write_bytes(content.encode() if isinstance(content, str) else content)
         with pytest.raises(ConfigError, match=f"host.claim_secret_file: .*{what}"):
-            schema.load_claim_secret(config)
+            load_claim_secret(config)
     secret_file.unlink()
     with pytest.raises(ConfigError, match="host.claim_secret_file: no such file"):
-        schema.load_claim_secret(config)
-    monkeypatch.setenv(schema.CLAIM_SECRET_ENV, "")
-    with pytest.raises(ConfigError, match=f"{schema.CLAIM_SECRET_ENV}: the claim secret is empty"):
-        schema.load_claim_secret(Config())
+        load_claim_secret(config)
+    monkeypatch.setenv(CLAIM_SECRET_ENV, "")
+    with pytest.raises(ConfigError, match=f"{CLAIM_SECRET_ENV}: the claim secret is empty"):
+        load_claim_secret(Config())
     assert parse_config({"host": {"maintenance_role": "ops"}}).host.maintenance_role == "ops"
     with pytest.raises(ConfigError, match="host.maintenance_role"):
         parse_config({"host": {"maintenance_role": ""}})
@@ -779,30 +782,30 @@ def test_a_bad_secret_file_changes_nothing(pg, make_db, tmp_path):
 
 
 def test_verify_refuses_missing_disabled_or_foreign_triggers(pg, make_db, monkeypatch):
-    monkeypatch.delenv(schema.CLAIM_SECRET_ENV, raising=False)
+    monkeypatch.delenv(CLAIM_SECRET_ENV, raising=False)
     db = make_db(HOST_SCHEMA + f"ALTER TABLE runs ADD COLUMN {ERA_COLUMN} smallint;")
     migrate(pg, db)
-    run_verify = lambda config=Config(): asyncio.run(schema.verify(pg.dsn(dbname=db), config, A))  # noqa: E731
+    run_verify = lambda config=Config(): asyncio.run(verify(pg.dsn(dbname=db), config, A))  # noqa: E731
     run_verify()
     pg.psql("DROP TRIGGER zz_openwop_seat_append ON events", dbname=db)
-    with pytest.raises(schema.SchemaError, match="zz_openwop_seat_append on events is missing"):
+    with pytest.raises(SchemaError, match="zz_openwop_seat_append on events is missing"):
         run_verify()
     assert migrate(pg, db)[0] == [f"installed artifact objects for digest {A.digest} (tag {A.tag})"]
     run_verify()
     pg.psql("ALTER TABLE runs DISABLE TRIGGER zz_openwop_seat_stamp", dbname=db)
-    with pytest.raises(schema.SchemaError, match="zz_openwop_seat_stamp on runs is disabled"):
+    with pytest.raises(SchemaError, match="zz_openwop_seat_stamp on runs is disabled"):
         run_verify()
     migrate(pg, db)
     run_verify()
     # Another [host] configuration: its triggers replace the old ones.
     column = Config(host=HostConfig(era_column=ERA_COLUMN))
-    with pytest.raises(schema.SchemaError, match="not in force"):
+    with pytest.raises(SchemaError, match="not in force"):
         run_verify(column)
     migrate(pg, db, column)
     run_verify(column)
     pg.psql("CREATE TRIGGER zz_openwop_seat_stamp AFTER INSERT ON runs FOR EACH ROW "
             "EXECUTE FUNCTION openwop_seat.on_run_insert()", dbname=db)
-    with pytest.raises(schema.SchemaError, match="another \\[host\\] configuration"):
+    with pytest.raises(SchemaError, match="another \\[host\\] configuration"):
         run_verify(column)
     migrate(pg, db, column)
     names = pg.psql("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1", dbname=db).split()
@@ -812,18 +815,18 @@ def test_verify_refuses_missing_disabled_or_foreign_triggers(pg, make_db, monkey
 
 
 def test_missing_host_tables_are_reported_and_installed_later(pg, make_db, monkeypatch):
-    monkeypatch.delenv(schema.CLAIM_SECRET_ENV, raising=False)
+    monkeypatch.delenv(CLAIM_SECRET_ENV, raising=False)
     db = make_db("")
     _, lines = migrate(pg, db)
     assert any(line.startswith("the events table 'events' (host.events_table) does not exist") for line in lines)
-    asyncio.run(schema.verify(pg.dsn(dbname=db), Config(), A))  # nothing to guard yet
+    asyncio.run(verify(pg.dsn(dbname=db), Config(), A))  # nothing to guard yet
     pg.psql(HOST_SCHEMA, user="host_user", dbname=db)
-    with pytest.raises(schema.SchemaError, match="not in force"):
-        asyncio.run(schema.verify(pg.dsn(dbname=db), Config(), A))
+    with pytest.raises(SchemaError, match="not in force"):
+        asyncio.run(verify(pg.dsn(dbname=db), Config(), A))
     assert migrate(pg, db)[0] == [f"installed artifact objects for digest {A.digest} (tag {A.tag})"]
-    asyncio.run(schema.verify(pg.dsn(dbname=db), Config(), A))
+    asyncio.run(verify(pg.dsn(dbname=db), Config(), A))
     pg.psql("ALTER TABLE events RENAME COLUMN type TO kind", user="host_user", dbname=db)
-    with pytest.raises(schema.SchemaError, match="no column 'type' \\(host.type_column\\)"):
+    with pytest.raises(SchemaError, match="no column 'type' \\(host.type_column\\)"):
         migrate(pg, db)
 
 
@@ -836,8 +839,8 @@ def test_an_owner_that_cannot_see_sessions_is_refused_a_secret(pg, make_db, monk
         made_here.append(db)  # dropped before the role that owns its objects
         pg.psql(f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT TRIGGER ON runs, events TO {owner}; "
                 f"GRANT SELECT ON events TO {owner}", dbname=db)
-        monkeypatch.setenv(schema.CLAIM_SECRET_ENV, SECRET)
-        with pytest.raises(schema.SchemaError, match=f"GRANT pg_read_all_stats TO {owner}"):
+        monkeypatch.setenv(CLAIM_SECRET_ENV, SECRET)
+        with pytest.raises(SchemaError, match=f"GRANT pg_read_all_stats TO {owner}"):
             migrate(pg, db, user=owner)
         assert not pg.psql("SELECT 1 FROM pg_namespace WHERE nspname = 'openwop_seat'", dbname=db)
         pg.psql(f"GRANT pg_read_all_stats TO {owner}")
@@ -862,14 +865,14 @@ def test_generated_writer_sql_comes_from_the_artifacts():
     rows = {"a.one": "a.one", "a.old-two": "a.two", "b.x": "b.merged", "b.y": "b.merged"}
     fake = dataclasses.replace(A, v1_to_v2=rows, v1_types=frozenset(rows), v2_types=frozenset(rows.values()),
                                renamed=frozenset({"a.old-two", "b.x", "b.y"}), v2_to_v1=None)
-    sql = schema.writer_rule_sql(fake, HostConfig())
+    sql = writer_rule_sql(fake, HostConfig())
     assert "WHEN 'a.two' THEN 'a.old-two'" in sql  # v2 -> v1 for an era-2 append
     assert "WHEN 'a.old-two' THEN 'a.two'" in sql  # the v1 spelling named in a refusal
     assert "'b.merged'" in sql and "THEN 'b.x'" not in sql and "THEN 'b.y'" not in sql  # no one v1 spelling
     for name in A.v1_types - {"a.one"}:
         assert f"'{name}'" not in sql
-    assert str(schema.RUN_LOCK_SEED) in sql
-    column = schema.writer_rule_sql(fake, HostConfig(runs_table="app.Runs", run_id_column="Id", era_column="Era",
+    assert str(RUN_LOCK_SEED) in sql
+    column = writer_rule_sql(fake, HostConfig(runs_table="app.Runs", run_id_column="Id", era_column="Era",
                                                      events_table="app.Events", type_column="Kind",
                                                      maintenance_role="ops"))
     assert 'NEW."Kind" := v_other' in column and 'UPDATE "app"."Runs" SET "Era" = 3' in column

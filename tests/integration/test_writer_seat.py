@@ -35,9 +35,9 @@ import psycopg
 import pytest
 
 from harness import CLAIM_SECRET
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 from proxy.errors import ERRORS
-from proxy.schema import CLAIM_SQL
+from proxy.db.layout import CLAIM_SQL
 
 A = load_artifacts()
 HOST = "host_user"

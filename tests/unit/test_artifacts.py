@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.artifacts import (
-    ArtifactError,
-    Artifacts,
-    check_report,
-    cmd_check,
-    default_directory,
-    load_artifacts,
-)
+from proxy.artifacts.load import ArtifactError, Artifacts, check_report, default_directory, load_artifacts
+from proxy.cli import cmd_check
 from proxy.config import ConfigError
 
 SPEC = Path(default_directory())
@@ -398,7 +392,7 @@ def test_cmd_check_loads_the_config(tmp_path: Path, capsys) -> None:
 
 def test_cmd_check_refuses_a_broken_set(spec_copy: Path, monkeypatch, capsys) -> None:
     edit_json(spec_copy, "event-codemap.json", lambda doc: doc["rows"][11].update(status="proposed"))
-    monkeypatch.setattr("proxy.artifacts.default_directory", lambda: str(spec_copy))
+    monkeypatch.setattr("proxy.artifacts.load.default_directory", lambda: str(spec_copy))
     assert cmd_check(None) == 1
     out = capsys.readouterr()
     assert out.out == ""

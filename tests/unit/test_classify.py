@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from pglast import ast, parse_sql
 
-from proxy.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
+from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 from proxy.config import HostConfig
 
 VIEW2, VIEW1 = "openwop_seat.events_m2", "openwop_seat.events_m1"
@@ -340,7 +340,7 @@ def test_plans_differ_by_major():
 
 
 def test_risky_functions_are_those_that_could_read_the_events_table():
-    from proxy.server import risky_functions
+    from proxy.serve.context import risky_functions
 
     rows = [{"name": n, "language": lang, "body": body} for n, lang, body in (
         ("reads", "sql", "SELECT * FROM public.events"),

@@ -9,24 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.wire import messages
-from proxy.wire.codec import (
-    FRONTEND_TYPES,
-    MAX_MESSAGE_LENGTH,
-    PROTOCOL_3_0,
-    PROTOCOL_3_2,
-    HELD,
-    RAW,
-    SEEN,
-    CancelRequest,
-    EditFramer,
-    GSSENCRequest,
-    MessageWalker,
-    ProtocolViolation,
-    SSLRequest,
-    StartupMessage,
-    StreamSplitter,
-    parse_initial_packet,
-)
+from proxy.wire.codec import (FRONTEND_TYPES, MAX_MESSAGE_LENGTH, PROTOCOL_3_0, PROTOCOL_3_2, HELD, RAW, SEEN,
+                              CancelRequest, EditFramer, GSSENCRequest, MessageWalker, ProtocolViolation, SSLRequest,
+                              StartupMessage, StreamSplitter, parse_initial_packet)
 from proxy.wire.state import BACKEND_CAPTURE, Phase, SessionState
 
 
@@ -254,7 +239,7 @@ def test_session_state_fatal_and_negotiate_protocol_version():
 
 # ---------------------------------------------------------------- EditFramer (client stream of a translating session)
 
-# The client messages a translating session captures (proxy.session.READ_FRONTEND).
+# The client messages a translating session captures (proxy.serve.session.READ_FRONTEND).
 EDIT_CAPTURE = frozenset(b"QPBDECSFX")
 
 

@@ -76,8 +76,8 @@ def test_optional_projection_columns():
 
 
 def test_projection_columns_are_checked_against_the_tables():
-    from proxy.schema import SchemaError
-    from proxy.server import resolve_columns
+    from proxy.db.layout import SchemaError
+    from proxy.serve.context import resolve_columns
 
     host = parse_config({"host": {"payload_column": "body"}}).host
     with pytest.raises(SchemaError, match="host.payload_column 'body': no such column"):
@@ -120,7 +120,7 @@ def test_serve_needs_host_dsn_unless_every_major_is_raw(tmp_path):
 
 def test_append_lock_is_one_expression_over_run_id():
     from proxy.config import ConfigError, parse_config
-    from proxy.schema import host_append_lock_sql
+    from proxy.db.writer_sql import host_append_lock_sql
 
     config = parse_config({"host": {"append_lock": " pg_advisory_xact_lock(hashtext(run_id), 1) "}})
     assert config.host.append_lock == "pg_advisory_xact_lock(hashtext(run_id), 1)"

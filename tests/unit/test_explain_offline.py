@@ -73,7 +73,7 @@ def test_a_missing_config_file_is_a_configuration_error(tmp_path):
 
 def test_the_relation_named_is_the_one_of_the_major():
     from proxy.config import Config
-    from proxy.explain import explain as explain_in_process
+    from proxy.tools.explain import explain as explain_in_process
 
     lines: list[str] = []
     status = explain_in_process(Config(), "SELECT e.type AS kind, e.run_id FROM events e WHERE e.run_id = $1", 1,

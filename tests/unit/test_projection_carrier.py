@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from proxy import schema
-from proxy.artifacts import load_artifacts
+from proxy.db.layout import SchemaError
+from proxy.db.writer_sql import artifact_objects_sql
+from proxy.artifacts.load import load_artifacts
 from proxy.config import ConfigError, HostConfig, parse_config
-from proxy.projection import (CARRIER, INTERRUPT_KINDS, KEY_CLASS_LANES, SUBJECT_KINDS, CarrierError,
-                              check_carrier, interrupt_kind_types)
+from proxy.artifacts.payload_shapes import CarrierError, check_carrier
+from proxy.db.projection_sql import CARRIER, INTERRUPT_KINDS, KEY_CLASS_LANES, SUBJECT_KINDS, interrupt_kind_types
 
 ARTIFACTS = load_artifacts()
 SCHEMAS = Path(__file__).resolve().parents[2] / "proxy" / "spec" / "schemas" / "v2"
@@ -50,9 +51,9 @@ def test_a_vendor_carrier_needs_its_org_registered_in_the_declaration():
     with pytest.raises(CarrierError, match="not registered"):
         check_carrier("vendor.acme", ARTIFACTS.vendor_orgs)
     # where config meets the artifacts (migrate), the refusal names the key
-    with pytest.raises(schema.SchemaError, match="host.payload_carrier: .*'acme' is not registered"):
-        schema.artifact_objects_sql(ARTIFACTS, HostConfig(payload_carrier="vendor.acme"))
-    sql = schema.artifact_objects_sql(ARTIFACTS, HostConfig(payload_carrier="vendor.openwop-app"))
+    with pytest.raises(SchemaError, match="host.payload_carrier: .*'acme' is not registered"):
+        artifact_objects_sql(ARTIFACTS, HostConfig(payload_carrier="vendor.acme"))
+    sql = artifact_objects_sql(ARTIFACTS, HostConfig(payload_carrier="vendor.openwop-app"))
     assert "'vendor.openwop-app'" in sql and "'vendor.openwop-app.seat'" in sql and "'x-v1'" not in sql
 
 

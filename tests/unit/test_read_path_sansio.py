@@ -1,4 +1,4 @@
-"""Sans-IO tests of the read path (proxy.reader.ReadPath): statement rewriting, plan once per session, refusals.
+"""Sans-IO tests of the read path (proxy.readpath.read_path.ReadPath): statement rewriting, plan once per session, refusals.
 
 No sockets and no server: client messages are handed to the read path as the session hands them, one by
 one, and the server's answers the read path is shown are written by hand as PostgreSQL sends them.
@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from proxy.classify import Classifier
+from proxy.readpath.classify import Classifier
 from proxy.config import HostConfig
-from proxy.reader import MAX_PREPARED, POISON_SQL, EventColumns, ReadPath, ReadPathError
+from proxy.readpath.read_path import MAX_PREPARED, POISON_SQL, EventColumns, ReadPath, ReadPathError
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.messages import iter_messages
 

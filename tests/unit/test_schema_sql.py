@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from proxy import schema
-from proxy.artifacts import load_artifacts
+from proxy.db.connect import parse_keyword_dsn
+from proxy.db.layout import LOCK_KEY
+from proxy.db.sql import quote_literal, text_array_literal
+from proxy.db.writer_sql import artifact_objects_sql
+from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
 from proxy.errors import ERRORS
-from proxy.schema import (SchemaError, era_sql, quote_ident, quote_qualified, read_check_sql)
+from proxy.db.layout import SchemaError
+from proxy.db.reader_sql import era_sql, read_check_sql
+from proxy.db.sql import quote_ident, quote_qualified
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -39,11 +44,11 @@ def test_quoting():
     assert quote_qualified("Host.Events") == '"Host"."Events"'
     with pytest.raises(ValueError):
         quote_qualified("a.b.c")
-    assert schema.quote_literal("it's") == "'it''s'"
-    assert schema.quote_literal("a\\b") == "E'a\\\\b'"
-    assert schema.text_array_literal({"b", "a.c-d"}) == "'{\"a.c-d\",\"b\"}'::text[]"
-    assert schema.text_array_literal({'q"x'}) == "E'{\"q\\\\\"x\"}'::text[]"
-    assert schema.text_array_literal(set()) == "'{}'::text[]"
+    assert quote_literal("it's") == "'it''s'"
+    assert quote_literal("a\\b") == "E'a\\\\b'"
+    assert text_array_literal({"b", "a.c-d"}) == "'{\"a.c-d\",\"b\"}'::text[]"
+    assert text_array_literal({'q"x'}) == "E'{\"q\\\\\"x\"}'::text[]"
+    assert text_array_literal(set()) == "'{}'::text[]"
 
 
 def test_builders():
@@ -63,7 +68,7 @@ def test_builders():
 def test_generated_sql_comes_from_the_artifacts():
     fake = dataclasses.replace(ARTIFACTS, v1_types=frozenset({"only.this-one"}), vendor_orgs=frozenset({"acme", "vendor"}),
                                reserved_orgs=frozenset({"vendor"}), payload_shapes={})
-    sql = schema.artifact_objects_sql(fake, HostConfig())
+    sql = artifact_objects_sql(fake, HostConfig())
     assert "'{\"only.this-one\"}'::text[]" in sql
     assert "'{\"acme\"}'::text[]" in sql  # reserved orgs are not vendor prefixes
     assert V1_TYPE not in sql
@@ -75,11 +80,11 @@ def test_lock_key_is_fixed():
     import hashlib
 
     expected = int.from_bytes(hashlib.sha256(b"openwop_seat.migrate").digest()[:8], "big", signed=True)
-    assert schema.LOCK_KEY == expected and -2**63 <= schema.LOCK_KEY < 2**63
+    assert LOCK_KEY == expected and -2**63 <= LOCK_KEY < 2**63
 
 
 def test_keyword_dsn_parsing():
-    assert schema.parse_keyword_dsn("host=h port=5 dbname='a b' password='it\\'s' user = u") == {
+    assert parse_keyword_dsn("host=h port=5 dbname='a b' password='it\\'s' user = u") == {
         "host": "h", "port": "5", "dbname": "a b", "password": "it's", "user": "u"}
     with pytest.raises(SchemaError):
-        schema.parse_keyword_dsn("host")
+        parse_keyword_dsn("host")

@@ -1,10 +1,10 @@
-"""proxy.startup: startup parameters read as PostgreSQL reads them, and the seat's allowlist (ADR 0006)."""
+"""proxy.wire.startup: startup parameters read as PostgreSQL reads them, and the seat's allowlist (ADR 0006)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.startup import ALLOWED_SETTINGS, StartupRefused, option_settings, parse_startup, split_options
+from proxy.wire.startup import ALLOWED_SETTINGS, StartupRefused, option_settings, parse_startup, split_options
 
 
 @pytest.mark.parametrize("options, words", [

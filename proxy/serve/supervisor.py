@@ -36,8 +36,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from .config import Config, HostPort
-from .metrics import PROMETHEUS_TEXT, serve_http
+from proxy.config import Config, HostPort
+from proxy.serve.metrics import PROMETHEUS_TEXT, serve_http
 
 log = logging.getLogger("openwop_seat.supervisor")
 

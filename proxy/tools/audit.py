@@ -3,7 +3,7 @@
 The audit is a pre-flight for the cut: it tells, before any v2 reader is
 switched on, which stored events would fail to read and why.  It runs the
 functions ``migrate`` installed (``try_v2p``: ``read_v2p`` with each refusal
-returned instead of raised, see :mod:`proxy.schema`), so it reads every row
+returned instead of raised, see :mod:`proxy.db`), so it reads every row
 exactly as a seat would; only the counting is done here.
 
 Three classes of result (ADR 0007).  An event *would fail* when a major-2
@@ -34,13 +34,29 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, Progress,
-                      UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col, unavailable)
-from .projection import META_SEPARATOR
-from .schema import SCHEMA, TRY_REFUSED, quote_ident, quote_literal, read_project_sql
+from proxy.db.layout import SCHEMA
+from proxy.db.projection_sql import META_SEPARATOR
+from proxy.db.reader_sql import TRY_REFUSED, read_project_sql
+from proxy.db.sql import quote_ident, quote_literal
+from proxy.tools.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Progress,
+    UsageError,
+    bar,
+    eras_of,
+    events_from,
+    list_runs_sql,
+    open_checked,
+    run_col,
+    unavailable,
+)
 
 DEFAULT_BATCH = 500  # runs per transaction
-RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(__file__), "spec", "schemas", "v2", "run-event.schema.json")
+RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "spec", "schemas", "v2", "run-event.schema.json")
 
 
 def vendor_type_grammar() -> re.Pattern:
@@ -202,7 +218,7 @@ def _failure_order(item) -> tuple:
 
 async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samples: int = DEFAULT_SAMPLES,
                     progress: Progress | None = None) -> Report:
-    """Audit the database behind ``conn`` (already checked with :func:`proxy.cutover.open_checked`)."""
+    """Audit the database behind ``conn`` (already checked with :func:`proxy.tools.common.open_checked`)."""
     host = config.host
     report = Report(artifacts.tag, artifacts.digest, samples)
     total = await conn.fetchval("SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_catalog.pg_class c "
@@ -240,7 +256,7 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
         async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
             report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
     if host.era_column is None:  # run_era says who stamped a run; an era column does not
-        from .backfill import REPAIR_SOURCE
+        from proxy.tools.backfill import REPAIR_SOURCE
 
         report.repaired_runs = await conn.fetchval(
             f"SELECT count(*) FROM {SCHEMA}.run_era WHERE source = $1", REPAIR_SOURCE)
@@ -334,7 +350,7 @@ def _write_json(path: str, data: dict) -> None:
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
     """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail or schema-invalid, 2 usage, 3 cannot
     audit."""
-    from .artifacts import load_artifacts
+    from proxy.artifacts.load import load_artifacts
 
     def fail(status: int, message: str) -> int:
         print(f"openwop-seat audit: {message}", file=sys.stderr)

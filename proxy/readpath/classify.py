@@ -5,7 +5,7 @@ reference to it, at any query level (CTEs, subqueries, LATERAL, set
 operations, joins, ``EXPLAIN``, ``DECLARE … CURSOR``, SQL ``PREPARE``,
 ``CREATE TABLE AS``, ``COPY … TO``), is replaced by the seat's translated
 relation for the session's major (``openwop_seat.events_m2`` / ``events_m1``,
-:mod:`proxy.relations`), under the name the statement used for it.  The
+:mod:`proxy.db.relations`), under the name the statement used for it.  The
 statement then works on translated values whatever it does with them, so there
 is nothing to track column by column and nothing to do per row in the seat.
 
@@ -33,12 +33,13 @@ import re
 from collections import OrderedDict
 from typing import NamedTuple
 
-from .config import HostConfig
+from proxy.config import HostConfig
+from proxy.errors import SeatException
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
-# The written rows' type and payload as the reader rule returns them (proxy.relations): RETURNING reads them.
+# The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
@@ -69,7 +70,7 @@ class Plan(NamedTuple):
         return not self.changed
 
 
-class Untranslatable(Exception):
+class Untranslatable(SeatException):
     def __init__(self, kind: str, detail: str):
         super().__init__(detail)
         self.kind = kind
@@ -171,7 +172,7 @@ class Classifier:
 
     def set_functions(self, names) -> None:
         """The functions defined in the database whose bodies could read the events table out of the seat's
-        sight (lower case; ``proxy.server.risky_functions``): a translated session may not call them. The
+        sight (lower case; ``proxy.serve.listener.risky_functions``): a translated session may not call them. The
         plans made with another set are dropped."""
         names = frozenset(n.lower() for n in names)
         if names != self.functions:
@@ -483,7 +484,7 @@ class Classifier:
                                          f"columns may decide or feed a write")
 
     def _copy(self, stmt):
-        from pglast import ast, parse_sql
+        from pglast import parse_sql
 
         if stmt.relation is not None:
             if stmt.is_from or not self._is_events(stmt.relation):

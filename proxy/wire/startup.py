@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.errors import SeatException
+
 NAMEDATALEN = 64
 
 # The settings a client may give at startup (names as PostgreSQL compares them: lower case).  They are what
@@ -58,7 +60,7 @@ _SWITCHES = frozenset(c for c in _GETOPT if c != ":")
 _SPACE = " \t\n\v\f\r"  # isspace() in the C locale, as pg_split_opts uses it
 
 
-class StartupRefused(Exception):
+class StartupRefused(SeatException):
     """A startup packet the seat does not relay; ``str(e)`` is the FATAL's message, ``sqlstate`` its SQLSTATE."""
 
     def __init__(self, message: str, sqlstate: str = "42501"):

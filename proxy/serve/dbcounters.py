@@ -27,14 +27,15 @@ class DatabaseCounters:
     async def refresh(self) -> None:
         if time.monotonic() - self._read_at < REFRESH_EVERY:
             return
-        from . import schema
+        from proxy.db.connect import connect
+        from proxy.db.layout import SCHEMA, WRITER_COUNTERS
 
         self._read_at = time.monotonic()
         try:
-            conn = await asyncio.wait_for(schema.connect(self.config.host.dsn), self.config.connect_timeout)
+            conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
             try:
-                for name in schema.WRITER_COUNTERS:
-                    row = await conn.fetchrow(f"SELECT last_value, is_called FROM {schema.SCHEMA}.{name}")
+                for name in WRITER_COUNTERS:
+                    row = await conn.fetchrow(f"SELECT last_value, is_called FROM {SCHEMA}.{name}")
                     self.values[name] = row["last_value"] if row["is_called"] else 0
             finally:
                 await conn.close()
@@ -42,7 +43,7 @@ class DatabaseCounters:
             log.warning("could not read the writer rule's counters: %s", e)
 
     def collect(self):
-        from .schema import WRITER_COUNTERS
+        from proxy.db.layout import WRITER_COUNTERS
 
         for name, doc in WRITER_COUNTERS.items():
             c = CounterMetricFamily(f"openwop_seat_{name}", doc)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .config import HostConfig
+from proxy.config import HostConfig
 
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"

@@ -43,7 +43,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .config import Config, ConfigError, HostConfig
+from proxy.config import Config, ConfigError, HostConfig
+from proxy.errors import SeatException
 
 PINNED = "version.pinned"
 CANCELLED = "run.cancelled"
@@ -57,7 +58,7 @@ _ID_TYPES = ("text", "uuid", "character varying")
 _TIME_TYPES = ("timestamp with time zone", "timestamp without time zone", "date")
 
 
-class PinnedError(Exception):
+class PinnedError(SeatException):
     """The pinned-runs command cannot go on; the message says why."""
 
 
@@ -187,7 +188,7 @@ class EventsTable:
 
 async def events_table(conn, host: HostConfig) -> EventsTable:
     """Look the events table up and build the cancel's INSERT, or PinnedError naming a column it cannot fill."""
-    from .schema import quote_ident, quote_qualified
+    from proxy.db.sql import quote_ident, quote_qualified
 
     table = quote_qualified(host.events_table)
     rows = await conn.fetch(
@@ -283,7 +284,7 @@ class Outcome:
 async def cancel_run(conn, host: HostConfig, t: EventsTable, words: Spellings, run: str,
                      implemented: frozenset[str]) -> Outcome:
     """Append the one run.cancelled of a pinned run in its own transaction, under the host's and the seat's locks."""
-    from .schema import host_append_lock_sql
+    from proxy.db.writer_sql import host_append_lock_sql
 
     host_lock = host_append_lock_sql(host)
     async with conn.transaction(isolation="read_committed"):
@@ -324,8 +325,10 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
     """List (and with ``implemented`` decide, with ``cancel`` cancel) the non-terminal pinned runs; the exit status."""
     import asyncpg
 
-    from .artifacts import load_artifacts
-    from .schema import claim_async, connect, load_claim_secret, verify
+    from proxy.artifacts.load import load_artifacts
+    from proxy.db.claims import claim_async, load_claim_secret
+    from proxy.db.connect import connect
+    from proxy.db.migrate import verify
 
     artifacts = load_artifacts()
     words = spellings(artifacts)
@@ -396,7 +399,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
 def cmd_pinned_runs(config: Config, dsn: str, implemented_path: str | None, cancel: bool) -> int:
     """``openwop-seat pinned-runs``: 0 when every run listed was handled, 1 otherwise, 2 for bad input."""
 
-    from .cutover import unavailable
+    from proxy.tools.common import unavailable
 
     name = "openwop-seat pinned-runs"
     if cancel and implemented_path is None:

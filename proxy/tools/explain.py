@@ -1,6 +1,6 @@
 """``openwop-seat explain``: how the seat would handle one SQL string, without a database.
 
-It runs the classifier ``serve`` runs (:class:`proxy.classify.Classifier`, built
+It runs the classifier ``serve`` runs (:class:`proxy.readpath.classify.Classifier`, built
 from the same ``[host]`` configuration) and prints, per statement, whether it
 passes untouched, is rewritten to read the seat's translated relation (and the
 text sent instead), or is refused (the kind, the reason and the error the
@@ -21,9 +21,9 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from .classify import PASS, REFUSE, TRANSLATE, VIEW, Classifier
-from .config import Config
-from .errors import ERRORS
+from proxy.config import Config
+from proxy.errors import ERRORS
+from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, VIEW, Classifier
 
 _WHAT = {
     1: "major 1: for era-3 rows, type is mapped to its v1 name; payloads pass as stored",

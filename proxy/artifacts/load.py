@@ -17,12 +17,13 @@ manifest's order, ``path + b"\\0" + str(len(content)) + b"\\0" + content``, wher
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.artifacts._json import ArtifactError, parse_json
+from proxy.artifacts.payload_shapes import PayloadSchemaError, compile_payload_schemas
 
 MANIFEST = "MANIFEST.json"
 CODEMAP = "event-codemap.json"
@@ -67,10 +68,6 @@ _V2_EVENT_TYPE = re.compile(V2_EVENT_TYPE_GRAMMAR)
 _PROBE_NAME = "a"
 
 
-class ArtifactError(Exception):
-    """The artifact set is unusable; the message names the offending file and row."""
-
-
 @dataclass(frozen=True)
 class Artifacts:
     tag: str
@@ -106,7 +103,7 @@ class Artifacts:
 
 def default_directory() -> str:
     """The artifact folder shipped inside the package (``proxy/spec``)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec")
 
 
 def load_artifacts(directory: str | None = None) -> Artifacts:
@@ -115,7 +112,7 @@ def load_artifacts(directory: str | None = None) -> Artifacts:
     tag, files = _manifest(directory)
     _no_unlisted_files(directory, files)
     contents = {rel: _read(directory, rel) for rel in files}
-    docs = {rel: _parse_json(rel, content) for rel, content in contents.items()}
+    docs = {rel: parse_json(rel, content) for rel, content in contents.items()}
 
     digest = hashlib.sha256()
     for rel in files:
@@ -154,8 +151,6 @@ def load_artifacts(directory: str | None = None) -> Artifacts:
 def _payload_shapes(directory: str, files: list[str]) -> dict:
     if not any(rel.startswith("schemas/v2/") for rel in files):
         return {}
-    from .payloads import PayloadSchemaError, compile_payload_schemas
-
     try:
         return compile_payload_schemas(directory)
     except PayloadSchemaError as e:
@@ -181,29 +176,6 @@ def check_report(a: Artifacts) -> str:
     ]
     return "\n".join(lines)
 
-
-def cmd_check(config_path: str | None) -> int:
-    """``openwop-seat check [--config FILE]``: load the packaged set and print its report.
-
-    A config file, when given, is loaded (and so validated) but not otherwise
-    used yet; a ConfigError propagates to the CLI, which reports it.
-    """
-    if config_path is not None:
-        from .config import load_config
-
-        load_config(config_path)
-    try:
-        artifacts = load_artifacts()
-    except ArtifactError as e:
-        print(f"openwop-seat check: {e}", file=sys.stderr)
-        return 1
-    print(check_report(artifacts))
-    return 0
-
-
-# --- reading -----------------------------------------------------------------
-
-
 def _read(directory: str, rel: str) -> bytes:
     try:
         with open(os.path.join(directory, *rel.split("/")), "rb") as f:
@@ -215,33 +187,8 @@ def _read(directory: str, rel: str) -> bytes:
     except OSError as e:
         raise ArtifactError(f"{rel}: cannot read: {e.strerror}") from None
 
-
-def _parse_json(name: str, content: bytes) -> Any:
-    """Strict JSON: UTF-8, no duplicate object keys, no NaN/Infinity."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                raise ArtifactError(f"{name}: invalid JSON: duplicate object key {key!r}")
-            out[key] = value
-        return out
-
-    def constant(word: str) -> Any:
-        raise ArtifactError(f"{name}: invalid JSON: {word} is not JSON")
-
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ArtifactError(f"{name}: invalid JSON: not UTF-8 ({e})") from None
-    try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{name}: invalid JSON: {e}") from None
-
-
 def _manifest(directory: str) -> tuple[str, list[str]]:
-    doc = _parse_json(MANIFEST, _read(directory, MANIFEST))
+    doc = parse_json(MANIFEST, _read(directory, MANIFEST))
     if not isinstance(doc, dict) or set(doc) != {"tag", "files"}:
         raise ArtifactError(f'{MANIFEST}: expected an object with exactly the keys "tag" and "files"')
     tag, files = doc["tag"], doc["files"]
@@ -381,9 +328,9 @@ def _declaration(doc: Any) -> tuple[frozenset[str], frozenset[str]]:
                 f"{where}: not an org segment of extensionsKeyPattern {key_pattern.pattern}")
         if not isinstance(entry, dict):
             raise ArtifactError(f"{where}: expected an object")
-        for field in ("name", "registered"):  # required by RFC 0180 §A.2
-            if not isinstance(entry.get(field), str) or not entry[field]:
-                raise ArtifactError(f"{where}: {field} must be a non-empty string")
+        for required in ("name", "registered"):  # required by RFC 0180 §A.2
+            if not isinstance(entry.get(required), str) or not entry[required]:
+                raise ArtifactError(f"{where}: {required} must be a non-empty string")
     return frozenset(extensions), frozenset(reserved)
 
 

@@ -1,7 +1,7 @@
 """The read path, sans-IO: rewrites the statements of a translated session; its rows pass as sent.
 
 Every statement text a translated session sends (Query, Parse) goes through
-the classifier (:mod:`proxy.classify`), which substitutes the seat's translated
+the classifier (:mod:`proxy.readpath.classify`), which substitutes the seat's translated
 relation for the events table.  The rows then come back from the server
 already translated, so the seat relays every DataRow as the server sent it and
 never frames the server's stream for a translated result.
@@ -43,10 +43,10 @@ from time import perf_counter
 
 import orjson
 
-from .classify import PASS, REFUSE, Classifier, Plan, StatementPlan
-from .errors import BY_SQLSTATE, ERRORS
-from .wire import messages
-from .wire.codec import ProtocolViolation
+from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
+from proxy.readpath.classify import PASS, REFUSE, Classifier, Plan, StatementPlan
+from proxy.wire import messages
+from proxy.wire.codec import ProtocolViolation
 
 _I16 = struct.Struct("!h")
 _U16 = struct.Struct("!H")
@@ -64,7 +64,7 @@ _WRITE_HEADS = frozenset(("INSERT", "UPDATE", "DELETE", "COPY"))
 _CLASS = {"translate": "event_read", REFUSE: "refused"}
 
 
-class ReadPathError(Exception):
+class ReadPathError(SeatException):
     """A result the seat must not pass on and cannot fail cleanly on the server: end the session."""
 
 

@@ -30,9 +30,10 @@ import time
 
 import asyncpg
 
-from .artifacts import load_artifacts
-from .devcluster import DevCluster, PostgresNotFound, free_port
-from .schema import CLAIM_SECRET_ENV
+from proxy.artifacts.load import load_artifacts
+from proxy.db.layout import CLAIM_SECRET_ENV
+from proxy.dev.devcluster import DevCluster, PostgresNotFound, free_port
+from proxy.errors import SeatException
 
 HOST_ROLE = "app"  # the host's role: not a superuser, not the owner of openwop_seat, not the tables' owner
 TABLE_OWNER = "app_owner"  # owns runs and events, so the host's role cannot disable their triggers
@@ -84,7 +85,7 @@ NEW_RUN = "run-new"
 READERS = {"raw": "ops", "v2": "host-v2", "v1": "v1-host"}
 
 CONFIG = """\
-# written by `python -m proxy.demo`
+# written by `python -m proxy.dev.demo`
 [proxy]
 listen = "127.0.0.1:{port}"
 upstream = "127.0.0.1:{upstream}"
@@ -104,7 +105,7 @@ dsn = "{dsn}"
 """
 
 
-class DemoError(RuntimeError):
+class DemoError(SeatException, RuntimeError):
     """An expected failure (a command failed, the seat did not start): reported without a traceback."""
 
 

@@ -1,7 +1,7 @@
 """Payload projection for major-2 readers of era-2 rows, generated as SQL from the compiled v2 shapes.
 
 The projection runs *inside the database*, in the reading statement itself,
-for the same reasons the era check does (see :mod:`proxy.schema`): a row that
+for the same reasons the era check does (see :mod:`proxy.db`): a row that
 cannot be projected fails the statement exactly as a PostgreSQL error would
 (transaction, pipeline and ReadyForQuery as PostgreSQL leaves them), and the
 run's tenant, needed for the legacy Subject, is read in the statement's own
@@ -10,7 +10,7 @@ snapshot.  The seat's Python only splices the projected bytes into the row.
 What is generated here is data plus one generic engine, not per-type code:
 
 * ``payload_shapes()`` returns the compiled shape graph of
-  :mod:`proxy.payloads` as one jsonb constant (types → shape ids; per shape:
+  :mod:`proxy.artifacts.payload_shapes` as one jsonb constant (types → shape ids; per shape:
   declared keys with their nested/item shapes, required keys, open / closed /
   closed-and-hatched, union branches, ``kind``-style discriminators).
 * ``project_obj(shape, value, path)`` walks one object against one shape:
@@ -33,7 +33,7 @@ What is generated here is data plus one generic engine, not per-type code:
   only otherwise ``project_row`` (plpgsql), which raises ``payload_unprojectable``
   or returns ``<era>[<projected jsonb>][\\x1e<boxed>\\x1e<type>\\x1e<missing,…>]`` as
   text; the part after the era is present when the payload changed or a
-  required key is missing (see :mod:`proxy.reader`).
+  required key is missing (see :mod:`proxy.readpath.read_path`).
 
 Serialisation.  The projected payload is a jsonb value and reaches the client
 as PostgreSQL prints jsonb (``jsonb_out``): keys in jsonb's storage order
@@ -49,13 +49,10 @@ from __future__ import annotations
 
 import orjson
 
-from .payloads import HATCH_PATTERN, ObjectShape
+from proxy.artifacts.payload_shapes import HATCH_PATTERN, ObjectShape, check_carrier
 
 CARRIER = "x-v1"  # the default carrier: the key, admitted by the hatch, that holds a hatched object's unseated keys
 SECOND_CARRIER_SUFFIX = ".seat"  # the carrier when the host itself wrote a key of the carrier's name (ADR 0007)
-# The spelling a configured carrier must have: a hatch prefix and a name of letters, digits, '-' and '.' segments.
-CARRIER_GRAMMAR = (r"^(openwop-[a-z0-9]+(-[a-z0-9]+)*|x-[a-z0-9]+(-[a-z0-9]+)*"
-                   r"|vendor\.[a-z][a-z0-9]*(-[a-z0-9]+)*(\.[a-z0-9]+(-[a-z0-9]+)*)*)$")
 # The v2 interrupt kind enum (nodeSuspended.kind, interruptResolved.kind, suspend-request kind); a stored kind
 # outside it reads as "custom", the original carried (ADR 0007).
 INTERRUPT_KINDS = ("approval", "clarification", "external-event", "custom", "conversation.start",
@@ -117,26 +114,6 @@ def approval_data_keys(shapes: dict[str, ObjectShape]) -> tuple[str, ...]:
     key, bound = shape.discriminated["data"]
     approval = bound.get("approval")
     return approval.declared if approval is not None else ()
-
-
-class CarrierError(ValueError):
-    """A configured carrier the hatch or the org registry does not admit."""
-
-
-def check_carrier(carrier: str, vendor_orgs=None) -> str:
-    """``carrier`` if it is a key the hatch admits and, for ``vendor.<org>``, ``<org>`` is registered in
-    declaration.json (``vendor_orgs``; None skips that check, for a config read without artifacts)."""
-    import re
-
-    if not isinstance(carrier, str) or not re.fullmatch(CARRIER_GRAMMAR, carrier):
-        raise CarrierError(f"payload carrier {carrier!r}: expected a key the hatch {HATCH_PATTERN} admits, "
-                           "spelled x-<name>, openwop-<name> or vendor.<org>[.<name>] (lower case, digits, '-')")
-    if carrier.startswith("vendor.") and vendor_orgs is not None:
-        org = carrier.split(".")[1]
-        if org not in vendor_orgs:
-            raise CarrierError(f"payload carrier {carrier!r}: org {org!r} is not registered in declaration.json "
-                               f"(registered: {', '.join(sorted(vendor_orgs))})")
-    return carrier
 
 
 def second_carrier(carrier: str) -> str:
@@ -232,7 +209,7 @@ BEGIN
 END
 $ow$;
 
--- One object against one shape (module docstring of proxy.projection).
+-- One object against one shape (module docstring of proxy.db.projection_sql).
 -- (project_obj below) with `box0` already to carry (what a named transformation moved out of a seat it cannot keep).
 CREATE OR REPLACE FUNCTION {s}.project_obj_with(sid text, v jsonb, path text, box0 jsonb,
                                                OUT val jsonb, OUT unseated text[], OUT boxed integer)
@@ -538,7 +515,7 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True,
     about 1 µs per row instead.
 
     With ``raising`` false the same functions are generated as the cutover tools' twins ``try_project_row``
-    and ``try_v2p`` (over ``try_v2``, see :mod:`proxy.schema`): where ``read_v2p`` raises a refusal they
+    and ``try_v2p`` (over ``try_v2``, see :mod:`proxy.db`): where ``read_v2p`` raises a refusal they
     return ``refused_prefix`` followed by the refusal's envelope, so that one statement can report every row
     that would fail (a caught exception would cost a subtransaction per row, and PL/pgSQL evaluates an
     expression that raised the slow way for the rest of the transaction).  ``fast_v2`` is generated once,

@@ -4,7 +4,7 @@ the era of a batch of runs, and a plain-text progress line.
 The tools connect to the host database directly (``--dsn``), never through a
 seat, and refuse to touch a database whose ``openwop_seat`` schema is not at
 this release's layout with this release's artifact digest (the checks of
-``serve``, :func:`proxy.schema.verify`): the functions they call are the ones
+``serve``, :func:`proxy.db.verify`): the functions they call are the ones
 ``migrate`` installed from these artifacts, so they read every row exactly as a
 seat would.
 """
@@ -15,9 +15,13 @@ import sys
 import time
 from typing import TextIO
 
-from .config import HostConfig
-from .errors import ERRORS
-from .schema import SCHEMA, connect, quote_ident, quote_qualified, verify
+from proxy.artifacts._json import ArtifactError
+from proxy.config import HostConfig
+from proxy.db.connect import connect
+from proxy.db.layout import SCHEMA, SchemaError
+from proxy.db.migrate import verify
+from proxy.db.sql import quote_ident, quote_qualified
+from proxy.errors import ERRORS, SeatException, describe
 
 # Exit statuses of audit and backfill (README, "Cutover tools").
 EXIT_OK = 0  # nothing would fail / every run asked for is era 3
@@ -30,26 +34,16 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): the open transaction is rolled back w
 MALFORMED = ERRORS["event_row_malformed"].sqlstate
 
 
-class UsageError(Exception):
+class UsageError(SeatException):
     """Bad input the tool refuses before changing anything (exit EXIT_USAGE)."""
 
 
 def unavailable(e: BaseException) -> str | None:
-    """What to say for an error that means the tool cannot run (exit EXIT_UNAVAILABLE), or None for another."""
-    import asyncpg
-
-    from .artifacts import ArtifactError
-    from .schema import SchemaError
-
-    if isinstance(e, ArtifactError):
-        return f"spec artifacts: {e}"
-    if isinstance(e, SchemaError):
-        return str(e)
-    if isinstance(e, (asyncpg.PostgresError, asyncpg.InterfaceError)):
-        return f"database error: {e}"
-    if isinstance(e, (OSError, TimeoutError)):
-        return f"cannot connect to the database: {e}"
-    return None
+    """What to say for an error that means the tool cannot run (exit EXIT_UNAVAILABLE), or None for another
+    (a usage error, or a bug)."""
+    if isinstance(e, SeatException) and not isinstance(e, (ArtifactError, SchemaError)):
+        return None
+    return describe(e)
 
 
 async def open_checked(dsn: str, config, artifacts, application_name: str):

@@ -71,7 +71,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from .artifacts import ArtifactError, _parse_json
+from proxy.artifacts._json import ArtifactError, parse_json
+from proxy.errors import SeatException
 
 SCHEMA_DIR = "schemas/v2"
 PAYLOADS_FILE = "run-event-payloads.schema.json"
@@ -90,7 +91,7 @@ _OBJECT_KEYWORDS = ("properties", "patternProperties", "additionalProperties",
 _PRIVATE_BASE = "https://openwop-seat.invalid/schemas/v2/"
 
 
-class PayloadSchemaError(Exception):
+class PayloadSchemaError(SeatException):
     """The payload schemas cannot be compiled; the message names the type and the ref."""
 
 
@@ -183,7 +184,7 @@ class _Registry:
             except OSError as e:
                 raise PayloadSchemaError(f"{SCHEMA_DIR}/{name}: cannot read: {e.strerror}") from None
             try:
-                doc = _parse_json(f"{SCHEMA_DIR}/{name}", content)
+                doc = parse_json(f"{SCHEMA_DIR}/{name}", content)
             except ArtifactError as e:
                 raise PayloadSchemaError(str(e)) from None
             uri = doc.get("$id") if isinstance(doc, dict) else None
@@ -517,3 +518,28 @@ def describe(shape: ObjectShape, indent: int = 0, _seen: frozenset[int] = frozen
 
 
 __all__ = ["HATCH_PATTERN", "ObjectShape", "PayloadSchemaError", "compile_payload_schemas", "describe"]
+
+
+# The spelling a configured carrier must have: a hatch prefix and a name of letters, digits, '-' and '.' segments.
+CARRIER_GRAMMAR = (r"^(openwop-[a-z0-9]+(-[a-z0-9]+)*|x-[a-z0-9]+(-[a-z0-9]+)*"
+                   r"|vendor\.[a-z][a-z0-9]*(-[a-z0-9]+)*(\.[a-z0-9]+(-[a-z0-9]+)*)*)$")
+
+
+class CarrierError(SeatException, ValueError):
+    """A configured carrier the hatch or the org registry does not admit."""
+
+
+def check_carrier(carrier: str, vendor_orgs=None) -> str:
+    """``carrier`` if it is a key the hatch admits and, for ``vendor.<org>``, ``<org>`` is registered in
+    declaration.json (``vendor_orgs``; None skips that check, for a config read without artifacts)."""
+    import re
+
+    if not isinstance(carrier, str) or not re.fullmatch(CARRIER_GRAMMAR, carrier):
+        raise CarrierError(f"payload carrier {carrier!r}: expected a key the hatch {HATCH_PATTERN} admits, "
+                           "spelled x-<name>, openwop-<name> or vendor.<org>[.<name>] (lower case, digits, '-')")
+    if carrier.startswith("vendor.") and vendor_orgs is not None:
+        org = carrier.split(".")[1]
+        if org not in vendor_orgs:
+            raise CarrierError(f"payload carrier {carrier!r}: org {org!r} is not registered in declaration.json "
+                               f"(registered: {', '.join(sorted(vendor_orgs))})")
+    return carrier

@@ -5,256 +5,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import ssl
+from dataclasses import replace
 
-from dataclasses import dataclass, field, fields, replace
-
-from .classify import DYNAMIC_SQL_WORDS
-from .config import Config, ConfigError, load_config
-from .metrics import MetricsHTTP, Stats
-from . import relations
-from .reader import EventColumns, ReadPath, RelationWatch
-from .session import Peer, Session
+from proxy.config import RESTART_KEYS, Config, changed_keys, load_config
+from proxy.errors import describe
+from proxy.readpath.read_path import ReadPath
+from proxy.serve.context import (
+    RELATION_CHECK_SECONDS,
+    ReadContext,
+    check_claim_secret,
+    database_functions,
+    load_read_context,
+    relation_state,
+)
+from proxy.serve.metrics import MetricsHTTP, Stats
+from proxy.serve.peer import client_ssl_context, upstream_ssl_context
+from proxy.serve.session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
 
 
-def client_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """The context for clients' SSLRequest, or None to answer 'N'."""
-    if not config.tls.cert_file:
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(config.tls.cert_file, config.tls.key_file)
-    return ctx
-
-
-def upstream_ssl_context(config: Config) -> ssl.SSLContext | None:
-    mode = config.tls.upstream_sslmode
-    if mode == "disable":
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if config.tls.upstream_ca_file and mode in ("require", "verify-full"):
-        # As in libpq, `require` with a CA file verifies the chain (verify-ca); verify-full adds the host name.
-        ctx.load_verify_locations(config.tls.upstream_ca_file)
-        ctx.check_hostname = mode == "verify-full"
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    else:  # prefer, or require without a CA: encrypted, not authenticated
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-RELATION_CHECK_SECONDS = 2.0
-
-
-@dataclass
-class ReadContext:
-    """What every translated session of this seat shares: artifacts, classifiers, the events table."""
-
-    database: str
-    events: EventColumns
-    classifiers: dict
-    artifacts: object
-    watch: RelationWatch | None = None  # kept fresh by SeatServer._watch_relations
-
-    def __post_init__(self) -> None:
-        if self.watch is None:
-            self.watch = RelationWatch(self.events)
-
-
-# Views and materialized views that read events.type, directly or through other views: a result
-# with their columns cannot be translated (no era), so the read path refuses it.
-DERIVED_RELATIONS = """
-WITH RECURSIVE derived(oid) AS (
-    SELECT r.ev_class FROM pg_catalog.pg_depend d
-    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
-    WHERE d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = $1 AND d.refobjsubid = $2
-      AND r.ev_class <> $1
-    UNION
-    SELECT r.ev_class FROM derived
-    JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = derived.oid
-    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
-    WHERE r.ev_class <> derived.oid
-)
-SELECT oid FROM derived
-"""
-
-
-# Functions defined in the database outside the system schemas, the seat's own and extensions, trigger
-# functions excepted: those that could read the events table are refused to translated sessions
-# (risky_functions, proxy.classify.Classifier.set_functions).
-DATABASE_FUNCTIONS = """
-SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body
-FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-JOIN pg_catalog.pg_language l ON l.oid = p.prolang
-WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
-  AND n.nspname !~ '^pg_(toast|temp)'
-  AND p.prorettype NOT IN ('pg_catalog.trigger'::pg_catalog.regtype, 'pg_catalog.event_trigger'::pg_catalog.regtype)
-  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-                  AND d.objid = p.oid AND d.deptype = 'e')
-"""
-
-
-def risky_functions(rows, table: str) -> frozenset[str]:
-    """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
-    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative."""
-    table = table.rpartition(".")[2].lower()
-    bodies = {}
-    for r in rows:
-        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower()))
-    risky = {name for name, defs in bodies.items()
-             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
-                    for lang, body in defs)}
-    while True:
-        more = {name for name, defs in bodies.items() if name not in risky
-                and any(f in body for _, body in defs for f in risky)}
-        if not more:
-            return frozenset(risky)
-        risky |= more
-
-
-async def database_functions(conn, table: str) -> frozenset[str]:
-    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table)
-
-
-async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
-    """(views over events.type, views over events.payload, why the translated relations are stale): what a
-    seat learns at start and re-reads while it runs. The seat's own views are not counted as leaks."""
-    seat_views = {r["oid"] for r in await conn.fetch(
-        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'openwop_seat'::regnamespace")}
-    derived = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, type_attnum)]
-    derived_payload = []
-    if payload_attnum is not None:
-        derived_payload = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, payload_attnum)]
-    problems = await relations.relation_problems(conn, host)
-    return (frozenset(o for o in derived if o not in seat_views),
-            frozenset(o for o in derived_payload if o not in seat_views), "; ".join(problems))
-
-
-async def load_read_context(config: Config):
-    """Check the seat's schema in the host database and learn where the events table is."""
-    from . import schema
-    from .artifacts import load_artifacts
-    from .classify import Classifier
-
-    host = config.host
-    if host.dsn is None:
-        raise ConfigError("host.dsn: required to translate reads (set it, or make every major \"raw\")")
-    artifacts = load_artifacts()
-    conn = await schema.connect(host.dsn)
-    try:
-        await schema.verify(conn, config, artifacts)
-        database = await conn.fetchval("SELECT current_database()")
-        row = await conn.fetchrow(
-            "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
-            "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
-            "AND NOT a.attisdropped", schema.quote_qualified(host.events_table), host.type_column)
-        columns = {}
-        for table in (host.events_table, host.runs_table):
-            columns[table] = {r["attname"]: r["attnum"] for r in await conn.fetch(
-                "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
-                "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", schema.quote_qualified(table))}
-        if row is not None:
-            payload_attnum = columns[host.events_table].get(host.payload_column)
-            derived, derived_payload, problems = await relation_state(conn, host, row["oid"], row["attnum"],
-                                                                      payload_attnum)
-            ordered = [r["attname"] for r in await conn.fetch(
-                "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
-                "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
-            functions = await database_functions(conn, host.events_table)
-    finally:
-        await conn.close()
-    if row is None:
-        raise schema.SchemaError(
-            f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
-            f"{database!r}")
-    if problems:
-        raise schema.SchemaError(f"the seat's translated relations do not match the events table: {problems}: "
-                                 f"run openwop-seat migrate")
-    host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
-    classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
-                                     max_statement_bytes=config.max_statement_bytes)
-                   for major in (1, 2)}
-    for classifier in classifiers.values():
-        classifier.set_functions(functions)
-    events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
-    for key in absent:
-        log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
-                    "'Payload projection')", key, getattr(config.host, key))
-    return ReadContext(database, events, classifiers, artifacts)
-
-
-def resolve_columns(host, event_columns: dict, run_columns: dict):
-    """``host`` with the optional projection columns the tables do not have set to None, and their keys."""
-    from dataclasses import replace
-
-    if host.payload_column not in event_columns:
-        from . import schema
-        raise schema.SchemaError(f"host.payload_column {host.payload_column!r}: no such column in "
-                                 f"{host.events_table!r}")
-    absent = [k for k, cols in (("event_id_column", event_columns), ("node_id_column", event_columns),
-                                ("tenant_column", run_columns)) if getattr(host, k) and getattr(host, k) not in cols]
-    return replace(host, **{k: None for k in absent}), absent
-
-
-async def check_claim_secret(config: Config, secret: str) -> None:
-    """Fail at start, not at every connection, when the secret is not the one migrate installed."""
-    import asyncpg
-
-    from . import schema
-
-    conn = await schema.connect(config.host.dsn)
-    try:
-        await schema.claim_async(conn, secret, 1)
-    except asyncpg.PostgresError as e:
-        raise schema.SchemaError(f"the claim secret cannot claim sessions in the host database: {e} "
-                                 "(is it the secret `openwop-seat migrate` installed?)") from None
-    finally:
-        await conn.close()
-
-
-# Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
-RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
-                "workers": "proxy.workers"}
-_SECTIONED = {"tls": "tls", "host": "host"}
-_TOP = {"metrics_listen": "metrics.listen", "log_format": "log.format", "log_level": "log.level"}
-
-
-def config_keys(config: Config) -> dict[str, object]:
-    """The configuration as {"section.key": value}, the names of the TOML file."""
-    out: dict[str, object] = {}
-    for f in fields(config):
-        if f.name in ("source", "overrides"):
-            continue
-        value = getattr(config, f.name)
-        if f.name in _SECTIONED:
-            out.update((f"{_SECTIONED[f.name]}.{g.name}", getattr(value, g.name)) for g in fields(value))
-        else:
-            out[_TOP.get(f.name, f"proxy.{f.name}")] = value
-    return out
-
-
-def changed_keys(old: Config, new: Config) -> list[str]:
-    a, b = config_keys(old), config_keys(new)
-    return [k for k in a if a[k] != b[k]]
-
-
 def _reload_reason(e: Exception) -> str:
-    import asyncpg
-
-    from .artifacts import ArtifactError
-    from .schema import SchemaError
-
-    if isinstance(e, (ConfigError, SchemaError)):
-        return str(e)
-    if isinstance(e, ArtifactError):
-        return f"spec artifacts: {e}"
-    if isinstance(e, ssl.SSLError):
-        return f"tls: cannot load the certificate or key: {e.reason or e}"
-    if isinstance(e, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)):
-        return f"cannot check the host database (host.dsn): {e}"
+    if (why := describe(e, database="the host database (host.dsn)")) is not None:
+        return why
     log.exception("unexpected error during reload")
     return f"unexpected error: {type(e).__name__}: {e}"
 
@@ -301,7 +74,7 @@ class SeatServer:
         loop = asyncio.get_running_loop()
         if self.config.translates:
             self.read_context = await load_read_context(self.config)
-            from .schema import load_claim_secret
+            from proxy.db.claims import load_claim_secret
 
             self.claim_secret = load_claim_secret(self.config)
             if self.claim_secret is None:
@@ -337,7 +110,7 @@ class SeatServer:
         is a leak the result check must know), the functions defined in the database (a translated session may
         not call them), and whether the translated relations still match the table (DDL on it after start):
         while they do not, translated statements are refused, never mis-translated."""
-        from . import schema
+        from proxy.db.connect import connect
 
         while True:
             await asyncio.sleep(RELATION_CHECK_SECONDS)
@@ -346,7 +119,7 @@ class SeatServer:
                 return
             ev = ctx.watch.events
             try:
-                conn = await asyncio.wait_for(schema.connect(self.config.host.dsn), self.config.connect_timeout)
+                conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
                 try:
                     derived, derived_payload, stale = await relation_state(
                         conn, self.config.host, ev.table_oid, ev.type_attnum, ev.payload_attnum or None)
@@ -365,23 +138,24 @@ class SeatServer:
                 ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
 
     async def check_writer_rule(self) -> str:
-        """Check that the writer rule is in force as migrate installed it (``schema.verify``: layout, digest,
+        """Check that the writer rule is in force as migrate installed it (``verify``: layout, digest,
         triggers present and enabled, the fingerprint of the functions and triggers); "" or why not.
 
         A database that cannot be reached leaves the last verdict as it was (sessions fail on their own then).
         """
         import asyncpg
 
-        from . import schema
+        from proxy.db.layout import SchemaError
+        from proxy.db.migrate import verify
 
         ctx = self.read_context
         if ctx is None:
             return ""
         try:
-            await asyncio.wait_for(schema.verify(self.config.host.dsn, self.config, ctx.artifacts),
+            await asyncio.wait_for(verify(self.config.host.dsn, self.config, ctx.artifacts),
                                    self.config.connect_timeout)
             why = ""
-        except schema.SchemaError as e:
+        except SchemaError as e:
             why = str(e)
         except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             self.stats.writer_rule_checks["error"] += 1
@@ -451,11 +225,12 @@ class SeatServer:
             return False, f"writer rule not in force: {self.writer_rule_broken}"
         ctx = self.read_context
         if ctx is not None:
-            # The host database still holds this seat's schema for these artifacts (`schema.verify`), checked on
+            # The host database still holds this seat's schema for these artifacts (`verify`), checked on
             # a short connection at most every 3 seconds so that scrapes do not hammer the database.
             import asyncpg
 
-            from . import schema
+            from proxy.db.layout import SchemaError
+            from proxy.db.migrate import verify
 
             loop = asyncio.get_running_loop()
             key = (self.config.host.dsn, ctx.artifacts.digest)
@@ -464,10 +239,10 @@ class SeatServer:
                 why = cached[2]
             else:
                 try:
-                    await asyncio.wait_for(schema.verify(self.config.host.dsn, self.config, ctx.artifacts),
+                    await asyncio.wait_for(verify(self.config.host.dsn, self.config, ctx.artifacts),
                                            self.config.connect_timeout)
                     why = ""
-                except schema.SchemaError as e:
+                except SchemaError as e:
                     why = f"host database schema: {e}"
                 except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                     why = f"host database (host.dsn) unreachable: {e}"
@@ -516,7 +291,7 @@ class SeatServer:
                 client_ctx, upstream_ctx = client_ssl_context(new), upstream_ssl_context(new)
                 read_context, claim_secret = None, None
                 if new.translates:
-                    from .schema import load_claim_secret
+                    from proxy.db.claims import load_claim_secret
 
                     read_context = await load_read_context(new)
                     claim_secret = load_claim_secret(new)

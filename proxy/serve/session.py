@@ -17,28 +17,32 @@ import struct
 import time
 from collections import deque
 from time import perf_counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from .wire import messages
-from .errors import BY_SQLSTATE
-from .reader import ReadPath, ReadPathError
-from .schema import CHALLENGE_SQL as schema_challenge_sql, CLAIM_PARAM_OIDS, CLAIM_SQL as schema_claim_sql, claim_proof
-from .startup import StartupRefused, parse_startup
-from .wire.codec import (
+from proxy.db.claims import claim_proof
+from proxy.db.layout import CHALLENGE_SQL as schema_challenge_sql
+from proxy.db.layout import CLAIM_PARAM_OIDS
+from proxy.db.layout import CLAIM_SQL as schema_claim_sql
+from proxy.errors import BY_SQLSTATE
+from proxy.readpath.read_path import ReadPath, ReadPathError
+from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
+from proxy.wire import messages
+from proxy.wire.codec import (
     FRONTEND_TYPES,
     HELD,
     RAW,
-    EditFramer,
-    StreamSplitter,
     CancelRequest,
+    EditFramer,
     GSSENCRequest,
     MessageWalker,
     ProtocolViolation,
     SSLRequest,
     StartupMessage,
+    StreamSplitter,
     parse_initial_packet,
 )
-from .wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+from proxy.wire.startup import StartupRefused, parse_startup
+from proxy.wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
 
 # Client messages that are each answered by exactly one ReadyForQuery (Query, Sync, FunctionCall):
 # counted when client_idle_timeout is on, to tell a session waiting for a result from an idle one.
@@ -57,11 +61,11 @@ READ_FRONTEND = frozenset(b"QPBDECSFX")
 READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
 # …and while it is quiet: the session state's, and RowDescription for the leak check.
 QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
-# ErrorResponses of a translated session are always held: a DETAIL may print a row as stored (proxy.reader).
+# ErrorResponses of a translated session are always held: a DETAIL may print a row as stored (proxy.readpath.read_path).
 ERROR_HELD = frozenset(b"E")
 
 if TYPE_CHECKING:
-    from .server import SeatServer
+    from proxy.serve.context import SeatView
 
 log = logging.getLogger("openwop_seat.session")
 
@@ -71,135 +75,10 @@ CLAIM_SQL = schema_claim_sql.encode()
 CHALLENGE_SQL = schema_challenge_sql.encode()
 
 
-class UpstreamUnavailable(Exception):
-    """The upstream could not be reached or refused the encryption the config demands."""
-
-
-class Peer(asyncio.Protocol):
-    """One socket of a session. Buffers bytes until the session sets a sink."""
-
-    def __init__(self, on_lost: Callable[["Peer", Exception | None], None] | None = None):
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.sink: Callable[[bytes], None] | None = None
-        self.eof = False
-        self.lost = False
-        self._waiter: asyncio.Future | None = None
-        self.on_lost = on_lost
-        self.on_eof: Callable[[], None] | None = None
-        self.on_pause: Callable[[bool], None] | None = None  # called with True on pause, False on resume
-
-    # asyncio callbacks
-    def connection_made(self, transport):  # type: ignore[override]
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        if self.sink is not None:
-            self.sink(data)
-        else:
-            self.buffer += data
-            self._wake()
-
-    def eof_received(self):
-        self.eof = True
-        self._wake()
-        if self.on_eof is not None:
-            self.on_eof()
-        return False  # let the transport close itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self.eof = True
-        self._wake()
-        if self.on_lost is not None:
-            self.on_lost(self, exc)
-
-    def pause_writing(self) -> None:
-        if self.on_pause is not None:
-            self.on_pause(True)
-
-    def resume_writing(self) -> None:
-        if self.on_pause is not None:
-            self.on_pause(False)
-
-    # handshake helpers
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def wait_data(self) -> None:
-        """Wait until more bytes arrive or the peer closes."""
-        if self.eof:
-            raise ConnectionResetError("peer closed the connection")
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    async def read_exact(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            if self.eof:
-                raise ConnectionResetError("peer closed the connection")
-            await self.wait_data()
-        data = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        return data
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-
-async def open_upstream(server: "SeatServer", loop: asyncio.AbstractEventLoop,
-                        on_lost: Callable[[Peer, Exception | None], None] | None = None) -> Peer:
-    """Connect to the upstream and negotiate TLS as `[tls] upstream_sslmode` says."""
-    config = server.config
-    up = config.upstream
-    mode = config.tls.upstream_sslmode
-
-    async def connect() -> Peer:
-        _, peer = await loop.create_connection(lambda: Peer(on_lost), up.host, up.port)
-        if mode == "disable":
-            return peer
-        peer.write(messages.ssl_request())
-        answer = await peer.read_exact(1)
-        if answer == b"S":
-            ctx = server.upstream_ssl_context
-            assert ctx is not None
-            hostname = up.host if mode == "verify-full" else None
-            peer.transport = await loop.start_tls(peer.transport, peer, ctx, server_hostname=hostname)
-            return peer
-        if answer == b"N" and mode == "prefer":
-            return peer
-        peer.abort()
-        if answer == b"N":
-            raise UpstreamUnavailable(f"upstream {up} does not support TLS, but tls.upstream_sslmode is {mode}")
-        raise UpstreamUnavailable(f"upstream {up} answered the SSL request with {answer!r}")
-
-    try:
-        return await asyncio.wait_for(connect(), config.connect_timeout)
-    except asyncio.TimeoutError:
-        raise UpstreamUnavailable(f"timeout connecting to upstream {up} after {config.connect_timeout:g} s") from None
-    except ssl.SSLError as e:
-        raise UpstreamUnavailable(f"TLS handshake with upstream {up} failed: {e.reason or e}") from None
-    except (OSError, ConnectionError) as e:
-        reason = e.strerror or str(e) or type(e).__name__
-        raise UpstreamUnavailable(f"could not connect to upstream {up}: {reason}") from None
-
-
 class Session:
     """A client connection relayed to one upstream connection for its whole life."""
 
-    def __init__(self, server: "SeatServer", client: Peer):
+    def __init__(self, server: "SeatView", client: Peer):
         self.server = server
         self.config = server.config  # the config this session started under; reloads do not touch it
         self.client = client

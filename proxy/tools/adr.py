@@ -18,8 +18,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from . import __version__
-from .config import Config
+from proxy import __version__
+from proxy.config import Config
 
 # The closed set (persistence.md §"Per-store disposition"), with its meanings.
 DISPOSITIONS = {
@@ -217,8 +217,11 @@ def render(facts: SeatFacts, rows: list[Row], today: datetime.date) -> str:
 
 async def draft(config: Config, dsn: str, today: datetime.date | None = None) -> str:
     """Read the catalogue and the seat's meta, and render the ADR."""
-    from .artifacts import load_artifacts
-    from .schema import SCHEMA, SchemaError, connect, quote_qualified, read_meta
+    from proxy.artifacts.load import load_artifacts
+    from proxy.db.connect import connect
+    from proxy.db.layout import SCHEMA, SchemaError
+    from proxy.db.sql import quote_qualified
+    from proxy.db.verify import read_meta
 
     artifacts = load_artifacts()
     host = config.host
@@ -247,7 +250,7 @@ async def draft(config: Config, dsn: str, today: datetime.date | None = None) ->
 
 def cmd_adr(config: Config, dsn: str, out_path: str | None) -> int:
     """``openwop-seat adr``: the ADR on stdout or in a new file; 0, 1 (database, artifacts) or 2 (an existing file)."""
-    from .cutover import unavailable
+    from proxy.tools.common import unavailable
 
     name = "openwop-seat adr"
     if out_path is not None and os.path.lexists(out_path):

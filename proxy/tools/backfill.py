@@ -6,7 +6,7 @@ One run, one READ COMMITTED transaction, in this order:
    configured: first, as the host's append path takes it before its INSERT
    fires the seat's trigger, so the two paths take the locks in one order;
 2. the seat's run lock, exclusively: the key ``stamp_run`` takes and every
-   append takes shared (:mod:`proxy.schema`), so appends in flight have
+   append takes shared (:mod:`proxy.db`), so appends in flight have
    committed before it is granted and new ones wait for this transaction;
 3. the run's era (``era_of``, in a snapshot taken after the locks): a run
    already era 3 is left alone, one with a malformed era stamp is skipped;
@@ -45,7 +45,7 @@ re-run picks up where it stopped (era-3 runs are skipped).
 The events table's UPDATE guard refuses a change of ``type``; it admits this
 one because backfill connects as the owner of ``openwop_seat`` and names the
 run in ``openwop_seat.rewrite_run`` for its transaction
-(:data:`proxy.schema.REWRITE_SETTING`).  That role also needs SELECT and
+(:data:`proxy.db.REWRITE_SETTING`).  That role also needs SELECT and
 UPDATE on the host's events table and, with ``[host] era_column``, on its runs
 table.
 """
@@ -61,12 +61,29 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .cutover import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, MALFORMED,
-                      Progress, UsageError, bar, eras_of, events_from, list_runs_sql, open_checked, run_col,
-                      unavailable)
-from .projection import META_SEPARATOR
-from .schema import (REWRITE_SETTING, SCHEMA, TRY_REFUSED, SchemaError, host_append_lock_sql, quote_ident,
-                     quote_literal, quote_qualified, read_project_sql, stamp_run_sql, writer_tables)
+from proxy.db.layout import REWRITE_SETTING, SCHEMA, SchemaError
+from proxy.db.projection_sql import META_SEPARATOR
+from proxy.db.reader_sql import TRY_REFUSED, read_project_sql
+from proxy.db.sql import quote_ident, quote_literal, quote_qualified
+from proxy.db.verify import writer_tables
+from proxy.db.writer_sql import host_append_lock_sql, stamp_run_sql
+from proxy.tools.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    MALFORMED,
+    Progress,
+    UsageError,
+    bar,
+    eras_of,
+    events_from,
+    list_runs_sql,
+    open_checked,
+    run_col,
+    unavailable,
+)
 
 SOURCE = "backfill"  # run_era.source of the runs it stamps
 REPAIR_SOURCE = "backfill-repair"  # ... and of the runs in which it applied a --repair
@@ -318,7 +335,7 @@ async def _runs_all(conn, host, batch: int):
 async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, batch: int,
                        progress: Progress | None = None, out=print, allow_invalid: bool = False,
                        repairs: dict[str, str] | None = None) -> Summary:
-    """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.cutover.open_checked`."""
+    """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.tools.common.open_checked`."""
     import asyncpg
 
     host = config.host
@@ -461,7 +478,7 @@ def load_repairs(path: str, artifacts) -> tuple[dict[str, str], str]:
 
 def cmd_backfill(config, args) -> int:
     """``openwop-seat backfill``: 0 done, 1 some run skipped / restore refused, 2 usage, 3 cannot run."""
-    from .artifacts import load_artifacts
+    from proxy.artifacts.load import load_artifacts
 
     def fail(status: int, message: str) -> int:
         print(f"openwop-seat backfill: {message}", file=sys.stderr)

@@ -1,0 +1,195 @@
+"""The seat's schema in the host database: its name, fixed keys, the layout steps and their errors."""
+
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from proxy.errors import SeatException
+
+SCHEMA = "openwop_seat"
+
+# The session advisory lock every migrate takes: the first 8 bytes of
+# sha256("openwop_seat.migrate") as a signed 64-bit integer.
+LOCK_KEY = int.from_bytes(hashlib.sha256(b"openwop_seat.migrate").digest()[:8], "big", signed=True)
+
+# The seed of run_lock_key (hashtextextended(run, seed)): the first 8 bytes of
+# sha256("openwop_seat.run_lock") as a signed 64-bit integer.  Changing it would
+# let seats of two releases stamp and append to one run without excluding each
+# other: it is fixed, like LOCK_KEY.
+RUN_LOCK_SEED = int.from_bytes(hashlib.sha256(b"openwop_seat.run_lock").digest()[:8], "big", signed=True)
+
+# Where migrate (and serve) find the claim secret when [host] claim_secret_file is not set.
+CLAIM_SECRET_ENV = "OPENWOP_SEAT_CLAIM_SECRET"
+CLAIM_SECRET_MIN_LENGTH = 16
+
+# What the seat sends right after authentication (ADR 0006): first the challenge, then the claim with the
+# proof and the session's major as bind parameters (types given by OID in the Parse, no casts).  Every
+# function and operator is schema-qualified, and the functions pin their search_path, so nothing the client
+# set (search_path, its own operators or functions) changes what runs.  The claim also asks whether the
+# session's role owns openwop_seat (such a role can bypass every in-database guard: warn about it).
+CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge()"
+CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
+             "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
+CLAIM_PARAM_OIDS = (25, 23)  # text, integer
+
+# The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
+# proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
+# privilege (only host.maintenance_role may rewrite an event's type or run).
+UPDATE_REFUSED_SQLSTATE = "42501"
+
+# The transaction-local setting with which backfill names the one run whose event types it rewrites (the
+# UPDATE guard admits that, for the owner of openwop_seat only: see _on_event_update_sql).
+REWRITE_SETTING = "openwop_seat.rewrite_run"
+
+# The triggers are named so that they fire after the host's own triggers of the
+# same kind (PostgreSQL fires them in name order): the guard sees the row the
+# host's triggers made.
+TRIGGER_PREFIX = "zz_openwop_seat_"
+
+# Raised and caught inside the append trigger only (the probe of run_era under
+# REPEATABLE READ rolls its own insert back with it); never reaches a client.
+_PROBE_SQLSTATE = "OW9PR"
+
+# Alias of the era store inside era_sql's sub-select; chosen so that it cannot
+# shadow an alias of the host's own statement (``r``, ``e``, ``x`` ...).
+ERA_ALIAS = "openwop_seat_era"
+
+INTEGER_TYPES = ("smallint", "integer", "bigint")
+
+
+# --- errors --------------------------------------------------------------------
+
+
+class SchemaError(SeatException):
+    """The seat's schema is absent, unusable by this code, or the host's tables do not fit."""
+
+
+class SchemaMissing(SchemaError):
+    """There is no ``openwop_seat`` schema (run ``openwop-seat migrate``)."""
+
+
+class SchemaTooOld(SchemaMissing):
+    """The layout is older than this code's: the objects this code needs are missing (run migrate)."""
+
+
+class SchemaTooNew(SchemaError):
+    """The database's layout is newer than this code knows: refused, never guessed at."""
+
+
+class SchemaGap(SchemaError):
+    """The database is at a layout this code has no step path from."""
+
+
+class DigestMismatch(SchemaError):
+    """The artifact digest recorded in the database differs from the running artifacts'."""
+
+
+# --- layout steps ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    version: int
+    description: str
+    sql: str
+
+
+# Published steps never change; a later change is a new step appended here
+# (and LAYOUT_VERSION bumped to it).
+STEPS: tuple[Step, ...] = (
+    Step(1, "create schema openwop_seat with meta and run_era", """
+CREATE SCHEMA openwop_seat;
+COMMENT ON SCHEMA openwop_seat IS 'owned by openwop-seat: change it only with openwop-seat migrate';
+CREATE TABLE openwop_seat.meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE openwop_seat.run_era (
+    run_id text PRIMARY KEY,
+    era smallint NOT NULL CHECK (era = 3),
+    stamped_at timestamptz NOT NULL DEFAULT now(),
+    source text NOT NULL
+);
+COMMENT ON TABLE openwop_seat.run_era IS 'a row only for runs stamped era 3; absent means era 2 (never an explicit 2)';
+GRANT USAGE ON SCHEMA openwop_seat TO PUBLIC;
+GRANT SELECT ON openwop_seat.meta, openwop_seat.run_era TO PUBLIC;
+"""),
+    Step(2, "add claim_secret and claims (who is writing: the claimed major of each session)", """
+CREATE TABLE openwop_seat.claim_secret (
+    hash text NOT NULL,
+    salt text NOT NULL
+);
+CREATE UNIQUE INDEX claim_secret_one_row ON openwop_seat.claim_secret ((true));
+COMMENT ON TABLE openwop_seat.claim_secret IS
+    'one row: hex sha256(salt || secret) of the secret a seat presents to openwop_seat.claim; never the secret';
+REVOKE ALL ON TABLE openwop_seat.claim_secret FROM PUBLIC;
+CREATE UNLOGGED TABLE openwop_seat.claims (
+    pid integer PRIMARY KEY,
+    backend_start timestamptz NOT NULL,
+    major smallint NOT NULL CHECK (major IN (1, 2)),
+    claimed_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE openwop_seat.claims IS
+    'the major each seat session claimed, keyed by backend pid and start time; written only by openwop_seat.claim';
+REVOKE ALL ON TABLE openwop_seat.claims FROM PUBLIC;
+"""),
+    Step(3, "add the writer rule's counters (database-wide, read by /metrics)", """
+CREATE SEQUENCE openwop_seat.runs_stamped_created;
+CREATE SEQUENCE openwop_seat.appends_translated;
+COMMENT ON SEQUENCE openwop_seat.runs_stamped_created IS
+    'counts runs stamped era 3 at creation by a v2 writer (nextval is not transactional: rolled-back stamps count)';
+COMMENT ON SEQUENCE openwop_seat.appends_translated IS
+    'counts v2 appends into era-2 runs stored under their v1 spelling (rolled-back appends count too)';
+GRANT SELECT ON SEQUENCE openwop_seat.runs_stamped_created, openwop_seat.appends_translated TO PUBLIC;
+"""),
+    Step(4, "add events_v1_original (the rows backfill rewrote, as they were, for backfill --restore)", """
+CREATE TABLE openwop_seat.events_v1_original (
+    run_id text NOT NULL,
+    sequence bigint NOT NULL,
+    type text,
+    payload text,
+    original text NOT NULL,
+    preserved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, sequence)
+);
+COMMENT ON TABLE openwop_seat.events_v1_original IS
+    'each event row of a run backfill converted to era 3, as it was: type and payload in their text form, '
+    'and the whole row in its row type''s text form; written and removed only by openwop-seat backfill';
+REVOKE ALL ON TABLE openwop_seat.events_v1_original FROM PUBLIC;
+"""),
+    Step(5, "claims: a pending challenge per backend (the seat proves the secret without sending it)", """
+ALTER TABLE openwop_seat.claims ALTER COLUMN major DROP NOT NULL, ADD COLUMN challenge text;
+COMMENT ON TABLE openwop_seat.claims IS
+    'the major each seat session claimed (NULL: none yet) and its pending challenge, keyed by backend pid and '
+    'start time; written only by openwop_seat.claim_challenge and openwop_seat.claim';
+"""),
+    Step(6, "add payloads_clean (era-2 runs whose stored payloads need no projection: read as stored)", """
+CREATE TABLE openwop_seat.payloads_clean (
+    run_id text PRIMARY KEY,
+    marked_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE openwop_seat.payloads_clean IS
+    'era-2 runs every stored payload of which is already v2-clean, so that major-2 reads skip the projection; '
+    'written by mark_payloads_clean, and a write that breaks it removes the row in the same transaction';
+GRANT SELECT ON openwop_seat.payloads_clean TO PUBLIC;
+"""),
+)
+
+LAYOUT_VERSION = 6
+
+# Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
+WRITER_COUNTERS = {
+    "runs_stamped_created": "Runs stamped era 3 at creation by a v2 writer (database-wide)",
+    "appends_translated": "v2 appends into era-2 runs stored under their v1 spelling (database-wide)",
+}
+
+
+def _check_steps() -> None:
+    versions = [s.version for s in STEPS]
+    if versions != list(range(1, LAYOUT_VERSION + 1)):  # pragma: no cover - a packaging mistake
+        raise AssertionError(f"schema steps {versions} are not 1..{LAYOUT_VERSION}")
+
+
+_check_steps()

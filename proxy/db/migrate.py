@@ -1,0 +1,237 @@
+"""`migrate` and `verify`: install or check the seat's schema and generated objects in the host database."""
+
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+from typing import Any, Callable
+
+from proxy.config import Config
+from proxy.db import relations
+from proxy.db.claims import _install_claim_secret, load_claim_secret
+from proxy.db.connect import connect
+from proxy.db.layout import (
+    LAYOUT_VERSION,
+    LOCK_KEY,
+    SCHEMA,
+    STEPS,
+    DigestMismatch,
+    SchemaError,
+    SchemaGap,
+    SchemaMissing,
+    SchemaTooOld,
+)
+from proxy.db.sql import quote_ident
+from proxy.db.verify import (
+    MIN_SERVER_VERSION,
+    _expected_triggers,
+    _layout_of,
+    _seat_triggers,
+    _trigger_problems,
+    check_era_column,
+    check_installed,
+    check_writer_rule,
+    events_ref,
+    installed_fingerprint,
+    qualified_host,
+    read_layout,
+    read_meta,
+    writer_tables,
+)
+from proxy.db.writer_sql import FUNCTIONS, artifact_objects_sql, writer_triggers
+
+# --- migrate and verify --------------------------------------------------------------
+
+
+def _objects_fingerprint(sql: str) -> str:
+    return hashlib.sha256(sql.encode("utf-8")).hexdigest()
+
+
+async def _upsert_meta(conn, values: dict[str, str]) -> None:
+    await conn.executemany(
+        "INSERT INTO openwop_seat.meta (key, value) VALUES ($1, $2) "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        list(values.items()))
+    await conn.execute(
+        "INSERT INTO openwop_seat.meta (key, value) VALUES ('updated_at', pg_catalog.now()::text) "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value")
+
+
+async def _functions_present(conn) -> bool:
+    return await conn.fetchval(
+        "SELECT pg_catalog.bool_and(pg_catalog.to_regprocedure(f) IS NOT NULL) FROM pg_catalog.unnest($1::text[]) f",
+        [f"{SCHEMA}.{f}" for f in FUNCTIONS])
+
+
+async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], Any] = print) -> list[str]:
+    """Bring the seat's schema to LAYOUT_VERSION and install the artifact objects; returns what was done."""
+    done: list[str] = []
+
+    def say(line: str) -> None:
+        done.append(line)
+        out(line)
+
+    secret = load_claim_secret(config)  # before connecting: a bad secret file changes nothing
+    conn = await connect(dsn)
+    try:
+        await conn.execute("SELECT pg_catalog.pg_advisory_lock($1)", LOCK_KEY)
+        try:
+            await _migrate_locked(conn, config, artifacts, secret, say, out)
+        finally:
+            if not conn.is_closed():
+                await conn.execute("SELECT pg_catalog.pg_advisory_unlock($1)", LOCK_KEY)
+    finally:
+        await conn.close()
+    if not done:
+        say("nothing to do")
+    return done
+
+
+async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, say: Callable[[str], None],
+                          note: Callable[[str], None]) -> None:
+    """``say``: something done (returned by migrate); ``note``: printed only."""
+    current = await read_layout(conn)
+    # Check the server and the host's tables before changing anything.
+    version = int(await conn.fetchval("SELECT pg_catalog.current_setting('server_version_num')"))
+    if version < MIN_SERVER_VERSION:
+        raise SchemaError(f"PostgreSQL {await conn.fetchval('SHOW server_version')} is too old for openwop-seat: "
+                          f"it needs PostgreSQL 14 or newer")
+    run_id_type = await check_era_column(conn, config.host) if config.host.era_column is not None else None
+    tables = await writer_tables(conn, config.host)
+    events = await events_ref(conn, config.host) if "events" in tables else None  # before anything changes
+    sees_sessions = await conn.fetchval(
+        "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')")
+    owner_problem = ("the migrating role (the owner of openwop_seat's functions) cannot see other roles' sessions "
+                     "in pg_stat_activity, so openwop_seat.claim cannot tell one backend from a later one with the "
+                     "same pid and refuses every claim: GRANT pg_read_all_stats TO " + (
+                         await conn.fetchval("SELECT current_user")))
+    if not sees_sessions and secret is not None:
+        raise SchemaError(owner_problem)
+    for step in STEPS[current:]:
+        async with conn.transaction():
+            # Re-read inside the step's transaction: a migrate that did not take
+            # the lock (an older release) may have moved the layout meanwhile.
+            now = await read_layout(conn)
+            if now >= step.version:
+                continue
+            if now != step.version - 1:  # pragma: no cover - read_layout already refuses gaps
+                raise SchemaGap(f"layout {now} cannot take step {step.version}")
+            await conn.execute(step.sql)
+            await _upsert_meta(conn, {"layout_version": str(step.version)})
+        say(f"applied step {step.version}: {step.description}")
+
+    for kind, table, key in (("runs", config.host.runs_table, "host.runs_table"),
+                             ("events", config.host.events_table, "host.events_table")):
+        if kind not in tables:
+            note(f"the {kind} table {table!r} ({key}) does not exist in this database: the writer rule is not "
+                 f"installed on it; create it and run migrate again")
+    if not sees_sessions:
+        note(owner_problem)
+
+    triggers = writer_triggers(config.host, tables)
+    writer_host = await qualified_host(conn, config.host)
+    columns = await relations.events_columns(conn, config.host) if "events" in tables else None
+    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
+           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns)
+              if columns is not None else "")
+           + "".join(t.sql for t in triggers) + "\n")
+    fingerprint = _objects_fingerprint(sql)
+    installed = False
+    cleared = 0
+    async with conn.transaction():
+        meta = await read_meta(conn) or {}
+        expected = await _expected_triggers(conn, triggers)
+        missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
+        # A function or trigger changed since the last migrate (not by one): install again rather than bless it.
+        tampered = await installed_fingerprint(conn) != meta.get("installed_sha256")
+        if tampered or not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
+                and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
+                and not missing and not stray
+                and (columns is None or not await relations.relation_problems(conn, config.host))):
+            for rel, name in stray:  # left by a migrate with another [host] configuration
+                table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
+                await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
+            await conn.execute(sql)
+            # The payloads-clean marks were made by the fast check being replaced: they are checked again by
+            # the next mark_payloads_clean, never trusted across a change of the generated functions.
+            cleared = await conn.fetchval(f"WITH d AS (DELETE FROM {SCHEMA}.payloads_clean RETURNING 1) "
+                                          f"SELECT count(*) FROM d")
+            await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
+                                      "objects_sha256": fingerprint})
+            installed = True
+        now = await installed_fingerprint(conn)
+        if meta.get("installed_sha256") != now:
+            await _upsert_meta(conn, {"installed_sha256": now})
+    if installed:
+        old = meta.get("artifact_digest")
+        line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
+        if old is not None and old != artifacts.digest:
+            line += (f", replacing digest {old} (tag {meta.get('artifact_tag')}): seats still running the old "
+                     f"artifacts now refuse to serve")
+        say(line)
+        if cleared:
+            say(f"cleared {cleared} payloads-clean marks (the generated checks changed; mark the runs again)")
+    await _install_claim_secret(conn, secret, say, note)
+
+
+async def verify(conn_or_dsn, config: Config, artifacts) -> None:
+    """Refuse to serve unless the schema is at LAYOUT_VERSION and records the running artifacts' digest.
+
+    Raises SchemaMissing (no schema; SchemaTooOld, a subclass, when the layout is
+    older than this code's), SchemaTooNew, SchemaGap, DigestMismatch, or a plain
+    SchemaError when ``host.era_column`` does not fit or the writer rule's
+    triggers are not in force on the host's tables that exist.
+    """
+    if isinstance(conn_or_dsn, str):
+        conn = await connect(conn_or_dsn)
+        try:
+            return await verify(conn, config, artifacts)
+        finally:
+            await conn.close()
+    conn = conn_or_dsn
+    meta = await read_meta(conn)
+    if meta is None:
+        db = await conn.fetchval("SELECT pg_catalog.current_database()")
+        raise SchemaMissing(
+            f"database {db!r} has no {SCHEMA} schema: run `openwop-seat migrate --dsn ...` as the role "
+            f"that is to own it (not the host's role) before serving")
+    version = _layout_of(meta)
+    if version < LAYOUT_VERSION:
+        raise SchemaTooOld(
+            f"the database's {SCHEMA} layout is version {version}, older than this openwop-seat's "
+            f"({LAYOUT_VERSION}): run `openwop-seat migrate` with this release")
+    recorded = meta.get("artifact_digest")
+    if recorded is None:
+        raise DigestMismatch(
+            f"{SCHEMA}.meta records no artifact digest (a migrate did not finish installing the artifact "
+            f"objects): run `openwop-seat migrate` with this release's artifacts (digest {artifacts.digest})")
+    if recorded != artifacts.digest:
+        raise DigestMismatch(
+            f"the database records spec-artifact digest {recorded} (tag {meta.get('artifact_tag')}), but this "
+            f"openwop-seat runs digest {artifacts.digest} (tag {artifacts.tag}); every replica must read one log "
+            f"one way: run seats whose artifacts match, or switch the database to these artifacts with "
+            f"`openwop-seat migrate` (seats on the old artifacts then refuse to serve)")
+    if config.host.era_column is not None:
+        await check_era_column(conn, config.host)
+    await check_writer_rule(conn, config)
+    await check_installed(conn, meta)
+
+
+def cmd_migrate(config: Config, dsn: str) -> int:
+    """``openwop-seat migrate --dsn DSN``: print what was done; 0, or 1 with the reason on stderr."""
+    import asyncpg
+
+    from proxy.artifacts.load import ArtifactError, load_artifacts
+
+    try:
+        artifacts = load_artifacts()
+        asyncio.run(migrate(dsn, config, artifacts, out=lambda line: print(line, flush=True)))
+    except (SchemaError, ArtifactError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        print(f"openwop-seat migrate: {e}", file=sys.stderr)
+        return 1
+    except (OSError, TimeoutError) as e:
+        print(f"openwop-seat migrate: cannot connect to the database: {e}", file=sys.stderr)
+        return 1
+    return 0

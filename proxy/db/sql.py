@@ -1,0 +1,37 @@
+"""Quoting for the SQL the seat generates: identifiers, qualified names, literals (the one quoting module)."""
+
+
+from __future__ import annotations
+
+# --- quoting -------------------------------------------------------------------
+
+
+def quote_ident(name: str) -> str:
+    """A double-quoted identifier (always quoted: names are literal and case-sensitive)."""
+    if not name or "\0" in name:
+        raise ValueError(f"not an identifier: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_qualified(name: str) -> str:
+    """``table`` or ``schema.table``, each part quoted separately."""
+    parts = name.split(".")
+    if len(parts) > 2:
+        raise ValueError(f"not a table name, optionally schema-qualified: {name!r}")
+    return ".".join(quote_ident(p) for p in parts)
+
+
+def quote_literal(value: str) -> str:
+    """A SQL string literal that reads the same whatever standard_conforming_strings says."""
+    if "\0" in value:
+        raise ValueError("a SQL literal cannot hold NUL")
+    body = value.replace("'", "''")
+    if "\\" in body:
+        return "E'" + body.replace("\\", "\\\\") + "'"
+    return "'" + body + "'"
+
+
+def text_array_literal(values) -> str:
+    """A ``text[]`` constant holding ``values`` (sorted, so the generated SQL is deterministic)."""
+    items = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in sorted(values))
+    return quote_literal("{" + items + "}") + "::text[]"

@@ -1,0 +1,219 @@
+"""What a seat learns from the host database at start (and re-reads while it runs): the events table, the
+derived views and risky functions, the classifiers of both majors; and the view of the listener that sessions and
+the metrics collector are given (SeatView), so neither imports the listener."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from proxy.config import Config, ConfigError
+from proxy.db import relations
+from proxy.readpath.classify import DYNAMIC_SQL_WORDS
+from proxy.readpath.read_path import EventColumns, RelationWatch
+
+log = logging.getLogger("openwop_seat.server")
+
+if TYPE_CHECKING:
+    import ssl
+
+    from proxy.readpath.read_path import ReadPath
+    from proxy.stats import Stats
+
+
+class SeatView(Protocol):
+    """What a session and the metrics collector may use of the listener that owns them (one way: they are given
+    it, they never import it)."""
+
+    config: Config
+    stats: Stats
+    sessions: set
+    read_context: ReadContext | None
+    client_ssl_context: ssl.SSLContext | None
+    upstream_ssl_context: ssl.SSLContext | None
+    claim_secret: str | None
+    writer_rule_broken: str  # why the writer rule is not in force, or ""
+
+    def read_path_for(self, params: dict[str, str], major: int | str) -> ReadPath | None: ...
+
+    def on_host_database(self, params: dict[str, str]) -> bool: ...
+
+    async def writer_rule_refusal(self) -> str: ...
+
+    async def readiness(self) -> tuple[bool, str]: ...
+
+
+
+RELATION_CHECK_SECONDS = 2.0
+
+
+@dataclass
+class ReadContext:
+    """What every translated session of this seat shares: artifacts, classifiers, the events table."""
+
+    database: str
+    events: EventColumns
+    classifiers: dict
+    artifacts: object
+    watch: RelationWatch | None = None  # kept fresh by SeatServer._watch_relations
+
+    def __post_init__(self) -> None:
+        if self.watch is None:
+            self.watch = RelationWatch(self.events)
+
+
+# Views and materialized views that read events.type, directly or through other views: a result
+# with their columns cannot be translated (no era), so the read path refuses it.
+DERIVED_RELATIONS = """
+WITH RECURSIVE derived(oid) AS (
+    SELECT r.ev_class FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+    WHERE d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = $1 AND d.refobjsubid = $2
+      AND r.ev_class <> $1
+    UNION
+    SELECT r.ev_class FROM derived
+    JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = derived.oid
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+    WHERE r.ev_class <> derived.oid
+)
+SELECT oid FROM derived
+"""
+
+
+# Functions defined in the database outside the system schemas, the seat's own and extensions, trigger
+# functions excepted: those that could read the events table are refused to translated sessions
+# (risky_functions, proxy.readpath.classify.Classifier.set_functions).
+DATABASE_FUNCTIONS = """
+SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
+  AND n.nspname !~ '^pg_(toast|temp)'
+  AND p.prorettype NOT IN ('pg_catalog.trigger'::pg_catalog.regtype, 'pg_catalog.event_trigger'::pg_catalog.regtype)
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                  AND d.objid = p.oid AND d.deptype = 'e')
+"""
+
+
+def risky_functions(rows, table: str) -> frozenset[str]:
+    """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
+    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative."""
+    table = table.rpartition(".")[2].lower()
+    bodies = {}
+    for r in rows:
+        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower()))
+    risky = {name for name, defs in bodies.items()
+             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
+                    for lang, body in defs)}
+    while True:
+        more = {name for name, defs in bodies.items() if name not in risky
+                and any(f in body for _, body in defs for f in risky)}
+        if not more:
+            return frozenset(risky)
+        risky |= more
+
+
+async def database_functions(conn, table: str) -> frozenset[str]:
+    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table)
+
+
+async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
+    """(views over events.type, views over events.payload, why the translated relations are stale): what a
+    seat learns at start and re-reads while it runs. The seat's own views are not counted as leaks."""
+    seat_views = {r["oid"] for r in await conn.fetch(
+        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'openwop_seat'::regnamespace")}
+    derived = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, type_attnum)]
+    derived_payload = []
+    if payload_attnum is not None:
+        derived_payload = [r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, table_oid, payload_attnum)]
+    problems = await relations.relation_problems(conn, host)
+    return (frozenset(o for o in derived if o not in seat_views),
+            frozenset(o for o in derived_payload if o not in seat_views), "; ".join(problems))
+
+
+async def load_read_context(config: Config):
+    """Check the seat's schema in the host database and learn where the events table is."""
+    from proxy.artifacts.load import load_artifacts
+    from proxy.db.connect import connect
+    from proxy.db.layout import SchemaError
+    from proxy.db.migrate import verify
+    from proxy.db.sql import quote_qualified
+    from proxy.readpath.classify import Classifier
+
+    host = config.host
+    if host.dsn is None:
+        raise ConfigError("host.dsn: required to translate reads (set it, or make every major \"raw\")")
+    artifacts = load_artifacts()
+    conn = await connect(host.dsn)
+    try:
+        await verify(conn, config, artifacts)
+        database = await conn.fetchval("SELECT current_database()")
+        row = await conn.fetchrow(
+            "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
+            "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
+            "AND NOT a.attisdropped", quote_qualified(host.events_table), host.type_column)
+        columns = {}
+        for table in (host.events_table, host.runs_table):
+            columns[table] = {r["attname"]: r["attnum"] for r in await conn.fetch(
+                "SELECT a.attname, a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+                "pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped", quote_qualified(table))}
+        if row is not None:
+            payload_attnum = columns[host.events_table].get(host.payload_column)
+            derived, derived_payload, problems = await relation_state(conn, host, row["oid"], row["attnum"],
+                                                                      payload_attnum)
+            ordered = [r["attname"] for r in await conn.fetch(
+                "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
+                "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
+            functions = await database_functions(conn, host.events_table)
+    finally:
+        await conn.close()
+    if row is None:
+        raise SchemaError(
+            f"host.events_table {host.events_table!r} with column {host.type_column!r} not found in database "
+            f"{database!r}")
+    if problems:
+        raise SchemaError(f"the seat's translated relations do not match the events table: {problems}: "
+                                 f"run openwop-seat migrate")
+    host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
+    classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
+                                     max_statement_bytes=config.max_statement_bytes)
+                   for major in (1, 2)}
+    for classifier in classifiers.values():
+        classifier.set_functions(functions)
+    events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
+    for key in absent:
+        log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
+                    "'Payload projection')", key, getattr(config.host, key))
+    return ReadContext(database, events, classifiers, artifacts)
+
+
+def resolve_columns(host, event_columns: dict, run_columns: dict):
+    """``host`` with the optional projection columns the tables do not have set to None, and their keys."""
+    from dataclasses import replace
+
+    if host.payload_column not in event_columns:
+        from proxy.db.layout import SchemaError
+        raise SchemaError(f"host.payload_column {host.payload_column!r}: no such column in "
+                                 f"{host.events_table!r}")
+    absent = [k for k, cols in (("event_id_column", event_columns), ("node_id_column", event_columns),
+                                ("tenant_column", run_columns)) if getattr(host, k) and getattr(host, k) not in cols]
+    return replace(host, **{k: None for k in absent}), absent
+
+
+async def check_claim_secret(config: Config, secret: str) -> None:
+    """Fail at start, not at every connection, when the secret is not the one migrate installed."""
+    import asyncpg
+
+    from proxy.db.claims import claim_async
+    from proxy.db.connect import connect
+    from proxy.db.layout import SchemaError
+
+    conn = await connect(config.host.dsn)
+    try:
+        await claim_async(conn, secret, 1)
+    except asyncpg.PostgresError as e:
+        raise SchemaError(f"the claim secret cannot claim sessions in the host database: {e} "
+                                 "(is it the secret `openwop-seat migrate` installed?)") from None
+    finally:
+        await conn.close()

@@ -1,0 +1,68 @@
+"""Counters and histograms the serving path updates (no prometheus import: the hot path stays light)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+
+# Upper bounds (seconds) of the latency histograms: fine enough to resolve the seat's own tens of microseconds.
+LATENCY_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+
+# Statement classes and protocols of openwop_seat_statements_total (keys of Stats.statements).
+STATEMENT_CLASSES = ("passthrough", "event_read", "event_write", "refused")
+
+
+PROTOCOLS = ("simple", "extended")
+
+
+class Histogram:
+    """A plain list-of-counts histogram: observe() is a bisect and two additions, no lock, no labels."""
+
+    __slots__ = ("buckets", "counts", "sum")
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, n in zip(self.buckets + (float("inf"),), self.counts):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
+
+
+class Stats:
+    """Process-wide counters, bumped by sessions as plain integer additions."""
+
+    def __init__(self) -> None:
+        self.client_connections = 0
+        self.sessions_started = 0
+        self.cancel_requests = 0
+        self.upstream_connect_errors = 0
+        self.protocol_violations = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.refusals: Counter[str] = Counter()
+        self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
+        self.writer_rule_checks: Counter[str] = Counter()  # runtime checks of the writer rule, by result
+        self.statements_refused: Counter[str] = Counter()  # by refused statement kind
+        self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
+        # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).
+        self.connections_refused: Counter[str] = Counter()
+        self.upstream_refused: Counter[str] = Counter()  # failed upstream connections, by reason
+        # Shared with every session's read path (`ReadPath.attach`); raw sessions add theirs at close.
+        self.statements: Counter[tuple[str, str]] = Counter()  # by (class, protocol)
+        self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses relayed to clients, by SQLSTATE
+        self.seat_seconds = {"client": Histogram(), "upstream": Histogram()}  # seat's own time per chunk
+        self.statement_seconds = Histogram()  # Sync/Query forwarded -> its ReadyForQuery forwarded
+        self.parse_seconds = Histogram()  # classifier cache misses
+
+    def count_refusal(self, sqlstate: str) -> None:
+        self.refusals[sqlstate] += 1
