@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 NODE   := tests/node
 
-.PHONY: setup node test test-unit demo bench clean
+.PHONY: setup node lint test test-unit demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,8 +25,12 @@ $(NODE)/node_modules/.installed: $(NODE)/package.json $(NODE)/package-lock.json
 
 # Everything: unit tests, then the integration tests against a throwaway PostgreSQL cluster and the real
 # clients (psql, pgbench, openssl, node-postgres); a missing client fails the run.
-test: setup node
+test: setup node lint
 	$(PY) -m pytest
+
+# pyflakes, pycodestyle and import order (settings in pyproject.toml).
+lint: setup
+	$(PY) -m ruff check proxy tests bench
 
 # Pure tests only (tests/unit): no cluster, no client, no node; seconds.
 test-unit: setup

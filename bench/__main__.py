@@ -31,8 +31,8 @@ from pathlib import Path
 
 import asyncpg
 
-from proxy.dev.devcluster import PostgresNotFound
 from proxy.db.layout import CLAIM_SECRET_ENV
+from proxy.dev.devcluster import PostgresNotFound
 
 from . import report, seed, stack, workloads
 

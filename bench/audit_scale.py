@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import HOST_SCHEMA  # noqa: E402
-
 from proxy.dev.devcluster import DevCluster  # noqa: E402
 
 PER_RUN = 100

@@ -23,10 +23,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import HOST_SCHEMA, wait_listening  # noqa: E402
-
-from proxy.readpath.classify import Classifier  # noqa: E402
 from proxy.config import HostConfig  # noqa: E402
 from proxy.dev.devcluster import DevCluster, free_port  # noqa: E402
+from proxy.readpath.classify import Classifier  # noqa: E402
 
 PAGE = "SELECT * FROM events WHERE run_id = 'run-1' AND sequence > 0 ORDER BY sequence LIMIT 100"
 
@@ -40,9 +39,11 @@ def classifier_costs() -> None:
     print(f"cache hit:              {timeit.timeit(lambda: c.classify(sql), number=n) / n * 1e6:.2f} us")
     small = Classifier(HostConfig(), 2, cache_size=1)
     pair = [sql, sql + " "]
-    print(f"miss, no events:        {timeit.timeit(lambda: [small.classify(s) for s in pair], number=n // 10) / (n // 5) * 1e6:.2f} us")
+    seconds = timeit.timeit(lambda: [small.classify(s) for s in pair], number=n // 10)
+    print(f"miss, no events:        {seconds / (n // 5) * 1e6:.2f} us")
     pages = [PAGE, PAGE + " "]
-    print(f"miss, parse + rewrite:  {timeit.timeit(lambda: [small.classify(s) for s in pages], number=100) / 200 * 1e6:.0f} us")
+    seconds = timeit.timeit(lambda: [small.classify(s) for s in pages], number=100)
+    print(f"miss, parse + rewrite:  {seconds / 200 * 1e6:.0f} us")
 
 
 def pgbench(port: int, args: list[str]) -> float:

@@ -74,7 +74,8 @@ def page_payload(v1_type: str, i: int) -> dict:
                              "inputs": {"query": "quarterly revenue by region", "limit": 10, "page": i % 3}},
         "agent.toolReturned": {"agentId": "planner", "toolName": "web.search", "callId": call, "status": "ok",
                                "durationMs": 180 + i, "outcome": {"hits": [
-                                   {"title": "Q3 revenue by region", "url": "https://intranet.example/q3", "score": 0.91},
+                                   {"title": "Q3 revenue by region", "url": "https://intranet.example/q3",
+                                    "score": 0.91},
                                    {"title": "Regional ledger export", "url": "https://intranet.example/ledger",
                                     "score": 0.77}]}},
         "budget.threshold.crossed": {"dimension": "tokens", "consumed": 8200 + i, "limit": 10000, "percent": 80},

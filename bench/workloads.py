@@ -27,7 +27,7 @@ from pathlib import Path
 import asyncpg
 import uvloop
 
-from .seed import PAGE_ROWS, PAGE_SQL, APPEND_RUNS
+from .seed import APPEND_RUNS, PAGE_ROWS, PAGE_SQL
 from .stack import rss_kib
 
 CLIENTS = 8  # the pgbench setting for every throughput workload: 8 clients, 2 threads

@@ -105,7 +105,8 @@ def _add_audit(commands) -> None:
                     "payload projection), in batches of runs, each a REPEATABLE READ READ ONLY transaction streamed "
                     "through a server-side cursor; report what would fail and why, and what would read but not "
                     "validate (schema-invalid). Exit 0: nothing would fail and nothing is schema-invalid; "
-                    "1: some events would fail or are schema-invalid; 2: bad flags or configuration; 3: the database is unreachable or "
+                    "1: some events would fail or are schema-invalid; 2: bad flags or configuration; "
+                    "3: the database is unreachable or "
                     "not migrated with these artifacts.")
     audit.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
     audit.add_argument("--dsn", required=True, metavar="DSN", help="libpq-style connection string or URL of the "

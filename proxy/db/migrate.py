@@ -146,7 +146,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
         # A function or trigger changed since the last migrate (not by one): install again rather than bless it.
         tampered = await installed_fingerprint(conn) != meta.get("installed_sha256")
-        if tampered or not (meta.get("artifact_digest") == artifacts.digest and meta.get("artifact_tag") == artifacts.tag
+        if tampered or not (meta.get("artifact_digest") == artifacts.digest
+                and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
                 and not missing and not stray
                 and (columns is None or not await relations.relation_problems(conn, config.host))):

@@ -32,7 +32,8 @@ def find_pg_bin() -> str:
                         key=lambda p: int(p.split("/")[-3]) if p.split("/")[-3].isdigit() else 0)
     if candidates:
         return os.path.dirname(candidates[-1])
-    raise PostgresNotFound(f"PostgreSQL server binaries (initdb, pg_ctl) not found; install them with:\n  {INSTALL_HINT}")
+    raise PostgresNotFound("PostgreSQL server binaries (initdb, pg_ctl) not found; install them with:\n  "
+                           f"{INSTALL_HINT}")
 
 
 def free_port() -> int:

@@ -1,10 +1,10 @@
-"""One relayed session: a client connection and its own upstream connection.
+"""One relayed session: a client connection and its own upstream connection (the I/O side).
 
-The handshake (encryption requests, startup, cancel) is a coroutine; after it
-both directions are plain protocol callbacks that walk each received chunk and
-forward it as one write, so the hot path has no task switches and no copies.
-Backpressure is the transports' own: when one side's write buffer passes the
-configured limit, the seat stops reading from the other side until it drains.
+The handshake (encryption requests, startup, cancel) is a coroutine; after it both directions are plain
+protocol callbacks that hand each received chunk to the session's sans-IO :class:`~proxy.serve.relay.Relay`
+and write what it returns, one write per chunk and side, so the hot path has no task switches and no
+copies. Backpressure is the transports' own: when one side's write buffer passes the configured limit, the
+seat stops reading from the other side until it drains. Timers (the claim's, the idle timeout) live here.
 """
 
 from __future__ import annotations
@@ -13,56 +13,30 @@ import asyncio
 import itertools
 import logging
 import ssl
-import struct
 import time
-from collections import deque
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from proxy.db.claims import claim_proof
-from proxy.db.layout import CHALLENGE_SQL as schema_challenge_sql
-from proxy.db.layout import CLAIM_PARAM_OIDS
-from proxy.db.layout import CLAIM_SQL as schema_claim_sql
 from proxy.errors import BY_SQLSTATE
-from proxy.readpath.read_path import ReadPath, ReadPathError
+from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
+from proxy.serve.relay import Claim, Ending, Relay
 from proxy.wire import messages
 from proxy.wire.codec import (
-    FRONTEND_TYPES,
-    HELD,
-    RAW,
     CancelRequest,
-    EditFramer,
     GSSENCRequest,
-    MessageWalker,
     ProtocolViolation,
     SSLRequest,
     StartupMessage,
-    StreamSplitter,
     parse_initial_packet,
 )
 from proxy.wire.startup import StartupRefused, parse_startup
-from proxy.wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+from proxy.wire.state import Phase, SessionState
 
-# Client messages that are each answered by exactly one ReadyForQuery (Query, Sync, FunctionCall):
-# counted when client_idle_timeout is on, to tell a session waiting for a result from an idle one.
-ANSWERED_FRONTEND = frozenset(b"QSF")
-
-# Without a read path, Query, Sync and FunctionCall are captured to count and time statements (metrics).
-RAW_COUNTED = frozenset(b"QSF")
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
                    "57P03": "writer_rule_not_in_force"}
-
-# With a read path, the client messages it rewrites or accounts for (and Terminate, for the session state)…
-READ_FRONTEND = frozenset(b"QPBDECSFX")
-# …the backend messages it needs for its bookkeeping while its FIFO is in use…
-READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
-# …and while it is quiet: the session state's, and RowDescription for the leak check.
-QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
-# ErrorResponses of a translated session are always held: a DETAIL may print a row as stored (proxy.readpath.read_path).
-ERROR_HELD = frozenset(b"E")
 
 if TYPE_CHECKING:
     from proxy.serve.context import SeatView
@@ -70,9 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("openwop_seat.session")
 
 _session_ids = itertools.count(1)
-
-CLAIM_SQL = schema_claim_sql.encode()
-CHALLENGE_SQL = schema_challenge_sql.encode()
 
 
 class Session:
@@ -84,45 +55,54 @@ class Session:
         self.client = client
         self.upstream: Peer | None = None
         self.id = next(_session_ids)
-        self.state = SessionState()
+        self.relay: Relay | None = None  # the protocol side, once the startup packet is read
         self.params: dict[str, str] = {}
         self.major: int | str | None = None
         self.client_tls = False
         self.started = time.monotonic()
-        self.bytes_in = 0  # client -> upstream
-        self.bytes_out = 0  # upstream -> client
+        self.startup_bytes = 0  # the startup packet, relayed before the relay exists
         self.end_reason = ""
         self.closed = False
         self.done = asyncio.get_running_loop().create_future()
         peername = client.transport.get_extra_info("peername") if client.transport else None
         self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "-")
-        self._auth_pending = bytearray()
-        self.client_walker = MessageWalker(capture=FRONTEND_CAPTURE, allowed=FRONTEND_TYPES)
-        self.upstream_walker = MessageWalker(capture=BACKEND_CAPTURE)
-        self.reader: ReadPath | None = None
-        self.raw_simple = self.raw_extended = 0  # statements of a session without a read path (metrics)
-        self._raw_sent: deque[float] = deque()  # …and when each Query/Sync/FunctionCall went upstream
         self._seat_client = server.stats.seat_seconds["client"]  # histograms of the seat's own time per chunk
         self._seat_upstream = server.stats.seat_seconds["upstream"]
-        self._claim_secret: str | None = None  # set for major-2 sessions on the host database
-        self._claiming = False  # the seat's own claim statement is in flight
-        self._claim_buf = bytearray()
-        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
-        self._claim_held = 0  # bytes held from the client until its claim is done
-        self._pre_ready = bytearray()  # …of which an incomplete message
         self._claim_timer: asyncio.TimerHandle | None = None
-        self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
-        self._client_backlog: list[bytes] = []
-        self._client_framer: EditFramer | None = None  # with a read path: frames the client's stream…
-        self._upstream_splitter: StreamSplitter | None = None  # …and the server's, once authenticated
-        self._split_upstream = False  # the server's stream goes through the splitter alone from here on
+        self._claim_open = False  # the session is to be claimed and the claim is not over yet
+        self._reading_paused = False  # the client is not read while the seat's claim is in flight
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
-        self._queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with the timeout on)
-        self._readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
+        self._readies = 0
         client.on_lost = self._client_lost
         client.on_eof = self._client_eof
+
+    # What the listener and the metrics collector read of a session.
+
+    @property
+    def reader(self) -> ReadPath | None:
+        return self.relay.reader if self.relay is not None else None
+
+    @property
+    def state(self) -> SessionState:
+        return self.relay.state if self.relay is not None else _NO_STATE
+
+    @property
+    def bytes_in(self) -> int:
+        return self.startup_bytes + (self.relay.bytes_in if self.relay is not None else 0)
+
+    @property
+    def bytes_out(self) -> int:
+        return self.relay.bytes_out if self.relay is not None else 0
+
+    @property
+    def raw_simple(self) -> int:
+        return self.relay.raw_simple if self.relay is not None else 0
+
+    @property
+    def raw_extended(self) -> int:
+        return self.relay.raw_extended if self.relay is not None else 0
 
     # ------------------------------------------------------------------ handshake
 
@@ -217,17 +197,9 @@ class Session:
             return
         self.major = self.config.major_for(self.params)
         if self.config.client_idle_timeout > 0:
-            self.client_walker.capture = FRONTEND_CAPTURE | ANSWERED_FRONTEND
             asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
-        self.reader = self.server.read_path_for(self.params, self.major)
-        if self.reader is None:
-            self.client_walker.capture = self.client_walker.capture | RAW_COUNTED
-        else:
-            self.reader.attach(self.server.stats, self._log_refusal)
-        if self.reader is not None:
-            self._client_framer = EditFramer(READ_FRONTEND, FRONTEND_TYPES)
-            self._upstream_splitter = StreamSplitter()
+        reader = self.server.read_path_for(self.params, self.major)
         if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
             # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
             why = await self.server.writer_rule_refusal()
@@ -237,10 +209,13 @@ class Session:
                 self._fail_client("57P03", "openwop-seat accepts no new session on the host database while the "
                                            f"writer rule is not in force: {why}", reason="writer rule not in force")
                 return
+        claim = None
         if self.server.on_host_database(self.params):
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
-            self._claim_secret = self.server.claim_secret
+            claim = Claim(self.server.claim_secret, 2 if self.major == 2 else 1, self.config.claim_buffer_limit)
+        self.relay = Relay(self.server.stats, reader=reader, claim=claim, client_tls=self.client_tls,
+                           count_answered=self.config.client_idle_timeout > 0, on_refusal=self._log_refusal)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
         self.server.stats.upstream_connections += 1
@@ -255,16 +230,14 @@ class Session:
         self.client.on_pause = lambda paused: _set_reading(up, not paused)
         up.on_pause = lambda paused: _set_reading(self.client, not paused)
         up.write(startup.raw)
-        self.bytes_in += len(startup.raw)
+        self.startup_bytes = len(startup.raw)
         up.sink = self._from_upstream
-        # A session to be claimed: until the claim is done, only authentication messages reach the server, so
-        # nothing the client sends can run before the claim or be taken for its answer (ADR 0006).
-        client_sink = self._from_client if self._claim_secret is None else self._client_before_ready
-        if self._claim_secret is not None:
+        if claim is not None:
+            self._claim_open = True
             self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout,
                                                                       self._claim_timed_out)
-        self.client.sink = client_sink
-        for peer, sink in ((up, self._from_upstream), (self.client, client_sink)):
+        self.client.sink = self._from_client
+        for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
                 peer.buffer.clear()
@@ -276,327 +249,77 @@ class Session:
 
     def _from_client(self, data: bytes) -> None:
         start = perf_counter()
-        self._relay_client(data)
+        relay = self.relay
+        out = relay.from_client(data)
+        self._last_client = time.monotonic()
+        if out:
+            self.upstream.write(out)
+        if relay.ending is not None:
+            self._end(relay.ending)
         self._seat_client.observe(perf_counter() - start)
 
     def _from_upstream(self, data: bytes) -> None:
         start = perf_counter()
-        self._relay_upstream(data)
+        relay = self.relay
+        to_client, to_server = relay.from_server(data)
+        if to_client:
+            self.client.write(to_client)
+        if to_server:
+            self.upstream.write(to_server)
+        if relay.readies != self._readies:
+            self._readies = relay.readies
+            self._ready_at = time.monotonic()
+        if self._claim_open:
+            self._claim_progress(relay)
+        if relay.ending is not None:
+            self._end(relay.ending)
         self._seat_upstream.observe(perf_counter() - start)
 
-    def _relay_client(self, data: bytes) -> None:
-        if self._claiming:  # the client speaks before its ReadyForQuery: keep it until the claim is done
-            self._client_backlog.append(data)
+    def _claim_progress(self, relay: Relay) -> None:
+        """The claim started (stop reading the client: its kernel buffer holds what it sends), or ended."""
+        if relay.claiming and not self._reading_paused:
+            self._reading_paused = True
+            _set_reading(self.client, False)
             return
-        if self.reader is not None:
-            self._relay_client_read(data)
+        if relay.awaiting_ready:
             return
-        try:
-            captured = self.client_walker.feed(data)
-        except ProtocolViolation as e:
-            if e.valid_upto and self.upstream is not None:
-                self.upstream.write(data[:e.valid_upto])
-            self._client_violation(e)
-            return
-        self._last_client = time.monotonic()
-        for t, body, _ in captured:
-            self.state.on_frontend(t, body)
-            if t != 0x58:  # with the idle timeout on, Query/Sync/FunctionCall are captured too
-                self._queries_sent += 1
-        self.bytes_in += len(data)
-        if captured:
-            self._raw_frontend(captured)
-        self.upstream.write(data)
+        self._claim_open = False
+        if self._claim_timer is not None:
+            self._claim_timer.cancel()
+            self._claim_timer = None
+        if self._reading_paused:
+            self._reading_paused = False
+            _set_reading(self.client, True)
+        if relay.privileged:
+            superuser = relay.privileged == "superuser"
+            self.server.stats.privileged_sessions[relay.privileged] += 1
+            log.warning("privileged role", extra={"fields": self._log_fields(
+                role="superuser" if superuser else "owner of openwop_seat",
+                why="this role can bypass the writer rule's guard; connect the host as a plain role")})
+            relay.privileged = ""
 
-    def _relay_client_read(self, data: bytes) -> None:
-        """A session with a read path: one pass frames the chunk, the read path sees each message it
-        accounts for, and the chunk goes on as it arrived unless a message in it was replaced."""
-        framer = self._client_framer
-        items, lo, hi = framer.feed(data)
-        self._last_client = time.monotonic()
-        self.bytes_in += len(data)
-        reader = self.reader
-        parts: list | None = None
-        last = lo
-        for t, body, start, end in items:
-            if t == 0x58:  # 'X'
-                self.state.on_frontend(t, body)
-                continue
-            if t == 0x51 or t == 0x53 or t == 0x46:
-                self._queries_sent += 1
-            try:
-                replacement = reader.on_client(t, body)
-            except ProtocolViolation as e:
-                # the messages before it are forwarded, as PostgreSQL processes them before failing
-                if start >= 0 and start > last:
-                    parts = (parts or []) + [data[last:start]]
-                if parts:
-                    self.upstream.write(b"".join(parts))
-                self._client_violation(e)
-                return
-            if start < 0:  # a held message, completed now: it comes before the chunk's span
-                if parts is None:
-                    parts = []
-                parts.append(messages.message(bytes([t]), body) if replacement is None else replacement)
-            elif replacement is not None:
-                if parts is None:
-                    parts = []
-                parts.append(data[last:start])
-                parts.append(replacement)
-                last = end
-        if parts is None:
-            out = data if lo == 0 and hi == len(data) else data[lo:hi]
-        else:
-            parts.append(data[last:hi])
-            out = b"".join(parts)
-        if out:
-            self.upstream.write(out)
-        if framer.violation is not None:
-            self._client_violation(framer.violation)
-
-    def _client_violation(self, e: ProtocolViolation) -> None:
-        self.server.stats.protocol_violations += 1
-        log.warning("session %s: client protocol violation: %s", self.id, e.message)
-        self._fail_client(e.sqlstate, e.message)
-
-    def _relay_upstream(self, data: bytes) -> None:
-        if self._split_upstream:
-            self._relay_upstream_read(data)
-            return
-        try:
-            captured = self.upstream_walker.feed(data)
-        except ProtocolViolation as e:
-            if e.valid_upto:
-                self.client.write(data[:e.valid_upto])
-            self._upstream_violation(e)
-            return
-        if self._claiming:
-            self._claim_answer(data)
-            return
-        state = self.state
-        claim_now = False
-        if state.phase is Phase.AUTHENTICATING:
-            data = self._auth_messages(data)
-            if data is None:
-                return
-            if self._claim_secret is not None and data[-6:-1] == b"Z\x00\x00\x00\x05":
-                # Authenticated: before the client may speak, record who it is in the database.
-                self._held_ready, data = data[-6:], data[:-6]
-                claim_now = True
-        for t, body, _ in captured:
-            state.on_backend(t, body)
-            if self.reader is None and (t == 0x5A or t == 0x45):
-                self._raw_backend(t, body)
-            if t == 0x5A:
-                self._readies += 1
-                self._ready_at = time.monotonic()
-        if claim_now:
-            self.client.write(data)
-            self.bytes_out += len(data)
-            self._send_claim()
-            return
-        self.bytes_out += len(data)
-        if self.reader is None:
-            self.client.write(data)
-            return
-        # Authenticated, not claiming, at a message boundary: from here on the splitter alone frames the
-        # server's stream (one pass), and this chunk is the first it sees.
-        self._split_upstream = state.phase is not Phase.AUTHENTICATING
-        self._relay_upstream_read(data, counted=True)
-
-    def _relay_upstream_read(self, data: bytes, counted: bool = False) -> None:
-        """A session with a read path, after authentication: one pass frames the chunk. While the read
-        path is quiet nothing is held and only a few message kinds are looked at; while its FIFO is in
-        use, every message is accounted for and, when a result is being translated, held to be rewritten."""
-        reader = self.reader
-        quiet = reader.quiet
-        state = self.state
-        hold = reader.active > 0
-        try:
-            items = self._upstream_splitter.feed(data, hold, QUIET_BACKEND_SEEN if quiet else READ_BACKEND_SEEN,
-                                                 None, ERROR_HELD)
-        except ProtocolViolation as e:
-            self._upstream_violation(e)
-            return
-        if not counted:
-            self.bytes_out += len(data)
-        out: list = []
-        try:
-            for item in items:
-                kind = item[0]
-                if kind == RAW:
-                    out.append(item[1])
-                    continue
-                t, body = item[1], item[2]
-                if not counted and t in BACKEND_CAPTURE:
-                    state.on_backend(t, body)
-                    if t == 0x5A:
-                        self._readies += 1
-                        self._ready_at = time.monotonic()
-                if kind == HELD:
-                    replacement = reader.on_server_quiet(t, body) if quiet else reader.on_server(t, body)
-                    out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
-                elif quiet:
-                    reader.on_server_quiet(t, body)
-                else:
-                    reader.on_server(t, body)
-        except ReadPathError as e:
-            log.error("session %s: %s", self.id, e)
-            self.client.write(b"".join(out))
-            self._fail_client("OW007", f"result_untranslatable: {e}", reason="read path refused a result")
-            return
-        # one write per received chunk, however many messages were rewritten in it
-        if out:
-            self.client.write(out[0] if len(out) == 1 else b"".join(out))
-
-    def _upstream_violation(self, e: ProtocolViolation) -> None:
-        log.error("session %s: upstream protocol violation: %s", self.id, e.message)
-        self._fail_client("08P01", f"upstream sent an invalid message: {e.message}")
-
-    def _send_claim(self) -> None:
-        """Start the claim (ADR 0006): ask the backend for a challenge; :meth:`_claim_answer` proves the secret.
-
-        While the claim is in flight the client is not read from (the kernel's socket buffer holds what it
-        sends), and what was read already is held, at most ``proxy.claim_buffer_limit`` bytes.
-        """
-        self._claiming = True
-        self._claim_phase = 1
-        _set_reading(self.client, False)
-        self.upstream.write(
-            messages.message(b"P", b"\x00" + CHALLENGE_SQL + b"\x00\x00\x00")
-            + messages.message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
-            + messages.message(b"E", b"\x00\x00\x00\x00\x00")
-            + messages.message(b"S"))
-
-    def _client_before_ready(self, data: bytes) -> None:
-        """The client's bytes from its startup packet until the claim is done: while the server authenticates,
-        authentication messages ('p') go through; every other message is held, at most
-        ``proxy.claim_buffer_limit`` bytes, and forwarded once the claim is done."""
-        self._claim_held += len(data)
-        if self._claim_held > self.config.claim_buffer_limit:
-            self._fail_client("54000", f"the client sent more than {self.config.claim_buffer_limit} bytes before "
-                                       f"its session was ready (proxy.claim_buffer_limit)", reason="claim buffer full")
-            return
-        pending = self._pre_ready
-        pending += data
-        while len(pending) >= 5:
-            (length,) = struct.unpack_from("!i", pending, 1)
-            if length < 4 or len(pending) < 1 + length:
-                break  # incomplete (a bad length is the relay's to report, once the held bytes reach it)
-            message = bytes(pending[:1 + length])
-            if (message[0] == 0x70 and not self._client_backlog and not self._claiming
-                    and self.state.phase is Phase.AUTHENTICATING):
-                self.upstream.write(message)  # a password or SASL message: authentication needs it now
-                self.bytes_in += len(message)
-                self._claim_held -= len(message)
-            else:
-                self._client_backlog.append(message)
-            del pending[:1 + length]
+    def _end(self, ending: Ending) -> None:
+        if ending.kind == "client_violation":
+            log.warning("session %s: client protocol violation: %s", self.id, ending.message)
+        elif ending.kind == "server_violation":
+            log.error("session %s: %s", self.id, ending.message)
+        elif ending.kind in ("result_untranslatable", "claim_failed"):
+            log.error("session %s: %s", self.id, ending.message)
+        self._fail_client(ending.sqlstate, ending.message, reason=ending.reason)
 
     def _claim_timed_out(self) -> None:
-        if self.client.sink == self._client_before_ready and not self.closed:
+        if self.relay is not None and self.relay.awaiting_ready and not self.closed:
             self._fail_client("08006", f"timeout: authentication and the claim of this session's major took longer "
                                        f"than {self.config.startup_timeout} s (proxy.startup_timeout)",
                               reason="claim timeout")
 
-    def _send_proof(self, challenge: str) -> None:
-        """The second half of the claim: the proof for this backend's challenge, never the secret."""
-        major = 2 if self.major == 2 else 1
-        proof = claim_proof(self._claim_secret, challenge, major).encode()
-        major_text = str(major).encode()
-        params = struct.pack("!i", len(proof)) + proof + struct.pack("!i", len(major_text)) + major_text
-        oids = struct.pack("!h", len(CLAIM_PARAM_OIDS)) + b"".join(struct.pack("!I", o) for o in CLAIM_PARAM_OIDS)
-        self._claim_phase = 2
-        self.upstream.write(
-            messages.message(b"P", b"\x00" + CLAIM_SQL + b"\x00" + oids)
-            + messages.message(b"B", b"\x00\x00\x00\x00\x00\x02" + params + b"\x00\x00")
-            + messages.message(b"E", b"\x00\x00\x00\x00\x00")
-            + messages.message(b"S"))
-
-    def _claim_answer(self, data: bytes) -> None:
-        self._claim_buf += data
-        if not self.upstream_walker.at_boundary:
-            return
-        answer, self._claim_buf = bytes(self._claim_buf), bytearray()
-        error, done, pos, owns_schema, first = None, False, 0, False, None
-        for t, body in messages.iter_messages(answer):
-            pos += 5 + len(body)
-            if t == 0x44:  # phase 1: (salt:challenge); phase 2: (claim, owns openwop_seat), 't' or 'f'
-                owns_schema = body.endswith(b"\x00\x00\x00\x01t")
-                (n,) = struct.unpack_from("!i", body, 2)
-                first = body[6:6 + n].decode("utf-8", "replace") if n >= 0 else None
-            elif t == 0x45:
-                error = messages.parse_error_fields(body)
-            elif t == 0x5A:
-                done = True
-                break
-        if not done:
-            self._claim_buf = bytearray(answer)
-            return
-        if error is None and self._claim_phase == 1:
-            if first is None or ":" not in first:
-                error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
-            else:
-                self._send_proof(first)
-                return
-        self._claiming = False
-        if self._claim_timer is not None:
-            self._claim_timer.cancel()
-        if error is not None:
-            log.error("session %s: claim failed: %s %s", self.id, error.get("C"), error.get("M"))
-            self._fail_client(error.get("C", "XX000"),
-                              f"openwop-seat could not record this session's major: {error.get('M')}",
-                              reason="claim failed")
-            return
-        superuser = self.state.server_params.get("is_superuser") == "on"
-        if superuser or owns_schema:
-            # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
-            self.server.stats.privileged_sessions["superuser" if superuser else "owns openwop_seat"] += 1
-            log.warning("privileged role", extra={"fields": self._log_fields(
-                role="superuser" if superuser else "owner of openwop_seat",
-                why="this role can bypass the writer rule's guard; connect the host as a plain role")})
-        self.client.write(self._held_ready)
-        self.bytes_out += len(self._held_ready)
-        if answer[pos:]:
-            self.client.write(answer[pos:])
-        self.client.sink = self._from_client
-        _set_reading(self.client, True)
-        if self._pre_ready:  # an incomplete message: the relay frames it with what follows
-            self._client_backlog.append(bytes(self._pre_ready))
-            self._pre_ready.clear()
-        backlog, self._client_backlog = self._client_backlog, []
-        for chunk in backlog:
-            if self.closed:
-                break
-            self._from_client(chunk)
-
-    def _auth_messages(self, data: bytes) -> bytes | None:
-        """During authentication, forward whole messages only, so an offer can be edited.
-
-        Returns the bytes to forward now, or None while a message is incomplete.
-        """
-        self._auth_pending += data
-        if not self.upstream_walker.at_boundary:
-            return None
-        data, self._auth_pending = bytes(self._auth_pending), bytearray()
-        if self.client_tls:
-            return data
-        out, changed = [], False
-        for t, body in messages.iter_messages(data):
-            if t == 0x52 and (plain := messages.without_channel_binding(body)) is not None:
-                out.append(messages.message(b"R", plain))
-                changed = True
-            else:
-                out.append(messages.message(bytes([t]), body))
-        return b"".join(out) if changed else data
-
     # ------------------------------------------------------------------ endings
 
     def _client_at_boundary(self) -> bool:
-        return (self._client_framer or self.client_walker).at_boundary
+        return self.relay is None or self.relay.client_at_boundary
 
     def _upstream_at_boundary(self) -> bool:
-        return (self._upstream_splitter if self._split_upstream else self.upstream_walker).at_boundary
+        return self.relay is None or self.relay.server_at_boundary
 
     def _client_eof(self) -> None:
         if not self._client_at_boundary():
@@ -630,8 +353,9 @@ class Session:
         timeout = self.config.client_idle_timeout
         now = time.monotonic()
         since = max(self._last_client, self._ready_at)
-        idle = (self.state.phase is Phase.READY and not self.state.in_transaction and not self._claiming
-                and self._queries_sent < self._readies and self._client_at_boundary())
+        relay = self.relay
+        idle = (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
+                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary)
         if idle and now - since >= timeout:
             if self.upstream is not None:
                 self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
@@ -683,32 +407,12 @@ class Session:
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.statements_refused.update(self.reader.refusals)
+        if self._claim_timer is not None:
+            self._claim_timer.cancel()
         if not self.done.done():
             self.done.set_result(None)
 
     # ------------------------------------------------------------------ metrics and refusal logs
-
-    def _raw_frontend(self, captured) -> None:
-        """A session without a read path: count Query (simple) and Sync (extended, one per batch), time them."""
-        now = perf_counter()
-        for t, _, _ in captured:
-            if t == 0x51:
-                self.raw_simple += 1
-            elif t == 0x53:
-                self.raw_extended += 1
-            elif t != 0x46:
-                continue
-            self._raw_sent.append(now)
-
-    def _raw_backend(self, t: int, body: bytes) -> None:
-        if t == 0x5A:
-            if self._raw_sent:
-                self.server.stats.statement_seconds.observe(perf_counter() - self._raw_sent.popleft())
-            return
-        sqlstate = messages.parse_error_fields(body).get("C", "")
-        self.server.stats.server_errors[sqlstate] += 1
-        if sqlstate in BY_SQLSTATE:
-            self._log_refusal(sqlstate, "")
 
     def _log_refusal(self, sqlstate: str, kind: str) -> None:
         """One line per OpenWOP refusal (never the statement's text or its parameters)."""
@@ -738,6 +442,10 @@ def _upstream_reason(message: str) -> str:
     if "TLS" in message:
         return "tls"
     return "connect"
+
+
+# The state of a session whose startup packet is not read yet.
+_NO_STATE = SessionState()
 
 
 def _set_reading(peer: Peer, on: bool) -> None:

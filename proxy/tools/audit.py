@@ -56,7 +56,8 @@ from proxy.tools.common import (
 )
 
 DEFAULT_BATCH = 500  # runs per transaction
-RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "spec", "schemas", "v2", "run-event.schema.json")
+RUN_EVENT_SCHEMA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "spec", "schemas", "v2",
+                                "run-event.schema.json")
 
 
 def vendor_type_grammar() -> re.Pattern:
@@ -126,7 +127,8 @@ class Report:
     invalid: dict = field(default_factory=dict)  # (v2 type, key) -> Failure: schema-invalid after projection
     invalid_events: int = 0
     invalid_runs: set = field(default_factory=set)
-    repaired_runs: int | None = None  # era-3 runs backfill converted with --repair (None: the era store keeps no source)
+    # era-3 runs backfill converted with --repair (None: the era store keeps no source)
+    repaired_runs: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -79,15 +79,6 @@ def parse_parameter_status(body: bytes) -> tuple[str, str]:
 AUTH_SASL = 10
 
 
-def iter_messages(buf: bytes):
-    """Yield (type, body) of each message in a buffer that holds whole messages only."""
-    pos, n = 0, len(buf)
-    while pos < n:
-        (length,) = _U32.unpack_from(buf, pos + 1)
-        yield buf[pos], buf[pos + 5:pos + 1 + length]
-        pos += 1 + length
-
-
 def without_channel_binding(body: bytes) -> bytes | None:
     """AuthenticationSASL minus the channel-binding (`-PLUS`) mechanisms; None if there are none.
 

@@ -14,8 +14,8 @@ import sys
 import time
 
 import pytest
-from harness import HBA, HOST_SCHEMA, PASSWORD, ROOT, Seat, render_config, wait_listening
 
+from harness import HBA, HOST_SCHEMA, PASSWORD, ROOT, Seat, render_config, wait_listening
 from proxy.dev.devcluster import DevCluster, free_port
 
 REQUIRED_TOOLS = {

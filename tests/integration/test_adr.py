@@ -17,9 +17,9 @@ import pytest
 
 from harness import HOST_SCHEMA, ROOT, render_config
 from proxy import __version__
-from proxy.tools.adr import DISPOSITIONS
 from proxy.artifacts.load import load_artifacts
 from proxy.dev.devcluster import free_port
+from proxy.tools.adr import DISPOSITIONS
 
 A = load_artifacts()
 

@@ -26,8 +26,8 @@ from psycopg.adapt import Loader
 
 from harness import render_config
 from proxy.artifacts.load import load_artifacts
-from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from proxy.errors import ERRORS
+from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 A = load_artifacts()

@@ -6,7 +6,6 @@ import socket
 import time
 
 import psycopg
-
 from rawpg import RawConn, msg, query
 
 

@@ -8,7 +8,8 @@ import sys
 
 import psycopg
 
-from harness import ROOT, render_config, seat_cli as cli, wait_listening
+from harness import ROOT, render_config, wait_listening
+from harness import seat_cli as cli
 from proxy.dev.devcluster import free_port
 
 

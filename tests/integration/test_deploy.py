@@ -23,7 +23,6 @@ import yaml  # PyYAML, from the `test` extra
 
 from proxy.config import Config, parse_config
 
-
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"

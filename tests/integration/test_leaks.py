@@ -16,8 +16,8 @@ import uuid
 
 import psycopg
 import pytest
-
 import rawpg
+
 from proxy.artifacts.load import load_artifacts
 
 A = load_artifacts()

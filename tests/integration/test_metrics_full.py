@@ -10,12 +10,12 @@ import uuid
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_metrics import get
 
 from harness import HOST_SCHEMA, ROOT
 from proxy.artifacts.load import load_artifacts
-from proxy.dev.devcluster import free_port
 from proxy.db.layout import LAYOUT_VERSION
-from test_metrics import get
+from proxy.dev.devcluster import free_port
 
 A = load_artifacts()
 RENAMED = sorted(A.renamed)
@@ -129,7 +129,8 @@ def test_every_family_moves_with_real_traffic(mseat, runs):
         "openwop_seat_sessions", "openwop_seat_statements", "openwop_seat_prepared_statements",
         "openwop_seat_refusals", "openwop_seat_statements_refused", "openwop_seat_session_errors",
         "openwop_seat_parse_cache_hits", "openwop_seat_parse_cache_misses", "openwop_seat_parse_cache_size",
-        "openwop_seat_parse_cache_bytes", "openwop_seat_parse_cache_capacity_bytes", "openwop_seat_parse_seconds", "openwop_seat_upstream_errors",
+        "openwop_seat_parse_cache_bytes", "openwop_seat_parse_cache_capacity_bytes", "openwop_seat_parse_seconds",
+        "openwop_seat_upstream_errors",
         "openwop_seat_client_bytes_received", "openwop_seat_client_bytes_sent",
         "openwop_seat_processing_seconds", "openwop_seat_statement_seconds", "openwop_seat_buffer_limit_bytes",
     }

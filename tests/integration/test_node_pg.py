@@ -141,7 +141,8 @@ def test_append_hot_path(pg, seat, host_tables):
     assert [r["sequence"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["event_id"] for r in rows] == [f"evt-{i}" for i in range(1, 7)]
     assert [r["timestamp"] for r in rows] == [iso(i) for i in range(6)]
-    assert rows[1]["payload"] == {"i": 1, "note": "event 2 \u00e9\u00e8 \u2713", "nested": {"ok": False, "list": [1, 2]}}
+    assert rows[1]["payload"] == {"i": 1, "note": "event 2 \u00e9\u00e8 \u2713",
+                                  "nested": {"ok": False, "list": [1, 2]}}
     assert rows[0]["causation_id"] is None and rows[3]["causation_id"] == "evt-3"
     assert out["appends"][0]["lock"]["rows"] == [{"pg_advisory_xact_lock": ""}]
     assert out["other"]["insert"]["rows"][0]["sequence"] == 1

@@ -79,7 +79,8 @@ def pp_seat(start_seat):
     return start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
 
 
-# ---------------------------------------------------------------- readers: {run_id: ("ok", type, text) | ("error", ...)}
+# ---------------------------------------------------------------- readers
+# {run_id: ("ok", type, text) | ("error", ...)}
 
 
 def read_asyncpg(url: str, app: str | None, ids: list[str]) -> dict:
@@ -289,7 +290,8 @@ def test_an_append_whose_returned_payload_cannot_be_seated_fails_and_stores_noth
         assert row[5] == '{"name": "n", "x-v1": {"value": 1}}'  # returned as a major-2 page would read it
         with pytest.raises(psycopg.Error) as e:
             conn.execute(append, (f"ev.{rid}.2", rid, 2, "provider.usage",
-                                  '{"provider": "p", "model": "m", "inputTokens": 1, "outputTokens": 1, "latencyMs": 3}'))
+                                  '{"provider": "p", "model": "m", "inputTokens": 1, "outputTokens": 1, '
+                                  '"latencyMs": 3}'))
         assert e.value.sqlstate == SQLSTATE
         assert json.loads(e.value.diag.message_detail)["details"]["keys"] == ["latencyMs"]
     assert pg.psql(f"SELECT string_agg(sequence::text, ',') FROM events WHERE run_id = '{rid}'").strip() == "1"
@@ -299,8 +301,8 @@ def test_the_translated_relation_is_flattened_and_projects_by_one_call(pg, loade
     """The read relation is a view PostgreSQL flattens into the statement (the page's run filter reaches the
     index); its payload check is one plpgsql call per era-2 row, planned once per session, with no per-type
     branch inlined into the statement's plan."""
-    from proxy.readpath.classify import Classifier
     from proxy.config import HostConfig
+    from proxy.readpath.classify import Classifier
 
     sql = Classifier(HostConfig(), 2).classify(
         "SELECT * FROM events WHERE run_id = 'pp1.provider-usage' ORDER BY sequence").text

@@ -25,10 +25,10 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_projection import TextJsonb
 
 from proxy.artifacts.load import load_artifacts
 from proxy.db.projection_sql import INTERRUPT_KINDS, interrupt_kind_types
-from test_projection import TextJsonb
 
 ARTIFACTS = load_artifacts()
 SHAPES = ARTIFACTS.payload_shapes

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import struct
 import time
 
-import asyncio
 import asyncpg
 import psycopg
 import pytest
+from rawpg import RawConn, error_fields, msg, query, startup
 
 from proxy.dev.devcluster import DevCluster, free_port
-from rawpg import RawConn, error_fields, msg, query, startup
 
 
 def assert_fatal_then_closed(conn: RawConn, sqlstate: str, text: str) -> dict:

@@ -33,9 +33,9 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from proxy.artifacts.load import load_artifacts
 
@@ -302,8 +302,8 @@ def test_seat_reads_like_direct_but_for_the_type_column(prop_seat, pg, logs, sha
 def test_every_shape_is_rewritten_by_the_classifier():
     """The shapes above exercise the translating path: every one reads the translated relation but the one
     without a type column, which reads only columns both eras store alike, from the table itself."""
-    from proxy.readpath.classify import PASS, TRANSLATE, Classifier
     from proxy.config import HostConfig
+    from proxy.readpath.classify import PASS, TRANSLATE, Classifier
 
     for major in (2, 1):
         classifier = Classifier(HostConfig(), major)

@@ -18,12 +18,24 @@ import uuid
 
 import psycopg
 import pytest
+from test_backfill import (  # noqa: F401
+    ROOT,
+    backfill,
+    bseat,
+    config_file,
+    direct,
+    era,
+    make_run,
+    originals,
+    raw_read_v1,
+    rid,
+    seat_reads,
+    whole_rows,
+)
 
 from harness import HOST_SCHEMA
-from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from proxy.errors import ERRORS
-from test_backfill import (ROOT, backfill, bseat, config_file, direct, era, make_run, originals,  # noqa: F401
-                           raw_read_v1, rid, seat_reads, whole_rows)
+from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 
 APPROVAL_GATE = [  # an approved approval-gate run, as the reference host stores it (era 2)
     ("run.started", None, {"workflowId": "approval-gate",

@@ -18,10 +18,10 @@ import urllib.request
 
 import psycopg
 import pytest
+from rawpg import RawConn, error_fields, query, startup
 
 from harness import render_config
 from proxy.dev.devcluster import free_port
-from rawpg import RawConn, error_fields, query, startup
 
 
 def write_config(seat, pg, proxy: dict | None = None, listen: str | None = None, text: str | None = None,

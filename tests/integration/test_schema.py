@@ -19,15 +19,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from proxy.db.layout import STEPS
-from proxy.db.migrate import migrate as db_migrate, verify as db_verify
-from proxy.db.sql import quote_literal, text_array_literal
-from proxy.db.writer_sql import FUNCTIONS
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
-from proxy.errors import ERRORS
-from proxy.db.layout import LAYOUT_VERSION, DigestMismatch, SchemaError, SchemaGap, SchemaMissing, SchemaTooNew
+from proxy.db.layout import LAYOUT_VERSION, STEPS, DigestMismatch, SchemaError, SchemaGap, SchemaMissing, SchemaTooNew
+from proxy.db.migrate import migrate as db_migrate
+from proxy.db.migrate import verify as db_verify
 from proxy.db.reader_sql import era_sql, read_check_sql
+from proxy.db.sql import quote_literal, text_array_literal
+from proxy.db.writer_sql import FUNCTIONS
+from proxy.errors import ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -196,7 +196,8 @@ def test_digest_mismatch(pg, make_db):
     db = make_db()
     migrate(pg, db)
     pg.psql("UPDATE openwop_seat.meta SET value = repeat('0', 64) WHERE key = 'artifact_digest'", dbname=db)
-    with pytest.raises(DigestMismatch, match=f"records spec-artifact digest {'0' * 64}.*runs digest {ARTIFACTS.digest}"):
+    mismatch = f"records spec-artifact digest {'0' * 64}.*runs digest {ARTIFACTS.digest}"
+    with pytest.raises(DigestMismatch, match=mismatch):
         verify(pg, db)
     actions = migrate(pg, db)
     assert actions == [f"installed artifact objects for digest {ARTIFACTS.digest} (tag {ARTIFACTS.tag}), replacing "

@@ -8,10 +8,10 @@ import struct
 
 import psycopg
 import pytest
+from rawpg import RawConn, error_fields, startup
 
 from harness import PASSWORD
 from proxy.dev.devcluster import DevCluster
-from rawpg import RawConn, error_fields, startup
 
 
 def upstream_ssl(conn) -> bool:

@@ -18,12 +18,12 @@ import time
 
 import psycopg
 import pytest
-
-from harness import ROOT
-from proxy.config import ConfigError, parse_config
 from rawpg import RawConn, error_fields, query
 from test_metrics import get, metric
 from test_signals import refuses_connections
+
+from harness import ROOT
+from proxy.config import ConfigError, parse_config
 
 # Linux only (reads /proc; SO_REUSEPORT balancing), like the project's machines.
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 import psycopg
+from test_metrics import get, metric
 
 from proxy.artifacts.load import load_artifacts
-from test_metrics import get, metric
 
 A = load_artifacts()
 

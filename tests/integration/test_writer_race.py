@@ -41,7 +41,8 @@ therefore leaves, in every stamped run:
 and, on the client side: every append a v1 writer got refused failed with
 ``era2_write_refused`` (OW005) with its own envelope, into a run whose stamp
 had been sent, and left no row; every append that succeeded is stored, and
-its RETURNING row read back the name it sent; no major-2 append was refused.  The stamp rows themselves: era 3, source 'test', stamped within the run.
+its RETURNING row read back the name it sent; no major-2 append was refused.  The stamp rows themselves:
+era 3, source 'test', stamped within the run.
 
 For the created runs: each is either created (stamped ``created``, holding only
 the creator's v2 event and no v1 row) or refused with ``era2_write_refused``

@@ -28,12 +28,13 @@ import psycopg
 import pytest
 
 from harness import HOST_SCHEMA, ROOT, render_config
-from proxy.db.claims import claim_proof, load_claim_secret
-from proxy.db.layout import CLAIM_SECRET_ENV, RUN_LOCK_SEED, SchemaError, UPDATE_REFUSED_SQLSTATE
-from proxy.db.migrate import migrate as db_migrate, verify
-from proxy.db.writer_sql import writer_rule_sql
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, ConfigError, HostConfig, parse_config
+from proxy.db.claims import claim_proof, load_claim_secret
+from proxy.db.layout import CLAIM_SECRET_ENV, RUN_LOCK_SEED, UPDATE_REFUSED_SQLSTATE, SchemaError
+from proxy.db.migrate import migrate as db_migrate
+from proxy.db.migrate import verify
+from proxy.db.writer_sql import writer_rule_sql
 from proxy.errors import ERRORS
 
 A = load_artifacts()
@@ -532,7 +533,8 @@ def trigger_role(store):
 def add_late_trigger(store: Store, role: str, body: str) -> None:
     """A BEFORE INSERT trigger on events whose name sorts after the seat's, made by ``role``."""
     store.sql(f"SET ROLE {role}; "
-              f"CREATE FUNCTION public.{role}_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {body} RETURN NEW; END $$; "
+              f"CREATE FUNCTION public.{role}_fn() RETURNS trigger LANGUAGE plpgsql "
+              f"AS $$ BEGIN {body} RETURN NEW; END $$; "
               f"CREATE TRIGGER zzzz_{role} BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION public.{role}_fn(); "
               f"RESET ROLE")
 

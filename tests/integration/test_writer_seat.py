@@ -36,8 +36,8 @@ import pytest
 
 from harness import CLAIM_SECRET
 from proxy.artifacts.load import load_artifacts
-from proxy.errors import ERRORS
 from proxy.db.layout import CLAIM_SQL
+from proxy.errors import ERRORS
 
 A = load_artifacts()
 HOST = "host_user"
@@ -777,7 +777,8 @@ def test_seat_refuses_openwop_seat_settings_at_startup_however_spelled(wseat, pg
         assert info.value.sqlstate == "42501"
         message = info.value.message
     assert "openwop_seat.* settings belong to the seat and cannot be set by a client" in message, message
-    assert message.count("startup ") == 1 and ("startup options" if how == "options" else "startup parameter") in message
+    assert message.count("startup ") == 1
+    assert ("startup options" if how == "options" else "startup parameter") in message
     # refused before any upstream connection
     assert sql1(pg, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", HOST)[0][0] <= before
 

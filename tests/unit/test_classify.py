@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from pglast import ast, parse_sql
 
-from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 from proxy.config import HostConfig
+from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 
 VIEW2, VIEW1 = "openwop_seat.events_m2", "openwop_seat.events_m1"
 
@@ -109,7 +109,8 @@ PASSED = [
     "SELECT run_id, MAX(sequence) FROM events WHERE run_id = ANY($1) GROUP BY run_id",
     "SELECT count(*) FROM events WHERE run_id = $1",
     "SELECT event_id, sequence FROM events e JOIN runs r USING (run_id) WHERE e.run_id = $1",
-    "SELECT r.x FROM runs, LATERAL (SELECT status AS x) r WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.run_id)",
+    "SELECT r.x FROM runs, LATERAL (SELECT status AS x) r "
+    "WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.run_id)",
     "DELETE FROM events WHERE run_id = $1",
     "DELETE FROM events WHERE run_id = ANY($1::text[])",
     "UPDATE events SET node_id = NULL WHERE run_id = $1",
@@ -235,7 +236,8 @@ def test_refused_with_a_meaningful_kind(sql, kind):
 
 
 def test_refusal_in_a_multi_statement_string_names_the_first_refused_statement():
-    plan = classify("SELECT 1; WITH events AS (SELECT 1) SELECT * FROM events; SELECT query_to_xml('x', true, true, '')")
+    plan = classify("SELECT 1; WITH events AS (SELECT 1) SELECT * FROM events; "
+                    "SELECT query_to_xml('x', true, true, '')")
     assert [s.action for s in plan.statements] == [PASS, REFUSE, REFUSE]
     assert plan.refused is plan.statements[1]
 

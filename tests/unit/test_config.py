@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from harness import ROOT, seat_cli as cli
+from harness import ROOT
+from harness import seat_cli as cli
 from proxy.config import ClientRule, Config, ConfigError, HostPort, load_config, parse_config
-
 
 
 def test_example_config_loads():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
 from harness import render_config, seat_cli
 
 EVENT_COLUMNS = ["event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id"]

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 from proxy.artifacts.load import load_artifacts
-from proxy.artifacts.payload_shapes import (HATCH_PATTERN, ObjectShape, PayloadSchemaError, compile_payload_schemas,
-                                            describe)
+from proxy.artifacts.payload_shapes import (
+    HATCH_PATTERN,
+    ObjectShape,
+    PayloadSchemaError,
+    compile_payload_schemas,
+    describe,
+)
 
 
 @pytest.fixture(scope="module")

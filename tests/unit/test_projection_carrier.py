@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from proxy.db.layout import SchemaError
-from proxy.db.writer_sql import artifact_objects_sql
 from proxy.artifacts.load import load_artifacts
-from proxy.config import ConfigError, HostConfig, parse_config
 from proxy.artifacts.payload_shapes import CarrierError, check_carrier
+from proxy.config import ConfigError, HostConfig, parse_config
+from proxy.db.layout import SchemaError
 from proxy.db.projection_sql import CARRIER, INTERRUPT_KINDS, KEY_CLASS_LANES, SUBJECT_KINDS, interrupt_kind_types
+from proxy.db.writer_sql import artifact_objects_sql
 
 ARTIFACTS = load_artifacts()
 SCHEMAS = Path(__file__).resolve().parents[2] / "proxy" / "spec" / "schemas" / "v2"

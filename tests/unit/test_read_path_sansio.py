@@ -1,4 +1,5 @@
-"""Sans-IO tests of the read path (proxy.readpath.read_path.ReadPath): statement rewriting, plan once per session, refusals.
+"""Sans-IO tests of the read path (proxy.readpath.read_path.ReadPath): statement rewriting, plan once per session,
+refusals.
 
 No sockets and no server: client messages are handed to the read path as the session hands them, one by
 one, and the server's answers the read path is shown are written by hand as PostgreSQL sends them.
@@ -10,11 +11,11 @@ import struct
 
 import pytest
 
-from proxy.readpath.classify import Classifier
 from proxy.config import HostConfig
+from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import MAX_PREPARED, POISON_SQL, EventColumns, ReadPath, ReadPathError
 from proxy.wire.codec import ProtocolViolation
-from proxy.wire.messages import iter_messages
+from proxy.wire.framer import HOLD_ALL, Framer
 
 EVENTS_OID = 0x61626364
 TYPE_ATTNUM, PAYLOAD_ATTNUM = 4, 6
@@ -40,6 +41,11 @@ def bind(portal: str = "", stmt: str = "", params: tuple[bytes, ...] = (b"r1",))
     for p in params:
         body += struct.pack("!i", len(p)) + p
     return body + struct.pack("!h", 0)
+
+
+def iter_messages(data: bytes) -> list[tuple[int, bytes]]:
+    """The (type, body) of each whole message in ``data``."""
+    return [(t, body) for _, t, body in Framer(HOLD_ALL).feed(data)]
 
 
 def decoded(msg: bytes | None) -> tuple[int, bytes] | None:

@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.db.connect import parse_keyword_dsn
-from proxy.db.layout import LOCK_KEY
-from proxy.db.sql import quote_literal, text_array_literal
-from proxy.db.writer_sql import artifact_objects_sql
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
-from proxy.errors import ERRORS
-from proxy.db.layout import SchemaError
+from proxy.db.connect import parse_keyword_dsn
+from proxy.db.layout import LOCK_KEY, SchemaError
 from proxy.db.reader_sql import era_sql, read_check_sql
-from proxy.db.sql import quote_ident, quote_qualified
+from proxy.db.sql import quote_ident, quote_literal, quote_qualified, text_array_literal
+from proxy.db.writer_sql import artifact_objects_sql
+from proxy.errors import ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -66,7 +64,8 @@ def test_builders():
 
 
 def test_generated_sql_comes_from_the_artifacts():
-    fake = dataclasses.replace(ARTIFACTS, v1_types=frozenset({"only.this-one"}), vendor_orgs=frozenset({"acme", "vendor"}),
+    fake = dataclasses.replace(ARTIFACTS, v1_types=frozenset({"only.this-one"}),
+                               vendor_orgs=frozenset({"acme", "vendor"}),
                                reserved_orgs=frozenset({"vendor"}), payload_shapes={})
     sql = artifact_objects_sql(fake, HostConfig())
     assert "'{\"only.this-one\"}'::text[]" in sql

@@ -1,0 +1,427 @@
+"""The relay of one session, sans-IO: bytes from the client and from the server in, bytes to send out.
+
+:class:`Relay` is the whole protocol side of a session once its startup packet is read: the framing of
+both directions (one :class:`~proxy.wire.framer.Framer` each), the session state, the read path of a
+translated session, the editing of the server's authentication offer, and the claim of the session's
+major (ADR 0006). It never sees a socket or a timer: :class:`~proxy.serve.session.Session` feeds it
+what it reads and writes what it gets back, as h11's ``Connection`` is driven by its caller.
+
+Theory of operation.
+
+* ``from_client(chunk) -> bytes``: what to send to the server.
+* ``from_server(chunk) -> (to_client, to_server)``: what to send to each side; ``to_server`` holds the
+  seat's own claim messages and, once the claim is done, what the client sent meanwhile.
+* After either call, :attr:`Relay.ending` is set when the session must end (a protocol violation, a
+  failed claim, a result the read path refuses, a client that says too much before its session is
+  ready): the caller sends the FATAL it names, where :attr:`server_at_boundary` allows one, and closes.
+* :attr:`Relay.claiming` is true while the seat's own claim is in flight: the caller stops reading the
+  client then (its kernel buffer holds what it sends), and starts again when it turns false.
+
+Rule 1: every chunk is framed once per direction, before any of it is forwarded (ADR 0004), so a
+protocol violation stops the stream exactly at the first bad message. Rule 2: until the claim is done,
+nothing but authentication messages from the client reaches the server, so nothing it sends can run
+before the claim or be taken for the claim's answer.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from time import perf_counter
+from typing import Callable, NamedTuple
+
+from proxy.db.claims import claim_proof
+from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
+from proxy.errors import BY_SQLSTATE
+from proxy.readpath.read_path import ReadPath, ReadPathError
+from proxy.stats import Stats
+from proxy.wire import messages
+from proxy.wire.codec import FRONTEND_TYPES, ProtocolViolation
+from proxy.wire.framer import COPY, HOLD, HOLD_ALL, REFUSE, SPAN, Framer, verbs
+from proxy.wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
+from proxy.wire.types import (
+    AUTHENTICATION,
+    ERROR_RESPONSE,
+    FUNCTION_CALL,
+    PASSWORD_MESSAGE,
+    QUERY,
+    READY_FOR_QUERY,
+    SYNC,
+    TERMINATE,
+)
+
+# Client messages that are each answered by exactly one ReadyForQuery (Query, Sync, FunctionCall):
+# counted when client_idle_timeout is on, to tell a session waiting for a result from an idle one.
+ANSWERED_FRONTEND = frozenset(b"QSF")
+# Without a read path, Query, Sync and FunctionCall are copied to count and time statements (metrics).
+RAW_COUNTED = frozenset(b"QSF")
+# With a read path, the client messages it rewrites or accounts for are held; Terminate is copied.
+READ_FRONTEND = frozenset(b"QPBDECSF")
+# The server's messages a read path needs while its FIFO is in use…
+READ_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"123CsInT")
+# …and while it is quiet: the session state's, and RowDescription for the leak check.
+QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
+# ErrorResponses of a translated session are always held: a DETAIL may print a row as stored.
+ERROR_HELD = frozenset(b"E")
+
+_CLAIM_SQL = CLAIM_SQL.encode()
+_CHALLENGE_SQL = CHALLENGE_SQL.encode()
+_READY_TAIL = b"Z\x00\x00\x00\x05"
+
+
+class Ending(NamedTuple):
+    """Why the session must end: the FATAL to send the client, and a label for the logs and metrics."""
+
+    sqlstate: str
+    message: str
+    reason: str | None = None  # the session's end reason, when not "<sqlstate> <message>"
+    kind: str = ""  # "client_violation", "server_violation", "claim_failed", "result_untranslatable", ...
+
+
+class Claim(NamedTuple):
+    """A session to be claimed (ADR 0006): the secret's proof is made here, the secret never sent."""
+
+    secret: str
+    major: int  # 2 for a v2 host, 1 for every other session on the host database
+    buffer_limit: int  # proxy.claim_buffer_limit: bytes held from the client until the claim is done
+
+
+class Relay:
+    """One session's protocol side; see the module docstring."""
+
+    def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
+                 client_tls: bool = False, count_answered: bool = False,
+                 on_refusal: Callable[[str, str], None] | None = None):
+        self.stats = stats
+        self.reader = reader
+        self.state = SessionState()
+        self.client_tls = client_tls
+        self.on_refusal = on_refusal or (lambda sqlstate, kind: None)
+        self.ending: Ending | None = None
+        self.privileged = ""  # set when the claim finds a role that can bypass the guard: why
+        self.bytes_in = 0  # client -> server
+        self.bytes_out = 0  # server -> client
+        self.raw_simple = self.raw_extended = 0  # statements of a session without a read path (metrics)
+        self.queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with count_answered)
+        self.readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
+        self._raw_sent: deque[float] = deque()  # when each Query/Sync/FunctionCall went upstream
+        copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
+        if reader is None:
+            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED)
+        else:
+            reader.attach(stats, on_refusal)
+            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied, hold=READ_FRONTEND)
+        self._count_answered = count_answered
+        self.client_framer = Framer(self._client_table)
+        # The server's stream: whole messages while authenticating and claiming (the offer may be edited and
+        # the claim's answer is read here), then forwarded with the few kinds the session needs copied.
+        self.server_framer = Framer(HOLD_ALL)
+        self._whole = True  # authenticating or claiming: the server's messages are read whole
+        raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if reader is None else frozenset())
+        self._raw_table = verbs(copy=raw_copied)
+        self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD)
+        self._busy_table = verbs(copy=READ_BACKEND_SEEN, hold=ERROR_HELD)
+        # the claim
+        self._claim = claim
+        self.awaiting_ready = claim is not None  # the client's messages are held until the claim is done
+        self.claiming = False  # the seat's own claim statement is in flight
+        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
+        self._claim_error: dict[str, str] | None = None
+        self._claim_first: str | None = None
+        self._owns_schema = False
+        self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
+        self._held_bytes = 0  # bytes held from the client until its claim is done
+        self._pre_ready = bytearray()  # …of which an incomplete message
+        self._backlog: list[bytes] = []
+
+    # ------------------------------------------------------------------ boundaries
+
+    @property
+    def client_at_boundary(self) -> bool:
+        return self.client_framer.at_boundary and not self._pre_ready
+
+    @property
+    def server_at_boundary(self) -> bool:
+        return self.server_framer.at_boundary
+
+    # ------------------------------------------------------------------ client -> server
+
+    def from_client(self, data: bytes) -> bytes:
+        if self.ending is not None:
+            return b""
+        if self.awaiting_ready:
+            return self._before_ready(data)
+        self.bytes_in += len(data)
+        items = self.client_framer.feed(data)
+        if self.reader is None:
+            out = self._client_raw(items, data)
+        else:
+            out = self._client_read(items)
+        if self.client_framer.violation is not None:
+            self._client_violation(self.client_framer.violation)
+        return out
+
+    def _client_raw(self, items: list, data: bytes) -> bytes:
+        """No read path: the chunk goes on as it arrived; the copied messages are counted."""
+        if len(items) == 1:  # nothing copied: the chunk itself
+            return items[0][1]
+        now = None
+        for item in items:
+            if item[0] != COPY:
+                continue
+            t = item[1]
+            if t == TERMINATE:
+                self.state.on_frontend(t, item[2])
+                continue
+            if self._count_answered:
+                self.queries_sent += 1
+            if t == QUERY:
+                self.raw_simple += 1
+            elif t == SYNC:
+                self.raw_extended += 1
+            elif t != FUNCTION_CALL:
+                continue
+            self._raw_sent.append(now if now is not None else (now := perf_counter()))
+        spans = [item[1] for item in items if item[0] == SPAN]
+        return spans[0] if len(spans) == 1 else b"".join(spans)
+
+    def _client_read(self, items: list) -> bytes:
+        """A read path: each held message is rewritten by it (or goes on as it was)."""
+        reader = self.reader
+        out: list[bytes] = []
+        for item in items:
+            kind = item[0]
+            if kind == SPAN:
+                out.append(item[1])
+                continue
+            t, body = item[1], item[2]
+            if kind == COPY:  # Terminate
+                self.state.on_frontend(t, body)
+                continue
+            if self._count_answered and (t == QUERY or t == SYNC or t == FUNCTION_CALL):
+                self.queries_sent += 1
+            try:
+                replacement = reader.on_client(t, body)
+            except ProtocolViolation as e:
+                # the messages before it are forwarded, as PostgreSQL processes them before failing
+                self._client_violation(e)
+                break
+            out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _client_violation(self, e: ProtocolViolation) -> None:
+        self.stats.protocol_violations += 1
+        self.ending = Ending(e.sqlstate, e.message, kind="client_violation")
+
+    def _before_ready(self, data: bytes) -> bytes:
+        """The client's bytes from its startup packet until the claim is done: while the server authenticates,
+        authentication messages ('p') go through; every other message is held, at most
+        ``proxy.claim_buffer_limit`` bytes, and relayed once the claim is done."""
+        limit = self._claim.buffer_limit
+        self._held_bytes += len(data)
+        if self._held_bytes > limit:
+            self.ending = Ending("54000", f"the client sent more than {limit} bytes before its session was ready "
+                                          f"(proxy.claim_buffer_limit)", "claim buffer full", "claim_buffer_full")
+            return b""
+        out = bytearray()
+        pending = self._pre_ready
+        pending += data
+        while len(pending) >= 5:
+            (length,) = struct.unpack_from("!i", pending, 1)
+            if length < 4 or len(pending) < 1 + length:
+                break  # incomplete (a bad length is the framer's to report, once the held bytes reach it)
+            message = bytes(pending[:1 + length])
+            if (message[0] == PASSWORD_MESSAGE and not self._backlog and not self.claiming
+                    and self.state.phase is Phase.AUTHENTICATING):
+                out += message  # a password or SASL message: authentication needs it now
+                self.bytes_in += len(message)
+                self._held_bytes -= len(message)
+            else:
+                self._backlog.append(message)
+            del pending[:1 + length]
+        return bytes(out)
+
+    # ------------------------------------------------------------------ server -> client
+
+    def from_server(self, data: bytes) -> tuple[bytes, bytes]:
+        if self.ending is not None:
+            return b"", b""
+        self.bytes_out += len(data)
+        if self._whole:
+            result = self._server_whole(self.server_framer.feed(data))
+        elif self.reader is None:
+            result = self._server_raw(self.server_framer.feed(data)), b""
+        else:
+            result = self._server_read(data), b""
+        violation = self.server_framer.violation
+        if violation is not None and self.ending is None:
+            self.ending = Ending("08P01", f"upstream sent an invalid message: {violation.message}",
+                                 kind="server_violation")
+        return result
+
+    def _seen(self, t: int, body: bytes) -> None:
+        """A server message the session state needs (BACKEND_CAPTURE)."""
+        self.state.on_backend(t, body)
+        if t == READY_FOR_QUERY:
+            self.readies += 1
+
+    def _server_raw(self, items: list) -> bytes:
+        if len(items) == 1:
+            return items[0][1]
+        for item in items:
+            if item[0] != COPY:
+                continue
+            t, body = item[1], item[2]
+            if t in BACKEND_CAPTURE:
+                self._seen(t, body)
+            if t == READY_FOR_QUERY:
+                if self._raw_sent:
+                    self.stats.statement_seconds.observe(perf_counter() - self._raw_sent.popleft())
+            elif t == ERROR_RESPONSE:
+                sqlstate = messages.parse_error_fields(body).get("C", "")
+                self.stats.server_errors[sqlstate] += 1
+                if sqlstate in BY_SQLSTATE:
+                    self.on_refusal(sqlstate, "")
+        spans = [item[1] for item in items if item[0] == SPAN]
+        return spans[0] if len(spans) == 1 else b"".join(spans)
+
+    def _server_read(self, data: bytes) -> bytes:
+        """A read path, after authentication: one pass frames the chunk. While the read path is quiet nothing is
+        held but errors and only a few message kinds are looked at; while its FIFO is in use, every message is
+        accounted for and, when a result is being translated, held to be rewritten."""
+        reader = self.reader
+        quiet = reader.quiet
+        framer = self.server_framer
+        framer.table = HOLD_ALL if reader.active > 0 else self._quiet_table if quiet else self._busy_table
+        items = framer.feed(data)
+        out: list[bytes] = []
+        try:
+            for item in items:
+                kind = item[0]
+                if kind == SPAN:
+                    out.append(item[1])
+                    continue
+                t, body = item[1], item[2]
+                if t in BACKEND_CAPTURE:
+                    self._seen(t, body)
+                if kind == HOLD:
+                    replacement = reader.on_server_quiet(t, body) if quiet else reader.on_server(t, body)
+                    out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+                elif quiet:
+                    reader.on_server_quiet(t, body)
+                else:
+                    reader.on_server(t, body)
+        except ReadPathError as e:
+            self.ending = Ending("OW007", f"result_untranslatable: {e}", "read path refused a result",
+                                 "result_untranslatable")
+        # one write per received chunk, however many messages were rewritten in it
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _server_whole(self, items: list) -> tuple[bytes, bytes]:
+        """Authentication and the claim: whole messages. The offer of channel binding is removed for a
+        plaintext client; the first ReadyForQuery of a session to be claimed is held, and the claim begins."""
+        to_client: list[bytes] = []
+        to_server = b""
+        for n, item in enumerate(items):
+            t, body = item[1], item[2]
+            if self.claiming:
+                done = self._claim_answer(t, body)
+                if done is None:
+                    continue
+                to_server += done
+                if self.claiming:
+                    continue
+                # the claim is done (or failed): what follows goes on as received
+                if self.ending is None:
+                    to_client.append(self._held_ready)
+                    to_client += [messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:]]
+                    to_server += self._release_backlog()
+                break
+            if self.state.phase is not Phase.AUTHENTICATING:  # after the first ReadyForQuery, unclaimed
+                if t in BACKEND_CAPTURE:
+                    self._seen(t, body)
+                to_client.append(messages.message(bytes([t]), body))
+                continue
+            if t in BACKEND_CAPTURE:
+                self._seen(t, body)
+            if t == AUTHENTICATION and not self.client_tls:
+                plain = messages.without_channel_binding(body)
+                if plain is not None:
+                    body = plain
+            encoded = messages.message(bytes([t]), body)
+            if t == READY_FOR_QUERY and self._claim is not None:
+                # Authenticated: before the client may speak, record who it is in the database.
+                self._held_ready = encoded
+                to_client += [messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:]]
+                to_server = self._send_challenge()
+                break
+            to_client.append(encoded)
+        if not self.claiming and self.state.phase is not Phase.AUTHENTICATING:
+            # from here on the server's stream is forwarded as it arrives, but for what the session reads
+            self._whole = False
+            self.server_framer.table = self._raw_table if self.reader is None else self._quiet_table
+        return b"".join(to_client), to_server
+
+    # ------------------------------------------------------------------ the claim (ADR 0006)
+
+    def _send_challenge(self) -> bytes:
+        """Ask the backend for a challenge; the answer's proof is sent by :meth:`_claim_answer`."""
+        self.claiming = True
+        self._claim_phase = 1
+        return (messages.message(b"P", b"\x00" + _CHALLENGE_SQL + b"\x00\x00\x00")
+                + messages.message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
+                + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+                + messages.message(b"S"))
+
+    def _send_proof(self, challenge: str) -> bytes:
+        """The second half of the claim: the proof for this backend's challenge, never the secret."""
+        claim = self._claim
+        proof = claim_proof(claim.secret, challenge, claim.major).encode()
+        major_text = str(claim.major).encode()
+        params = struct.pack("!i", len(proof)) + proof + struct.pack("!i", len(major_text)) + major_text
+        oids = struct.pack("!h", len(CLAIM_PARAM_OIDS)) + b"".join(struct.pack("!I", o) for o in CLAIM_PARAM_OIDS)
+        self._claim_phase = 2
+        return (messages.message(b"P", b"\x00" + _CLAIM_SQL + b"\x00" + oids)
+                + messages.message(b"B", b"\x00\x00\x00\x00\x00\x02" + params + b"\x00\x00")
+                + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+                + messages.message(b"S"))
+
+    def _claim_answer(self, t: int, body: bytes) -> bytes | None:
+        """One message of the claim's answer. None until its ReadyForQuery; then the next claim message to send
+        (b"" when the claim is over, :attr:`claiming` false and :attr:`ending` set if it failed)."""
+        if t == 0x44:  # DataRow: phase 1 (salt:challenge); phase 2 (claim, owns openwop_seat), 't' or 'f'
+            self._owns_schema = body.endswith(b"\x00\x00\x00\x01t")
+            (n,) = struct.unpack_from("!i", body, 2)
+            self._claim_first = body[6:6 + n].decode("utf-8", "replace") if n >= 0 else None
+        elif t == ERROR_RESPONSE:
+            self._claim_error = messages.parse_error_fields(body)
+        if t != READY_FOR_QUERY:
+            return None
+        error, first = self._claim_error, self._claim_first
+        self._claim_error = self._claim_first = None
+        if error is None and self._claim_phase == 1:
+            if first is None or ":" not in first:
+                error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
+            else:
+                return self._send_proof(first)
+        self.claiming = False
+        self.awaiting_ready = False
+        if error is not None:
+            self.ending = Ending(error.get("C", "XX000"),
+                                 f"openwop-seat could not record this session's major: {error.get('M')}",
+                                 "claim failed", "claim_failed")
+            return b""
+        superuser = self.state.server_params.get("is_superuser") == "on"
+        if superuser or self._owns_schema:
+            # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
+            self.privileged = "superuser" if superuser else "owns openwop_seat"
+        return b""
+
+    def _release_backlog(self) -> bytes:
+        """What the client sent while its session was not ready, relayed now in order."""
+        if self._pre_ready:  # an incomplete message: the framer frames it with what follows
+            self._backlog.append(bytes(self._pre_ready))
+            self._pre_ready.clear()
+        backlog, self._backlog = self._backlog, []
+        out = [self.from_client(chunk) for chunk in backlog]
+        return b"".join(out)
