@@ -181,3 +181,16 @@ def test_code_names_no_readme_section():
             offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
                              + (f" (README section {named})" if named else ""))
     assert not offenders, "proxy/ refers to the README; point at a docs/ page instead:\n" + "\n".join(offenders)
+
+
+def test_restart_keys_are_the_documented_ones():
+    """A key documented as needing a restart is one a reload keeps (RESTART_KEYS), and no other."""
+    from proxy.config import RESTART_KEYS
+
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    documented = set()
+    for key in _config_keys():
+        section = text.split(f"### {key}\n", 1)[1].split("\n#", 1)[0]
+        if "Needs a restart" in section:
+            documented.add(key)
+    assert documented == set(RESTART_KEYS.values())
