@@ -39,7 +39,7 @@ test-unit: setup
 demo: setup
 	$(PY) -m proxy.dev.demo
 
-# The seat against direct PostgreSQL and PgBouncer (README, "Performance"); e.g.
+# The seat against direct PostgreSQL and PgBouncer (docs/performance.md); e.g.
 # make bench BENCH_ARGS="--rounds 1 --seconds 2" for a quick look.
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)

@@ -94,7 +94,7 @@ class HostConfig:
     # they serialise with the host's appends as the host's appends do with each other (None: the host has none).
     append_lock: str | None = None
     # The key under which a closed, hatched payload definition carries the stored keys it has no seat for
-    # (README "Payload projection", ADR 0007): a key the hatch admits; a vendor.<org> carrier needs <org>
+    # (docs/payload-projection.md, ADR 0007): a key the hatch admits; a vendor.<org> carrier needs <org>
     # registered in the pinned declaration.json (checked where the artifacts are loaded).
     payload_carrier: str = "x-v1"
     # How often a running seat checks that the writer rule is in force (triggers, functions, digest); 0: only at

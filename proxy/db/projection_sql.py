@@ -539,7 +539,7 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True,
             ERRCODE = {_lit(sqlstate)},
             MESSAGE = 'payload_unprojectable: ' || sentence,
             DETAIL = {envelope},
-            HINT = 'the row is stored untouched; see the openwop-seat README, "Payload projection"';"""
+            HINT = 'the row is stored untouched; see docs/payload-projection.md in the openwop-seat repository';"""
         fast_fn = f"""
 CREATE OR REPLACE FUNCTION {s}.fast_v2(t text, p jsonb) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

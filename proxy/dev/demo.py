@@ -38,7 +38,7 @@ from proxy.errors import SeatException
 HOST_ROLE = "app"  # the host's role: not a superuser, not the owner of openwop_seat, not the tables' owner
 TABLE_OWNER = "app_owner"  # owns runs and events, so the host's role cannot disable their triggers
 
-# The recommended role layout (README, "The writer rule"): a role that owns the host's tables and
+# The recommended role layout (docs/host-database.md, "Recommended role layout"): a role that owns the host's tables and
 # a host role that may only read and write their rows.
 ROLES = f"""
 CREATE ROLE {TABLE_OWNER} NOLOGIN;

@@ -610,8 +610,8 @@ class ReadPath:
         envelope = {"error": code.code, "message": refusal.detail, "details": {"kind": refusal.kind}}
         return messages.error_response(code.sqlstate, f"{code.code}: {refusal.detail}",
                                        detail=orjson.dumps(envelope).decode(),
-                                       hint="the statement was not run; see the openwop-seat README, "
-                                            "'Statements the seat refuses'")
+                                       hint="the statement was not run; see docs/refusals-and-errors.md"
+                                            "#statements-the-seat-refuses in the openwop-seat repository")
 
 
 @dataclass(frozen=True)

@@ -183,8 +183,8 @@ async def load_read_context(config: Config):
         classifier.set_functions(functions)
     events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:
-        log.warning("host.%s = %r: no such column; the payload projection goes without it (see the README, "
-                    "'Payload projection')", key, getattr(config.host, key))
+        log.warning("host.%s = %r: no such column; the payload projection goes without it "
+                    "(see docs/configuration.md#host%s)", key, getattr(config.host, key), key)
     return ReadContext(database, events, classifiers, artifacts)
 
 

@@ -23,7 +23,7 @@ from proxy.db.migrate import verify
 from proxy.db.sql import quote_ident, quote_qualified
 from proxy.errors import ERRORS, SeatException, describe
 
-# Exit statuses of audit and backfill (README, "Cutover tools").
+# Exit statuses of audit and backfill (docs/cutover-tools.md).
 EXIT_OK = 0  # nothing would fail / every run asked for is era 3
 EXIT_REFUSED = 1  # audit: some event would fail the reader rule or is schema-invalid; backfill: some run was
 #                   skipped or refused

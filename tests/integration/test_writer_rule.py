@@ -663,7 +663,7 @@ def test_repeatable_read_append_fails_while_a_stamp_is_in_flight(store):
 
 
 # Only the run_era store can be probed for a stamp the snapshot does not show (the era_column
-# store cannot: a documented limit, see README "The writer rule").
+# store cannot: a documented limit, see docs/writer-rule.md, "REPEATABLE READ and SERIALIZABLE").
 @pytest.mark.parametrize("store", ["run_era"], indirect=True)
 def test_repeatable_read_append_detects_a_stamp_committed_after_its_snapshot(store):
     run, quiet_run = rid(), rid()
