@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_start": list(os.getloadavg()),
         }
         results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin)
-    except (stack.StackError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
+    except (stack.StackError, stack.PgBouncerError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
         _print_logs(running)
         print(f"bench: {e}", file=sys.stderr)
         return 1

@@ -3,10 +3,8 @@
 * PostgreSQL: a :class:`proxy.devcluster.DevCluster` with benchmark settings (no fsync, no
   synchronous commit, no full-page writes, no checkpoint during a run, shared buffers that hold
   the whole data set, and connections for the idle-connection test).
-* PgBouncer: the Debian package's binary (installed with apt-get when missing and we are root),
-  run as its own process with its own ini in a temporary folder: session pooling, trust
-  authentication, a free port.  Debian's pgbouncer refuses to run as root, so as root it runs as
-  the account the cluster runs as (``postgres``).  The system service is not used.
+* PgBouncer: :class:`proxy.dev.pgbouncer.PgBouncer` in session mode (the Debian package's binary,
+  installed with apt-get when missing and we are root; as root it runs as the cluster's account).
 * The seat: ``python -m proxy serve`` with ``workers = 1``, so one process, like single-threaded
   PgBouncer; its sessions are major 2, except those whose application_name is
   :data:`bench.seed.V1_APPLICATION`, which are major 1 (a ``[[proxy.clients]]`` rule).
@@ -18,7 +16,6 @@ from __future__ import annotations
 
 import os
 import platform
-import pwd
 import resource
 import shutil
 import signal
@@ -31,14 +28,14 @@ import asyncpg
 
 from proxy import __version__
 from proxy.dev.devcluster import DevCluster, free_port
+from proxy.dev.pgbouncer import PgBouncer as DevPgBouncer
+from proxy.dev.pgbouncer import PgBouncerError, find_pgbouncer  # noqa: F401  (used by __main__)
 
 from .seed import V1_APPLICATION
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import render_config, wait_listening  # noqa: E402  (the suite's seat config and port wait)
-
-PGBOUNCER_INSTALL = "sudo apt-get update && sudo apt-get install -y pgbouncer"
 
 
 class StackError(RuntimeError):
@@ -74,30 +71,6 @@ def raise_nofile(needed: int) -> None:
 
 def start_cluster(idle_connections: int) -> DevCluster:
     return DevCluster(settings=cluster_settings(idle_connections)).start()
-
-
-def find_pgbouncer() -> str:
-    """The pgbouncer binary; installs the Debian package first when it is missing and we are root."""
-    found = _which_pgbouncer()
-    if found:
-        return found
-    if os.geteuid() != 0:
-        raise StackError(f"pgbouncer not found; install it with:\n  {PGBOUNCER_INSTALL}")
-    print("pgbouncer not found: installing the Debian package (apt-get install -y pgbouncer)", flush=True)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "pgbouncer"]):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise StackError(f"{' '.join(cmd)} failed with exit code {done.returncode}:\n{done.stderr[-2000:]}")
-    found = _which_pgbouncer()
-    if not found:
-        raise StackError("apt-get installed pgbouncer, but no pgbouncer binary is on PATH or in /usr/sbin")
-    return found
-
-
-def _which_pgbouncer() -> str | None:
-    # /usr/sbin is not on an ordinary user's PATH, and that is where Debian puts it.
-    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/local/sbin")
 
 
 def version_of(binary: str) -> str:
@@ -141,37 +114,13 @@ class _Process:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class PgBouncer(_Process):
+class PgBouncer(DevPgBouncer):
     """PgBouncer in session mode in front of the cluster, as the cluster's account when we are root."""
 
-    name = "pgbouncer"
-
     def __init__(self, binary: str, cluster: DevCluster, max_clients: int) -> None:
-        super().__init__()
-        self.binary = binary
-        ini = self.dir / "pgbouncer.ini"
-        (self.dir / "userlist.txt").write_text(f'"{cluster.superuser}" ""\n')
-        ini.write_text(
-            "[databases]\n"
-            f"postgres = host=127.0.0.1 port={cluster.port} dbname=postgres\n"
-            "[pgbouncer]\n"
-            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
-            f"auth_type = trust\nauth_file = {self.dir / 'userlist.txt'}\n"
-            "pool_mode = session\n"
-            # every client gets a server connection of its own, as through the seat
-            f"max_client_conn = {max_clients}\ndefault_pool_size = {max_clients}\n"
-            "ignore_startup_parameters = extra_float_digits\n")
-        user = cluster.user  # None unless we are root: then the account PostgreSQL runs as
-        ids = {}
-        if user:
-            entry = pwd.getpwnam(user)
-            os.chmod(self.dir, 0o755)
-            for path in (self.dir, ini, self.dir / "userlist.txt"):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
-            ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([binary, str(ini)], stdout=log, stderr=subprocess.STDOUT, **ids)
-        self._wait_started()
+        # every client gets a server connection of its own, as through the seat
+        super().__init__(binary, cluster.port, pool_mode="session", max_clients=max_clients,
+                         users=(cluster.superuser,), run_as=cluster.user)
 
 
 class Seat(_Process):

@@ -29,7 +29,9 @@ CLAIM_SECRET_MIN_LENGTH = 16
 # function and operator is schema-qualified, and the functions pin their search_path, so nothing the client
 # set (search_path, its own operators or functions) changes what runs.  The claim also asks whether the
 # session's role owns openwop_seat (such a role can bypass every in-database guard: warn about it).
-CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge()"
+# The challenge also returns the backend's pid: when it is not the pid of the BackendKeyData the seat
+# relayed, a pooler sits between the seat and PostgreSQL (its backends outlive the seat's session).
+CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge(), pg_catalog.pg_backend_pid()"
 CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
              "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
 CLAIM_PARAM_OIDS = (25, 23)  # text, integer

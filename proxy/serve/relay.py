@@ -41,8 +41,10 @@ from proxy.wire.framer import COPY, HOLD, HOLD_ALL, REFUSE, SPAN, Framer, verbs
 from proxy.wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
 from proxy.wire.types import (
     AUTHENTICATION,
+    DATA_ROW,
     ERROR_RESPONSE,
     FUNCTION_CALL,
+    PARAMETER_STATUS,
     PASSWORD_MESSAGE,
     QUERY,
     READY_FOR_QUERY,
@@ -86,11 +88,30 @@ class Claim(NamedTuple):
     buffer_limit: int  # proxy.claim_buffer_limit: bytes held from the client until the claim is done
 
 
+class Identity(NamedTuple):
+    """What chose a session's major, to be checked again when the server reports that it changed.
+
+    ``[[proxy.clients]]`` rules may key on application_name, which a client can change at any time with SET
+    (pgjdbc sends it that way, and so does a pooler in front of the seat for each client it serves). The major
+    a session was given at startup cannot change under it: its claim is recorded in the database, and its
+    statements were planned for it. So when the server's ParameterStatus reports an identity that selects
+    another major, the session ends before anything after that report reaches the client.
+    """
+
+    params: dict[str, str]  # the startup parameters the major was chosen by
+    major: int | str
+    major_for: Callable[[dict[str, str]], int | str]
+
+
+# The ParameterStatus names that carry an identity a client rule may key on, and the rule's key for each.
+IDENTITY_PARAMETERS = {"application_name": "application_name", "session_authorization": "user"}
+
+
 class Relay:
     """One session's protocol side; see the module docstring."""
 
     def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
-                 client_tls: bool = False, count_answered: bool = False,
+                 client_tls: bool = False, count_answered: bool = False, identity: Identity | None = None,
                  on_refusal: Callable[[str, str], None] | None = None):
         self.stats = stats
         self.reader = reader
@@ -117,10 +138,13 @@ class Relay:
         # the claim's answer is read here), then forwarded with the few kinds the session needs copied.
         self.server_framer = Framer(HOLD_ALL)
         self._whole = True  # authenticating or claiming: the server's messages are read whole
+        self.identity = identity
+        # With an identity to follow, ParameterStatus is held: nothing after an identity change may go out.
+        held = frozenset(b"S") if identity is not None else frozenset()
         raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if reader is None else frozenset())
-        self._raw_table = verbs(copy=raw_copied)
-        self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD)
-        self._busy_table = verbs(copy=READ_BACKEND_SEEN, hold=ERROR_HELD)
+        self._raw_table = verbs(copy=raw_copied, hold=held)
+        self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD | held)
+        self._busy_table = verbs(copy=READ_BACKEND_SEEN, hold=ERROR_HELD | held)
         # the claim
         self._claim = claim
         self.awaiting_ready = claim is not None  # the client's messages are held until the claim is done
@@ -128,6 +152,7 @@ class Relay:
         self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
         self._claim_error: dict[str, str] | None = None
         self._claim_first: str | None = None
+        self._claim_pid: bytes | None = None  # the backend's pid, as the challenge saw it
         self._owns_schema = False
         self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
         self._held_bytes = 0  # bytes held from the client until its claim is done
@@ -163,7 +188,7 @@ class Relay:
 
     def _client_raw(self, items: list, data: bytes) -> bytes:
         """No read path: the chunk goes on as it arrived; the copied messages are counted."""
-        if len(items) == 1:  # nothing copied: the chunk itself
+        if len(items) == 1 and items[0][0] == SPAN:  # nothing copied: the chunk itself
             return items[0][1]
         now = None
         for item in items:
@@ -264,17 +289,45 @@ class Relay:
         self.state.on_backend(t, body)
         if t == READY_FOR_QUERY:
             self.readies += 1
+        elif t == PARAMETER_STATUS and self.identity is not None and self.ending is None:
+            self._check_identity(body)
+
+    def _check_identity(self, body: bytes) -> None:
+        name, value = messages.parse_parameter_status(body)
+        key = IDENTITY_PARAMETERS.get(name)
+        if key is None:
+            return
+        identity = self.identity
+        if identity.params.get(key, "" if key == "application_name" else None) == value:
+            return
+        now = {**identity.params, key: value}
+        major = identity.major_for(now)
+        if major == identity.major:
+            return
+        self.ending = Ending(
+            "0A000", f"this session's {key} is now {value!r}, which selects major {major}, but the session was "
+                     f"given major {identity.major} at startup; a session's major cannot change (its claim and its "
+                     f"plans are for the first), so the session ends: connect again with the {key} in the startup "
+                     f"packet, or key [[proxy.clients]] on user or database (see docs/configuration.md)",
+            f"{key} changed to one of major {major}", "identity_changed")
 
     def _server_raw(self, items: list) -> bytes:
-        if len(items) == 1:
+        if len(items) == 1 and items[0][0] == SPAN:  # nothing to look at: the chunk itself
             return items[0][1]
+        out: list[bytes] = []
         for item in items:
-            if item[0] != COPY:
+            kind = item[0]
+            if kind == SPAN:
+                out.append(item[1])
                 continue
             t, body = item[1], item[2]
             if t in BACKEND_CAPTURE:
                 self._seen(t, body)
-            if t == READY_FOR_QUERY:
+            if kind == HOLD:  # a ParameterStatus, with an identity to follow
+                if self.ending is not None:
+                    break
+                out.append(messages.message(bytes([t]), body))
+            elif t == READY_FOR_QUERY:
                 if self._raw_sent:
                     self.stats.statement_seconds.observe(perf_counter() - self._raw_sent.popleft())
             elif t == ERROR_RESPONSE:
@@ -282,8 +335,7 @@ class Relay:
                 self.stats.server_errors[sqlstate] += 1
                 if sqlstate in BY_SQLSTATE:
                     self.on_refusal(sqlstate, "")
-        spans = [item[1] for item in items if item[0] == SPAN]
-        return spans[0] if len(spans) == 1 else b"".join(spans)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _server_read(self, data: bytes) -> bytes:
         """A read path, after authentication: one pass frames the chunk. While the read path is quiet nothing is
@@ -304,6 +356,8 @@ class Relay:
                 t, body = item[1], item[2]
                 if t in BACKEND_CAPTURE:
                     self._seen(t, body)
+                    if self.ending is not None:  # the identity changed: nothing from here on goes out
+                        break
                 if kind == HOLD:
                     replacement = reader.on_server_quiet(t, body) if quiet else reader.on_server(t, body)
                     out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
@@ -340,10 +394,14 @@ class Relay:
             if self.state.phase is not Phase.AUTHENTICATING:  # after the first ReadyForQuery, unclaimed
                 if t in BACKEND_CAPTURE:
                     self._seen(t, body)
+                    if self.ending is not None:
+                        break
                 to_client.append(messages.message(bytes([t]), body))
                 continue
             if t in BACKEND_CAPTURE:
                 self._seen(t, body)
+                if self.ending is not None:  # an identity of another major, reported at login
+                    break
             if t == AUTHENTICATION and not self.client_tls:
                 plain = messages.without_channel_binding(body)
                 if plain is not None:
@@ -389,10 +447,14 @@ class Relay:
     def _claim_answer(self, t: int, body: bytes) -> bytes | None:
         """One message of the claim's answer. None until its ReadyForQuery; then the next claim message to send
         (b"" when the claim is over, :attr:`claiming` false and :attr:`ending` set if it failed)."""
-        if t == 0x44:  # DataRow: phase 1 (salt:challenge); phase 2 (claim, owns openwop_seat), 't' or 'f'
-            self._owns_schema = body.endswith(b"\x00\x00\x00\x01t")
-            (n,) = struct.unpack_from("!i", body, 2)
-            self._claim_first = body[6:6 + n].decode("utf-8", "replace") if n >= 0 else None
+        if t == DATA_ROW:  # phase 1: (salt:challenge, backend pid); phase 2: (claim, owns openwop_seat)
+            values = messages.parse_data_row(body)
+            first = values[0] if values else None
+            self._claim_first = first.decode("utf-8", "replace") if first is not None else None
+            if self._claim_phase == 1:
+                self._claim_pid = values[1] if len(values) > 1 else None
+            else:
+                self._owns_schema = len(values) > 1 and values[1] == b"t"
         elif t == ERROR_RESPONSE:
             self._claim_error = messages.parse_error_fields(body)
         if t != READY_FOR_QUERY:
@@ -402,6 +464,18 @@ class Relay:
         if error is None and self._claim_phase == 1:
             if first is None or ":" not in first:
                 error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
+            elif self._behind_pooler() and (self.reader is not None or self._claim.major == 2):
+                # Its backends outlive this session (and, pooling transactions, change under it): a claim would
+                # be carried to other clients, and the plans prepared once per session lost. Refused before the
+                # claim is made, so nothing is recorded on that backend.
+                self.claiming = False
+                self.ending = Ending(
+                    "08004", "openwop-seat is connected to PostgreSQL through a connection pooler (the backend's "
+                             f"pid {self._claim_pid.decode(errors='replace') if self._claim_pid else '?'} is not "
+                             f"the pid {self.state.backend_pid} the server's BackendKeyData named): translated and "
+                             "v2 sessions are refused in this arrangement; put the pooler in front of the seat "
+                             "(see docs/operations.md)", "pooler between the seat and PostgreSQL", "pooler_behind")
+                return b""
             else:
                 return self._send_proof(first)
         self.claiming = False
@@ -416,6 +490,10 @@ class Relay:
             # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
             self.privileged = "superuser" if superuser else "owns openwop_seat"
         return b""
+
+    def _behind_pooler(self) -> bool:
+        pid = self._claim_pid
+        return pid is not None and self.state.backend_pid is not None and pid != str(self.state.backend_pid).encode()
 
     def _release_backlog(self) -> bytes:
         """What the client sent while its session was not ready, relayed now in order."""

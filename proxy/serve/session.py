@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from proxy.errors import BY_SQLSTATE
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
-from proxy.serve.relay import Claim, Ending, Relay
+from proxy.serve.relay import Claim, Ending, Identity, Relay
 from proxy.wire import messages
 from proxy.wire.codec import (
     CancelRequest,
@@ -214,8 +214,14 @@ class Session:
             # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
             # backend reused behind a pooler never keeps an earlier session's major.
             claim = Claim(self.server.claim_secret, 2 if self.major == 2 else 1, self.config.claim_buffer_limit)
+        identity = None
+        if claim is not None and any(r.application_name is not None or r.user is not None
+                                     for r in self.config.clients):
+            # a rule keys on what a client may change mid-session: follow what the server reports
+            identity = Identity(dict(self.params), self.major, self.config.major_for)
         self.relay = Relay(self.server.stats, reader=reader, claim=claim, client_tls=self.client_tls,
-                           count_answered=self.config.client_idle_timeout > 0, on_refusal=self._log_refusal)
+                           count_answered=self.config.client_idle_timeout > 0, identity=identity,
+                           on_refusal=self._log_refusal)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
         self.server.stats.upstream_connections += 1
@@ -303,7 +309,7 @@ class Session:
             log.warning("session %s: client protocol violation: %s", self.id, ending.message)
         elif ending.kind == "server_violation":
             log.error("session %s: %s", self.id, ending.message)
-        elif ending.kind in ("result_untranslatable", "claim_failed"):
+        elif ending.kind in ("result_untranslatable", "claim_failed", "identity_changed", "pooler_behind"):
             log.error("session %s: %s", self.id, ending.message)
         self._fail_client(ending.sqlstate, ending.message, reason=ending.reason)
 

@@ -71,6 +71,21 @@ def parse_backend_key_data(body: bytes) -> tuple[int, bytes]:
     return pid, bytes(body[4:])
 
 
+def parse_data_row(body: bytes) -> list[bytes | None]:
+    """The column values of a DataRow (None for NULL), as sent (text or binary)."""
+    (count,) = struct.unpack_from("!h", body, 0)
+    values, pos = [], 2
+    for _ in range(count):
+        (n,) = struct.unpack_from("!i", body, pos)
+        pos += 4
+        if n < 0:
+            values.append(None)
+        else:
+            values.append(body[pos:pos + n])
+            pos += n
+    return values
+
+
 def parse_parameter_status(body: bytes) -> tuple[str, str]:
     name, value, _ = body.split(b"\x00", 2)
     return name.decode("utf-8", "replace"), value.decode("utf-8", "replace")

@@ -14,7 +14,7 @@ from proxy.config import HostConfig
 from proxy.db.claims import claim_proof
 from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import EventColumns, ReadPath
-from proxy.serve.relay import Claim, Relay
+from proxy.serve.relay import Claim, Identity, Relay
 from proxy.stats import Stats
 from proxy.wire.state import Phase
 
@@ -46,7 +46,9 @@ LOGIN = AUTH_OK + status("server_version", "15.8") + status("is_superuser", "off
     b"K", struct.pack("!I", 4242) + b"key!") + READY
 QUERY = msg(b"Q", b"SELECT 1\x00")
 RESULT = msg(b"T", b"\x00\x01c\x00" + bytes(18)) + row(b"1") + msg(b"C", b"SELECT 1\x00") + READY
-CHALLENGE_ANSWER = (msg(b"1") + msg(b"2") + row(CHALLENGE.encode()) + msg(b"C", b"SELECT 1\x00") + READY)
+CHALLENGE_ANSWER = (msg(b"1") + msg(b"2") + row(CHALLENGE.encode(), b"4242") + msg(b"C", b"SELECT 1\x00") + READY)
+# the same answer from another backend than the one the login's BackendKeyData named: a pooler in between
+POOLED_ANSWER = CHALLENGE_ANSWER.replace(row(CHALLENGE.encode(), b"4242"), row(CHALLENGE.encode(), b"777"))
 CLAIM_ANSWER = (msg(b"1") + msg(b"2") + row(b"t", b"f") + msg(b"C", b"SELECT 1\x00") + READY)
 
 
@@ -201,6 +203,25 @@ def test_a_failed_claim_ends_the_session_and_the_client_gets_nothing_of_it(answe
     assert "could not record this session's major" in relay.ending.message
 
 
+@pytest.mark.parametrize("translated, major", [(True, 2), (True, 1), (False, 2)])
+def test_a_translated_or_v2_session_through_a_pooler_is_refused_before_anything_is_claimed(translated, major):
+    reader = ReadPath(Classifier(HostConfig(), major), major, EVENTS) if translated else None
+    relay = Relay(Stats(), reader=reader, claim=Claim(SECRET, major, 1 << 20))
+    client(relay, QUERY)
+    server(relay, LOGIN)
+    to_client, to_server = server(relay, POOLED_ANSWER)
+    assert (to_client, to_server) == (b"", b"")  # no proof sent: nothing is recorded on the pooler's backend
+    assert relay.ending.kind == "pooler_behind" and relay.ending.sqlstate == "08004"
+    assert "pid 777 is not the pid 4242" in relay.ending.message
+
+
+def test_a_raw_session_through_a_pooler_is_claimed_as_major_1_and_relayed():
+    relay = claimed(major=1)
+    server(relay, LOGIN)
+    _, to_server = server(relay, POOLED_ANSWER)
+    assert b"openwop_seat.claim($1, $2)" in to_server and relay.ending is None
+
+
 def test_a_client_that_says_too_much_before_its_session_is_ready_is_ended():
     relay = claimed(limit=100)
     assert client(relay, QUERY * 20) == b""
@@ -277,3 +298,54 @@ def test_a_translated_session_passes_a_result_of_another_table_unchanged():
     assert relay.from_client(QUERY) == QUERY
     to_client, _ = relay.from_server(RESULT)
     assert to_client == RESULT
+
+
+# ---------------------------------------------------------------- the identity a major was chosen by
+
+def rules(params: dict[str, str]) -> int | str:
+    """[[proxy.clients]] as a function: the v1 host is known by its application_name."""
+    return 1 if params.get("application_name") == "v1-host" else 2
+
+
+def followed(reader: ReadPath | None = None, app: str = "") -> Relay:
+    params = {"user": "host", "database": "app", **({"application_name": app} if app else {})}
+    relay = Relay(Stats(), reader=reader, claim=Claim(SECRET, 2, 1 << 20),
+                  identity=Identity(params, rules(params), rules))
+    server(relay, LOGIN + status("application_name", app))
+    server(relay, CHALLENGE_ANSWER)
+    server(relay, CLAIM_ANSWER)
+    assert relay.ending is None
+    return relay
+
+
+SET_DONE = msg(b"C", b"SET\x00") + READY
+
+
+@pytest.mark.parametrize("translated", [False, True])
+@pytest.mark.parametrize("how", ["whole", "bytes", "3"])
+def test_a_set_of_an_identity_that_selects_another_major_ends_the_session_before_anything_after_it(translated, how):
+    reader = ReadPath(Classifier(HostConfig(), 2), 2, EVENTS) if translated else None
+    relay = followed(reader)
+    client(relay, msg(b"Q", b"SET application_name = 'v1-host'; SELECT * FROM events\x00"))
+    to_client, _ = server(relay, status("application_name", "v1-host") + SET_DONE + RESULT, how)
+    assert to_client == b""  # not the report, not the SET's completion, no row of the SELECT after it
+    assert relay.ending.kind == "identity_changed" and relay.ending.sqlstate == "0A000"
+    assert "application_name is now 'v1-host', which selects major 1" in relay.ending.message
+    assert relay.from_client(QUERY) == b""
+
+
+@pytest.mark.parametrize("translated", [False, True])
+def test_a_set_that_keeps_the_major_goes_through_untouched(translated):
+    reader = ReadPath(Classifier(HostConfig(), 2), 2, EVENTS) if translated else None
+    relay = followed(reader)
+    stream = status("application_name", "reporting-job") + SET_DONE + RESULT
+    assert server(relay, stream, "5") == (stream, b"")
+    assert relay.ending is None and relay.state.server_params["application_name"] == "reporting-job"
+
+
+def test_a_role_default_application_name_reported_at_login_is_checked_too():
+    """ALTER ROLE ... SET application_name: the server reports a name the startup packet did not carry."""
+    params = {"user": "host", "database": "app"}
+    relay = Relay(Stats(), claim=Claim(SECRET, 2, 1 << 20), identity=Identity(params, 2, rules))
+    to_client, to_server = server(relay, AUTH_OK + status("application_name", "v1-host") + READY)
+    assert relay.ending.kind == "identity_changed" and to_server == b""
