@@ -20,6 +20,8 @@ from proxy.dev.devcluster import DevCluster, free_port
 
 REQUIRED_TOOLS = {
     "psql": "sudo apt-get install -y postgresql-client",
+    "pg_dump": "sudo apt-get install -y postgresql-client",
+    "pg_restore": "sudo apt-get install -y postgresql-client",
     "pgbench": "sudo apt-get install -y postgresql",
     "openssl": "sudo apt-get install -y openssl",
     "node": "sudo apt-get install -y nodejs npm",
@@ -34,6 +36,8 @@ def required_tools():
     missing = [f"{tool} ({hint})" for tool, hint in REQUIRED_TOOLS.items() if shutil.which(tool) is None]
     if not (ROOT / "tests" / "node" / "node_modules" / "pg").is_dir():
         missing.append("node-postgres (make test runs `npm ci --prefix tests/node`)")
+    if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
+        missing.append("pgbouncer (sudo apt-get install -y pgbouncer)")
     assert not missing, "missing: " + ", ".join(missing)
 
 
