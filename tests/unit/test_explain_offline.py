@@ -12,12 +12,6 @@ import pytest
 
 from harness import render_config, seat_cli
 
-EVENT_COLUMNS = ["event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id"]
-# The reference host's statements (host-traffic.md).
-LOG_PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
-APPEND = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = $2) "
-          "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
-          "SELECT $1, $2, next.seq, $3, $4, $5, now(), $6 FROM next RETURNING *")
 RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
 GROUPED = "WITH events AS (SELECT 1) SELECT * FROM events"  # refused: a CTE hiding the events table
 

@@ -1,20 +1,14 @@
-"""The seat's schema in a real PostgreSQL: layout steps, artifact objects, and the era check of reads.
-
-Every test that changes the seat's schema gets a database of its own (created
-with ``CREATE DATABASE`` on the shared test cluster and dropped afterwards), so
-tests do not disturb each other or the rest of the suite.
-"""
+"""The seat's schema as SQL text, without a database: quoting, the builders, the generated objects, the
+fixed lock key, DSN parsing (tests/integration/test_schema.py runs them in a real PostgreSQL)."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from pathlib import Path
 
 import pytest
 
 from proxy.artifacts.load import load_artifacts
-from proxy.config import Config, HostConfig
+from proxy.config import HostConfig
 from proxy.db.connect import parse_keyword_dsn
 from proxy.db.layout import LOCK_KEY, SchemaError
 from proxy.db.reader_sql import era_sql, read_check_sql
@@ -22,17 +16,8 @@ from proxy.db.sql import quote_ident, quote_literal, quote_qualified, text_array
 from proxy.db.writer_sql import artifact_objects_sql
 from proxy.errors import ERRORS
 
-ROOT = Path(__file__).resolve().parents[2]
-_names = itertools.count()
-
 ARTIFACTS = load_artifacts()
 V1_TYPE = sorted(ARTIFACTS.v1_types)[0]
-VENDOR_TYPE = "example.thing-happened"
-
-EVENTS_DDL = """(event_id text PRIMARY KEY, run_id text, sequence int, type text, node_id text, payload jsonb,
-                 "timestamp" timestamptz, causation_id text, UNIQUE (run_id, sequence))"""
-
-ERA_COLUMN_CONFIG = Config(host=HostConfig(era_column="era"))
 
 
 def test_quoting():
