@@ -7,6 +7,7 @@ ones), and the real client drivers in the tests.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -25,7 +26,19 @@ REQUIRED_TOOLS = {
     "pgbench": "sudo apt-get install -y postgresql",
     "openssl": "sudo apt-get install -y openssl",
     "node": "sudo apt-get install -y nodejs npm",
+    # the driver tests (test_drivers_*.py); .ci/run installs these packages when they are missing
+    "java": "sudo apt-get install -y default-jdk-headless",
+    "javac": "sudo apt-get install -y default-jdk-headless",
+    "go": "sudo apt-get install -y golang-go",
 }
+# Files of the driver tests' Debian packages (pgjdbc; pgx v4 and lib/pq for GOPATH builds).
+REQUIRED_FILES = {
+    "/usr/share/java/postgresql.jar": "sudo apt-get install -y libpostgresql-jdbc-java",
+    "/usr/share/gocode/src/github.com/jackc/pgx/v4": "sudo apt-get install -y golang-github-jackc-pgx-v4-dev",
+    "/usr/share/gocode/src/github.com/lib/pq": "sudo apt-get install -y golang-github-lib-pq-dev",
+}
+# Python drivers of the driver tests, from the `test` extra (make setup installs them).
+REQUIRED_MODULES = ("psycopg2", "sqlalchemy", "django", "greenlet")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,8 +47,12 @@ def required_tools():
     import shutil
 
     missing = [f"{tool} ({hint})" for tool, hint in REQUIRED_TOOLS.items() if shutil.which(tool) is None]
-    if not (ROOT / "tests" / "node" / "node_modules" / "pg").is_dir():
-        missing.append("node-postgres (make test runs `npm ci --prefix tests/node`)")
+    for module in ("pg", "postgres"):
+        if not (ROOT / "tests" / "node" / "node_modules" / module).is_dir():
+            missing.append(f"npm {module} (make test runs `npm ci --prefix tests/node`)")
+    missing += [f"{path} ({hint})" for path, hint in REQUIRED_FILES.items() if not os.path.exists(path)]
+    missing += [f"python module {m} (pip install -e '.[test]')" for m in REQUIRED_MODULES
+                if importlib.util.find_spec(m) is None]
     if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
         missing.append("pgbouncer (sudo apt-get install -y pgbouncer)")
     assert not missing, "missing: " + ", ".join(missing)
