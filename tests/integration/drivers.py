@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 from psycopg.types.json import Jsonb
 
-from proxy.artifacts import load_artifacts
+from proxy.artifacts.load import load_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
