@@ -85,7 +85,7 @@ def test_application_name_in_the_startup_packet_picks_the_major(pg, v1_seat, cla
     pgjdbc (42.5) puts application_name into the startup packet only when it may assume a server of 9.0 or
     newer (``assumeMinServerVersion=9.0``); on its defaults the startup packet has no application_name (and
     extra_float_digits 2) and the driver sends ``SET application_name`` after connecting, which the seat does
-    not yet read (issue #18; the test of that case is kept out of this branch, see the branch's report)."""
+    not read yet: such a session keeps the major of its startup packet (issue #18)."""
     run_id, events = era2_run
     params = {"ApplicationName": "v1-host", "assumeMinServerVersion": "9.0"}
     via = run_java(classes, "read", jdbc_url(v1_seat.port, **params), "events", run_id, str(PAGE_SIZE))
