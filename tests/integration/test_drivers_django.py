@@ -13,9 +13,8 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import drivers
+import pytest
 from drivers import PAGE_SIZE, TRANSLATED_VIEW
 
 SCRIPT = drivers.DRIVERS_DIR / "python" / "django_driver.py"

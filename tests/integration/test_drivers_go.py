@@ -18,9 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import drivers
+import pytest
 from drivers import PAGE_SIZE, TRANSLATED_VIEW
 
 SOURCE = drivers.DRIVERS_DIR / "go" / "seatgo"
@@ -53,7 +52,8 @@ def url(port: int, **params: str) -> str:
 
 def run_go(seatgo: Path, request: dict) -> dict:
     proc = subprocess.run([str(seatgo)], input=json.dumps(request), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"seatgo {request['driver']} {request['mode']} exited {proc.returncode}:\n{proc.stderr}"
+    where = f"seatgo {request['driver']} {request['mode']}"
+    assert proc.returncode == 0, f"{where} exited {proc.returncode}:\n{proc.stderr}"
     return json.loads(proc.stdout)
 
 

@@ -16,9 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import drivers
+import pytest
 from drivers import PAGE_SIZE, TRANSLATED_VIEW
 
 SOURCE = drivers.DRIVERS_DIR / "java" / "SeatJdbc.java"

@@ -11,9 +11,8 @@ import json
 import shutil
 import subprocess
 
-import pytest
-
 import drivers
+import pytest
 from drivers import PAGE_SIZE, TRANSLATED_VIEW
 
 NODE_DIR = drivers.ROOT / "tests" / "node"

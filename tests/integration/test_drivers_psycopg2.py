@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import drivers
 import psycopg2
 import psycopg2.extras
 import pytest
-
-import drivers
 from drivers import APPEND_LOCK_SQL, APPEND_SQL, COLUMNS, PAGE_SIZE, TRANSLATED_VIEW
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import drivers
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
-
-import drivers
 from drivers import APPEND_LOCK_SQL, APPEND_SQL, COLUMNS, PAGE_SIZE, TRANSLATED_VIEW
+from psycopg.types.json import Jsonb
 
 
 def _rows(cur, tuples) -> list[dict]:

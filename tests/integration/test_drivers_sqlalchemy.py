@@ -15,14 +15,13 @@ import asyncio
 import json
 from datetime import datetime
 
+import drivers
 import pytest
+from drivers import APPEND_LOCK_SQL, APPEND_SQL, PAGE_SIZE
 from sqlalchemy import Column, DateTime, Integer, MetaData, Table, Text, bindparam, create_engine, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, registry
-
-import drivers
-from drivers import APPEND_LOCK_SQL, APPEND_SQL, PAGE_SIZE
 
 DIALECTS = {"psycopg": "postgresql+psycopg", "asyncpg": "postgresql+asyncpg"}
 READS = ["core-pages", "stream-results", "orm-yield-per"]
