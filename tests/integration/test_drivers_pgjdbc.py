@@ -83,8 +83,7 @@ def test_application_name_in_the_startup_packet_picks_the_major(pg, v1_seat, cla
 
     pgjdbc (42.5) puts application_name into the startup packet only when it may assume a server of 9.0 or
     newer (``assumeMinServerVersion=9.0``); on its defaults the startup packet has no application_name (and
-    extra_float_digits 2) and the driver sends ``SET application_name`` after connecting, which the seat does
-    not read yet: such a session keeps the major of its startup packet (issue #18)."""
+    extra_float_digits 2) and the driver sends ``SET application_name`` after connecting (see the next test)."""
     run_id, events = era2_run
     params = {"ApplicationName": "v1-host", "assumeMinServerVersion": "9.0"}
     via = run_java(classes, "read", jdbc_url(v1_seat.port, **params), "events", run_id, str(PAGE_SIZE))
@@ -94,3 +93,17 @@ def test_application_name_in_the_startup_packet_picks_the_major(pg, v1_seat, cla
     got = [drivers.canonical(r) for r in via["rows"]]
     assert [r["type"] for r in got] == [r["type"] for r in want], "pgjdbc ApplicationName=v1-host read as major 2"
     assert got == want
+
+
+def test_application_name_set_after_connecting_ends_the_session_instead_of_reading_with_the_wrong_major(
+        pg, v1_seat, classes, era2_run):
+    """pgjdbc on its defaults: no application_name in the startup packet (the session gets major 2), then
+    `SET application_name = 'v1-host'` as its first statement. The seat follows the server's ParameterStatus
+    and ends the session (FATAL 0A000) before the v1 host can read a single row in v2 names."""
+    run_id, _ = era2_run
+    proc = subprocess.run([shutil.which("java"), "-cp", f"{classes}{os.pathsep}{JAR}", "SeatJdbc", "read",
+                           jdbc_url(v1_seat.port, ApplicationName="v1-host"), "events", run_id, str(PAGE_SIZE)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    assert "selects major 1" in proc.stderr and "0A000" in proc.stderr, proc.stderr
+    assert '"rows"' not in proc.stdout
