@@ -143,6 +143,7 @@ class Config:
     plan_cache_bytes: int = 32 << 20
     max_statement_bytes: int = 1 << 20
     metrics_listen: HostPort | None = None
+    database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
@@ -271,9 +272,11 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         parsed_rules.append(ClientRule(major=_major(rule["major"], f"{where}.major"), **match))
     kwargs["clients"] = tuple(parsed_rules)
 
-    metrics = _take(data.get("metrics", {}), "metrics", {"listen"})
+    metrics = _take(data.get("metrics", {}), "metrics", {"listen", "database_user_labels"})
     if "listen" in metrics:
         kwargs["metrics_listen"] = parse_hostport(metrics["listen"], "metrics.listen")
+    if "database_user_labels" in metrics:
+        kwargs["database_user_labels"] = _integer(metrics["database_user_labels"], "metrics.database_user_labels", 0)
 
     tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
     tls_kwargs: dict[str, Any] = {}
@@ -359,7 +362,8 @@ RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "l
 _SECTIONED = {"tls": "tls", "host": "host"}
 
 
-_TOP = {"metrics_listen": "metrics.listen", "log_format": "log.format", "log_level": "log.level"}
+_TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
+        "log_format": "log.format", "log_level": "log.level"}
 
 
 def config_keys(config: Config) -> dict[str, object]:

@@ -58,6 +58,7 @@ class Session:
         self.relay: Relay | None = None  # the protocol side, once the startup packet is read
         self.params: dict[str, str] = {}
         self.major: int | str | None = None
+        self.label_pair = ("", "")  # the (database, user) labels of its metrics, once started
         self.client_tls = False
         self.started = time.monotonic()
         self.startup_bytes = 0  # the startup packet, relayed before the relay exists
@@ -196,6 +197,10 @@ class Session:
                               reason="max_client_conn reached")
             return
         self.major = self.config.major_for(self.params)
+        stats = self.server.stats
+        self.label_pair = stats.label_pair(self.params["database"], self.params["user"],
+                                           self.config.database_user_labels)
+        stats.pair_sessions[self.label_pair] += 1
         if self.config.client_idle_timeout > 0:
             asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
@@ -413,6 +418,8 @@ class Session:
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.statements_refused.update(self.reader.refusals)
+        if self.relay is not None and self.relay.transactions:
+            self.server.stats.pair_transactions[self.label_pair] += self.relay.transactions
         if self._claim_timer is not None:
             self._claim_timer.cancel()
         if not self.done.done():

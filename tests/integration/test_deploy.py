@@ -34,6 +34,8 @@ PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Names defined in proxy/serve/metrics.py that a default seat does not export yet, with the reason. Each
 # must still appear in metrics.py; once a seat exports it, the test says to remove it from here.
 PENDING: dict[str, str] = {}
+# Exported by the supervisor only ([proxy] workers above 1), not by the single-process seat scraped here.
+SUPERVISOR_ONLY = {"openwop_seat_workers", "openwop_seat_workers_up", "openwop_seat_worker_restarts_total"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                 "offset", "inf", "nan", "le"}
 DURATION = re.compile(r"^\d+(ms|s|m|h|d|w|y)$")
@@ -162,8 +164,7 @@ def test_alert_rules_are_complete():
         assert needle in text, needle
 
 
-# promtool is not installed by `make test` (Debian's `prometheus` package is a 332 MB server install):
-# the rules are checked structurally above and against the seat's real metric names below.
+# promtool (Debian: prometheus) is installed by .ci/run when missing; the promtool tests below skip without it.
 
 
 def test_metric_names_in_rules_and_dashboard_are_exported(exported):
@@ -181,6 +182,8 @@ def test_metric_names_in_rules_and_dashboard_are_exported(exported):
     for name, where in sorted(used.items()):
         if name in names or name in PROMETHEUS_OWN:
             assert name not in PENDING, f"{name} is exported now: remove it from PENDING in tests/test_deploy.py"
+        elif name in SUPERVISOR_ONLY:
+            assert f'"{name.removesuffix("_total")}"' in (ROOT / "proxy" / "serve" / "supervisor.py").read_text(), name
         elif name in PENDING:
             base = re.sub(r"_(bucket|sum|count|total)$", "", name)
             assert base in source, f"{name} is PENDING but proxy/serve/metrics.py no longer defines it"
@@ -210,8 +213,53 @@ def test_prometheus_config_matches_compose():
     assert target == f"seat:{seat_config.metrics_listen.port}"
     mounts = compose["services"]["prometheus"]["volumes"]
     rules_target = next(v.split(":")[1] for v in mounts if v.startswith("./prometheus/openwop-seat.rules.yml:"))
+    config_target = next(v.split(":")[1] for v in mounts if v.startswith("./prometheus/prometheus.yml:"))
     (pattern,) = config["rule_files"]
-    assert Path(rules_target).match(pattern), (rules_target, pattern)
+    # Relative to the configuration file, in the container as in the repository (where promtool checks it).
+    assert not pattern.startswith("/"), pattern
+    assert Path(rules_target) == Path(config_target).parent / pattern, (rules_target, pattern)
+    assert (DEPLOY / "prometheus" / pattern).is_file()
+
+
+def _promtool(*args: str, cwd: Path = DEPLOY / "prometheus") -> str:
+    tool = shutil.which("promtool")
+    if tool is None:  # .ci/run installs it (Debian: prometheus); a bare pytest elsewhere may lack it
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    result = subprocess.run([tool, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    return out
+
+
+def test_promtool_check_rules():
+    out = _promtool("check", "rules", RULES.name)
+    assert f"SUCCESS: {len(rules())} rules found" in out, out
+
+
+def test_promtool_check_config_sees_the_rules():
+    out = _promtool("check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"), cwd=ROOT)
+    assert f"SUCCESS: {len(rules())} rules found" in out, out
+
+
+def test_promtool_test_rules():
+    """The alert rules' unit tests (openwop-seat.rules.test.yml): which alerts fire on which series."""
+    out = _promtool("test", "rules", "openwop-seat.rules.test.yml")
+    assert "SUCCESS" in out, out
+    tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "prometheus" / "openwop-seat.rules.test.yml").read_text()))
+    assert {"OpenwopSeatWorkerRestarts", "OpenwopSeatPrivilegedSessions", "OpenwopSeatDown"} <= tested
+    assert tested <= {rule["alert"] for rule in rules()}
+
+
+def test_metrics_port_is_not_postgres_exporters():
+    """9187 is postgres_exporter's usual port, often taken on a database host: no example uses it."""
+    files = [*deploy_files(".yml", ".yaml", ".toml", "Dockerfile"), ROOT / "config" / "openwop-seat.toml"]
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "9187" in line:
+                assert "postgres_exporter" in line or "earlier examples" in line, f"{path.name}:{number}: {line}"
+    for path in (DEPLOY / "openwop-seat.compose.toml", ROOT / "config" / "openwop-seat.toml"):
+        text = path.read_text()
+        assert parse_config(tomllib.loads(text)).metrics_listen.port == 6545
 
 
 # --------------------------------------------------------------------------- Grafana
@@ -263,7 +311,7 @@ def test_dockerfile():
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert ops.index("USER") > max(i for i, op in enumerate(ops) if op == "RUN")  # nothing runs as root after
     exposed = {p.split("/")[0] for op, arg in instructions if op == "EXPOSE" for p in arg.split()}
-    assert {"6543", "9187"} <= exposed
+    assert {"6543", "6545"} <= exposed
     (health,) = [arg for op, arg in instructions if op == "HEALTHCHECK"]
     assert "CMD" in health and "/healthz" in "".join(arg for op, arg in instructions if op in ("ENV", "HEALTHCHECK"))
     assert ("STOPSIGNAL", "SIGTERM") in instructions
