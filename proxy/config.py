@@ -142,6 +142,8 @@ class Config:
     # naming the events table it analyses (a larger one is refused: parsing runs on the event loop).
     plan_cache_bytes: int = 32 << 20
     max_statement_bytes: int = 1 << 20
+    # Also accept clients on <dir>/.s.PGSQL.<listen port>, as PostgreSQL names its socket (None: TCP only).
+    unix_socket_dir: str | None = None
     metrics_listen: HostPort | None = None
     database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
@@ -229,7 +231,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
                    "startup_timeout", "buffer_limit", "claim_buffer_limit", "max_client_conn", "client_idle_timeout",
-                   "workers", "plan_cache_bytes", "max_statement_bytes"})
+                   "workers", "plan_cache_bytes", "max_statement_bytes", "unix_socket_dir"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -257,6 +259,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     for key, low in (("plan_cache_bytes", 0), ("max_statement_bytes", 1024)):
         if key in proxy:
             kwargs[key] = _integer(proxy[key], f"proxy.{key}", low)
+    if "unix_socket_dir" in proxy:
+        kwargs["unix_socket_dir"] = _unix_socket_dir(proxy["unix_socket_dir"], source)
     rules = proxy.get("clients", [])
     if not isinstance(rules, list):
         raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")
@@ -321,6 +325,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         except CarrierError as e:
             raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
     kwargs["host"] = HostConfig(**host_kwargs)
+    if kwargs.get("unix_socket_dir") and kwargs.get("workers", cpu_count()) > 1:
+        raise ConfigError("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
@@ -328,6 +334,22 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "level" in log:
         kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
     return Config(**kwargs)
+
+
+def unix_socket_path(directory: str, port: int) -> str:
+    """PostgreSQL's name for the socket of a port: <dir>/.s.PGSQL.<port> (libpq's host=<dir> port=<port>)."""
+    return os.path.join(directory, f".s.PGSQL.{port}")
+
+
+def _unix_socket_dir(value: Any, source: str | None) -> str:
+    path = _string(value, "proxy.unix_socket_dir")
+    if source and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(source), path)
+    if len(unix_socket_path(path, 65535).encode()) > 107:  # sun_path holds 108 bytes with its NUL
+        raise ConfigError(f"proxy.unix_socket_dir: {path!r} is too long for a socket path (at most 92 bytes)")
+    if not os.path.isdir(path):
+        raise ConfigError(f"proxy.unix_socket_dir: no such directory {path!r}")
+    return path
 
 
 def _append_lock(value: Any) -> str:
@@ -356,7 +378,7 @@ def load_config(path: str | None) -> Config:
 
 # Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
 RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
-                "workers": "proxy.workers"}
+                "workers": "proxy.workers", "unix_socket_dir": "proxy.unix_socket_dir"}
 
 
 _SECTIONED = {"tls": "tls", "host": "host"}

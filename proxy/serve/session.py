@@ -66,7 +66,8 @@ class Session:
         self.closed = False
         self.done = asyncio.get_running_loop().create_future()
         peername = client.transport.get_extra_info("peername") if client.transport else None
-        self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "-")
+        # A Unix-socket client has no address: "[local]", as PostgreSQL logs it.
+        self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "[local]")
         self._seat_client = server.stats.seat_seconds["client"]  # histograms of the seat's own time per chunk
         self._seat_upstream = server.stats.seat_seconds["upstream"]
         self._claim_timer: asyncio.TimerHandle | None = None
