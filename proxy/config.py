@@ -145,6 +145,8 @@ class Config:
     # Also accept clients on <dir>/.s.PGSQL.<listen port>, as PostgreSQL names its socket (None: TCP only).
     unix_socket_dir: str | None = None
     metrics_listen: HostPort | None = None
+    admin_listen: HostPort | None = None  # the read-only admin console ([admin]); off by default
+    admin_unix_socket: str | None = None
     database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
@@ -227,7 +229,7 @@ def _existing_file(path: str, key: str, base: str | None) -> str:
 
 
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
-    _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
+    _take(data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
                    "startup_timeout", "buffer_limit", "claim_buffer_limit", "max_client_conn", "client_idle_timeout",
@@ -282,6 +284,18 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "database_user_labels" in metrics:
         kwargs["database_user_labels"] = _integer(metrics["database_user_labels"], "metrics.database_user_labels", 0)
 
+    admin = _take(data.get("admin", {}), "admin", {"listen", "unix_socket"})
+    if "listen" in admin:
+        kwargs["admin_listen"] = parse_hostport(admin["listen"], "admin.listen")
+    if "unix_socket" in admin:
+        path = _string(admin["unix_socket"], "admin.unix_socket")
+        path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
+        if len(path.encode()) > 107:
+            raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
+        kwargs["admin_unix_socket"] = path
+
     tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
     tls_kwargs: dict[str, Any] = {}
     for key in ("cert_file", "key_file", "upstream_ca_file"):
@@ -325,8 +339,13 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         except CarrierError as e:
             raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
     kwargs["host"] = HostConfig(**host_kwargs)
-    if kwargs.get("unix_socket_dir") and kwargs.get("workers", cpu_count()) > 1:
+    workers = kwargs.get("workers", cpu_count())
+    if kwargs.get("unix_socket_dir") and workers > 1:
         raise ConfigError("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
+    for key in ("admin_listen", "admin_unix_socket"):
+        if kwargs.get(key) and workers > 1:
+            raise ConfigError(f"{key.replace('_', '.', 1)}: needs proxy.workers = 1 (the admin console shows "
+                              "one process's sessions)")
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
@@ -378,13 +397,15 @@ def load_config(path: str | None) -> Config:
 
 # Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
 RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
-                "workers": "proxy.workers", "unix_socket_dir": "proxy.unix_socket_dir"}
+                "workers": "proxy.workers", "unix_socket_dir": "proxy.unix_socket_dir",
+                "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket"}
 
 
 _SECTIONED = {"tls": "tls", "host": "host"}
 
 
 _TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
+        "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
         "log_format": "log.format", "log_level": "log.level"}
 
 

@@ -55,6 +55,7 @@ class SeatServer:
         self._listener: asyncio.AbstractServer | None = None
         self._unix_listener: asyncio.AbstractServer | None = None
         self.unix_socket: str | None = None  # the path clients connect to, with [proxy] unix_socket_dir
+        self.admin = None  # the admin console (serve/admin.py), with [admin]
         self._stopped = asyncio.Event()
         self._draining = False
         self._tasks: set[asyncio.Task] = set()
@@ -94,6 +95,7 @@ class SeatServer:
                                                   # workers > 1: every worker listens on the port (supervisor.py)
                                                   reuse_port=self.config.workers > 1)
         await self._start_unix()
+        await self._start_admin()
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
             await self.metrics.start(m.host, m.port)
@@ -101,6 +103,7 @@ class SeatServer:
             "listen": str(listen), "upstream": str(self.config.upstream),
             "metrics": str(self.config.metrics_listen) if self.config.metrics_listen else "off",
             "unix_socket": self.unix_socket or "off",
+            "admin": ", ".join(str(a) for a in (self.config.admin_listen, self.config.admin_unix_socket) if a) or "off",
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode}})
 
@@ -128,6 +131,15 @@ class SeatServer:
             lambda: _ClientPeer(self), path, backlog=1024)
         os.chmod(path, 0o777)  # as PostgreSQL's unix_socket_permissions: the database authenticates
         self.unix_socket = path
+
+    async def _start_admin(self) -> None:
+        """[admin]: the read-only admin console (serve/admin.py), when configured."""
+        if self.config.admin_listen is None and self.config.admin_unix_socket is None:
+            return
+        from proxy.serve.admin import AdminConsole
+
+        self.admin = AdminConsole(self)
+        await self.admin.start(self.config.admin_listen, self.config.admin_unix_socket)
 
     def _close_unix(self) -> None:
         """Stop accepting on the Unix socket and remove its file (with the TCP listener: drain, stop)."""
@@ -396,4 +408,6 @@ class SeatServer:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1)
         await self.metrics.close()
+        if self.admin is not None:
+            await self.admin.close()
         log.info("stopped")

@@ -149,3 +149,20 @@ def test_unix_socket_dir(tmp_path):
         with pytest.raises(ConfigError, match=f"proxy.unix_socket_dir: .*{why}"):
             parse_config({"proxy": bad})
     assert "proxy.unix_socket_dir" in RESTART_KEYS.values()
+
+
+def test_admin_keys(tmp_path):
+    config = parse_config({"proxy": {"workers": 1}, "admin": {"listen": "127.0.0.1:6434",
+                                                              "unix_socket": str(tmp_path / ".s.PGSQL.6434")}})
+    assert config.admin_listen == HostPort("127.0.0.1", 6434)
+    assert config.admin_unix_socket == str(tmp_path / ".s.PGSQL.6434")
+    assert Config().admin_listen is None and Config().admin_unix_socket is None  # off by default
+    for bad, why in (({"proxy": {"workers": 2}, "admin": {"listen": "127.0.0.1:6434"}},
+                      "admin.listen: needs proxy.workers = 1"),
+                     ({"proxy": {"workers": 1}, "admin": {"unix_socket": str(tmp_path / "no" / "s")}},
+                      "admin.unix_socket: no such directory"),
+                     ({"admin": {"listen": "nowhere"}}, "admin.listen: expected"),
+                     ({"admin": {"password": "x"}}, "unknown key admin.password")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(bad)
+    assert {"admin.listen", "admin.unix_socket"} <= set(RESTART_KEYS.values())
