@@ -142,7 +142,12 @@ class Config:
     # naming the events table it analyses (a larger one is refused: parsing runs on the event loop).
     plan_cache_bytes: int = 32 << 20
     max_statement_bytes: int = 1 << 20
+    # Also accept clients on <dir>/.s.PGSQL.<listen port>, as PostgreSQL names its socket (None: TCP only).
+    unix_socket_dir: str | None = None
     metrics_listen: HostPort | None = None
+    admin_listen: HostPort | None = None  # the read-only admin console ([admin]); off by default
+    admin_unix_socket: str | None = None
+    database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
@@ -224,11 +229,11 @@ def _existing_file(path: str, key: str, base: str | None) -> str:
 
 
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
-    _take(data, "", {"proxy", "metrics", "tls", "log", "host"})
+    _take(data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
     proxy = _take(data.get("proxy", {}), "proxy",
                   {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
                    "startup_timeout", "buffer_limit", "claim_buffer_limit", "max_client_conn", "client_idle_timeout",
-                   "workers", "plan_cache_bytes", "max_statement_bytes"})
+                   "workers", "plan_cache_bytes", "max_statement_bytes", "unix_socket_dir"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -256,6 +261,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     for key, low in (("plan_cache_bytes", 0), ("max_statement_bytes", 1024)):
         if key in proxy:
             kwargs[key] = _integer(proxy[key], f"proxy.{key}", low)
+    if "unix_socket_dir" in proxy:
+        kwargs["unix_socket_dir"] = _unix_socket_dir(proxy["unix_socket_dir"], source)
     rules = proxy.get("clients", [])
     if not isinstance(rules, list):
         raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")
@@ -271,9 +278,23 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         parsed_rules.append(ClientRule(major=_major(rule["major"], f"{where}.major"), **match))
     kwargs["clients"] = tuple(parsed_rules)
 
-    metrics = _take(data.get("metrics", {}), "metrics", {"listen"})
+    metrics = _take(data.get("metrics", {}), "metrics", {"listen", "database_user_labels"})
     if "listen" in metrics:
         kwargs["metrics_listen"] = parse_hostport(metrics["listen"], "metrics.listen")
+    if "database_user_labels" in metrics:
+        kwargs["database_user_labels"] = _integer(metrics["database_user_labels"], "metrics.database_user_labels", 0)
+
+    admin = _take(data.get("admin", {}), "admin", {"listen", "unix_socket"})
+    if "listen" in admin:
+        kwargs["admin_listen"] = parse_hostport(admin["listen"], "admin.listen")
+    if "unix_socket" in admin:
+        path = _string(admin["unix_socket"], "admin.unix_socket")
+        path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
+        if len(path.encode()) > 107:
+            raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
+        kwargs["admin_unix_socket"] = path
 
     tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
     tls_kwargs: dict[str, Any] = {}
@@ -318,6 +339,13 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         except CarrierError as e:
             raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
     kwargs["host"] = HostConfig(**host_kwargs)
+    workers = kwargs.get("workers", cpu_count())
+    if kwargs.get("unix_socket_dir") and workers > 1:
+        raise ConfigError("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
+    for key in ("admin_listen", "admin_unix_socket"):
+        if kwargs.get(key) and workers > 1:
+            raise ConfigError(f"{key.replace('_', '.', 1)}: needs proxy.workers = 1 (the admin console shows "
+                              "one process's sessions)")
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
@@ -325,6 +353,22 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "level" in log:
         kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
     return Config(**kwargs)
+
+
+def unix_socket_path(directory: str, port: int) -> str:
+    """PostgreSQL's name for the socket of a port: <dir>/.s.PGSQL.<port> (libpq's host=<dir> port=<port>)."""
+    return os.path.join(directory, f".s.PGSQL.{port}")
+
+
+def _unix_socket_dir(value: Any, source: str | None) -> str:
+    path = _string(value, "proxy.unix_socket_dir")
+    if source and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(source), path)
+    if len(unix_socket_path(path, 65535).encode()) > 107:  # sun_path holds 108 bytes with its NUL
+        raise ConfigError(f"proxy.unix_socket_dir: {path!r} is too long for a socket path (at most 92 bytes)")
+    if not os.path.isdir(path):
+        raise ConfigError(f"proxy.unix_socket_dir: no such directory {path!r}")
+    return path
 
 
 def _append_lock(value: Any) -> str:
@@ -353,13 +397,16 @@ def load_config(path: str | None) -> Config:
 
 # Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
 RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
-                "workers": "proxy.workers"}
+                "workers": "proxy.workers", "unix_socket_dir": "proxy.unix_socket_dir",
+                "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket"}
 
 
 _SECTIONED = {"tls": "tls", "host": "host"}
 
 
-_TOP = {"metrics_listen": "metrics.listen", "log_format": "log.format", "log_level": "log.level"}
+_TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
+        "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
+        "log_format": "log.format", "log_level": "log.level"}
 
 
 def config_keys(config: Config) -> dict[str, object]:

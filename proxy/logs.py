@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import datetime, timezone
 
 import orjson
 
 
+def timestamp(record: logging.LogRecord) -> str:
+    """RFC 3339 with milliseconds and the zone offset, in UTC: ``2026-12-04T09:30:01.123+00:00``."""
+    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+
+
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} {record.levelname.lower()} {record.getMessage()}"
+        line = f"{timestamp(record)} {record.levelname.lower()} {record.getMessage()}"
         fields = getattr(record, "fields", None)
         if fields:
             line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
@@ -26,7 +32,7 @@ def _text_value(value: object) -> str:
 
 class _JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
+        entry = {"ts": timestamp(record), "level": record.levelname.lower(),
                  "logger": record.name, "msg": record.getMessage()}
         entry.update(getattr(record, "fields", None) or {})
         if record.exc_info:

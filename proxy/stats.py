@@ -16,6 +16,10 @@ STATEMENT_CLASSES = ("passthrough", "event_read", "event_write", "refused")
 PROTOCOLS = ("simple", "extended")
 
 
+# The (database, user) label pair of sessions past the first metrics.database_user_labels pairs a process saw.
+OTHER_PAIR = ("(other)", "(other)")
+
+
 class Histogram:
     """A plain list-of-counts histogram: observe() is a bisect and two additions, no lock, no labels."""
 
@@ -63,6 +67,18 @@ class Stats:
         self.seat_seconds = {"client": Histogram(), "upstream": Histogram()}  # seat's own time per chunk
         self.statement_seconds = Histogram()  # Sync/Query forwarded -> its ReadyForQuery forwarded
         self.parse_seconds = Histogram()  # classifier cache misses
+        # By (database, user), for at most metrics.database_user_labels pairs (then OTHER_PAIR): sessions started,
+        # and transaction blocks ended of the sessions that closed (the open ones count on their relay).
+        self.pair_sessions: Counter[tuple[str, str]] = Counter()
+        self.pair_transactions: Counter[tuple[str, str]] = Counter()
+
+    def label_pair(self, database: str, user: str, limit: int) -> tuple[str, str]:
+        """The label pair a session of this database and user counts under: its own while the process has seen
+        fewer than ``limit`` pairs (or already has it), else OTHER_PAIR, so that the series stay bounded."""
+        pair = (database, user)
+        if pair in self.pair_sessions or len(self.pair_sessions) - (OTHER_PAIR in self.pair_sessions) < limit:
+            return pair
+        return OTHER_PAIR
 
     def count_refusal(self, sqlstate: str) -> None:
         self.refusals[sqlstate] += 1

@@ -53,6 +53,9 @@ class SeatServer:
         self.upstream_ssl_context = upstream_ssl_context(config)
         self.metrics = MetricsHTTP(self)
         self._listener: asyncio.AbstractServer | None = None
+        self._unix_listener: asyncio.AbstractServer | None = None
+        self.unix_socket: str | None = None  # the path clients connect to, with [proxy] unix_socket_dir
+        self.admin = None  # the admin console (serve/admin.py), with [admin]
         self._stopped = asyncio.Event()
         self._draining = False
         self._tasks: set[asyncio.Task] = set()
@@ -91,14 +94,64 @@ class SeatServer:
                                                   reuse_address=True, backlog=1024,
                                                   # workers > 1: every worker listens on the port (supervisor.py)
                                                   reuse_port=self.config.workers > 1)
+        await self._start_unix()
+        await self._start_admin()
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
             await self.metrics.start(m.host, m.port)
         log.info("listening", extra={"fields": {
             "listen": str(listen), "upstream": str(self.config.upstream),
             "metrics": str(self.config.metrics_listen) if self.config.metrics_listen else "off",
+            "unix_socket": self.unix_socket or "off",
+            "admin": ", ".join(str(a) for a in (self.config.admin_listen, self.config.admin_unix_socket) if a) or "off",
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode}})
+
+    async def _start_unix(self) -> None:
+        """[proxy] unix_socket_dir: accept clients on <dir>/.s.PGSQL.<port> too (`psql -h <dir> -p <port>`)."""
+        if self.config.unix_socket_dir is None:
+            return
+        import os
+        import socket
+
+        from proxy.config import unix_socket_path
+
+        path = unix_socket_path(self.config.unix_socket_dir, self.port)
+        if os.path.exists(path):  # left by a seat that died, unless one is still serving it
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)
+            else:
+                raise OSError(f"{path} (proxy.unix_socket_dir) is in use by another process")
+            finally:
+                probe.close()
+        self._unix_listener = await asyncio.get_running_loop().create_unix_server(
+            lambda: _ClientPeer(self), path, backlog=1024)
+        os.chmod(path, 0o777)  # as PostgreSQL's unix_socket_permissions: the database authenticates
+        self.unix_socket = path
+
+    async def _start_admin(self) -> None:
+        """[admin]: the read-only admin console (serve/admin.py), when configured."""
+        if self.config.admin_listen is None and self.config.admin_unix_socket is None:
+            return
+        from proxy.serve.admin import AdminConsole
+
+        self.admin = AdminConsole(self)
+        await self.admin.start(self.config.admin_listen, self.config.admin_unix_socket)
+
+    def _close_unix(self) -> None:
+        """Stop accepting on the Unix socket and remove its file (with the TCP listener: drain, stop)."""
+        if self._unix_listener is not None:
+            import os
+
+            self._unix_listener.close()
+            self._unix_listener = None
+            try:
+                os.unlink(self.unix_socket)
+            except OSError:
+                pass
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -328,6 +381,7 @@ class SeatServer:
         log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout}})
         if self._listener is not None:
             self._listener.close()
+        self._close_unix()
         for session in list(self.sessions):
             if session.major is None:  # connected but never sent a startup packet: nothing to wait for
                 session.close("seat draining")
@@ -342,6 +396,7 @@ class SeatServer:
         """SIGINT (and the end of a drain): close every session at once."""
         if self._listener is not None:
             self._listener.close()
+        self._close_unix()
         for session in list(self.sessions):
             session.shut_down()
         self._stopped.set()
@@ -353,4 +408,6 @@ class SeatServer:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1)
         await self.metrics.close()
+        if self.admin is not None:
+            await self.admin.close()
         log.info("stopped")

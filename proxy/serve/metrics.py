@@ -127,6 +127,7 @@ class SeatCollector:
                 g.add_metric([str(major)], classifier.cache_bytes)
             yield g
         yield from self._connections(stats)
+        yield from self._by_database_user(stats, live)
         yield from self._statements(stats, live, refused)
         yield from self._latency(stats)
         yield from self._limits(server.config)
@@ -156,6 +157,34 @@ class SeatCollector:
             for reason, n in sorted(counts.items()):
                 c.add_metric([reason], n)
             yield c
+
+    @staticmethod
+    def _by_database_user(stats: Stats, live: list):
+        """Sessions and transactions by database and user: at most metrics.database_user_labels pairs per process,
+        the rest under database="(other)", user="(other)"."""
+        open_now: Counter[tuple[str, str]] = Counter()
+        transactions = Counter(stats.pair_transactions)
+        for s in live:
+            if s.major is not None:
+                open_now[s.label_pair] += 1
+                transactions[s.label_pair] += s.relay.transactions if s.relay is not None else 0
+        pairs = sorted(stats.pair_sessions)
+        labels = ["database", "user"]
+        c = CounterMetricFamily("openwop_seat_database_sessions", "Sessions that sent a startup message, by database "
+                                "and user (bounded: metrics.database_user_labels)", labels=labels)
+        for pair in pairs:
+            c.add_metric(list(pair), stats.pair_sessions[pair])
+        yield c
+        g = GaugeMetricFamily("openwop_seat_database_sessions_open", "Sessions open now, by database and user",
+                              labels=labels)
+        for pair in pairs:
+            g.add_metric(list(pair), open_now[pair])
+        yield g
+        c = CounterMetricFamily("openwop_seat_transactions", "Transaction blocks ended (a ReadyForQuery back to idle "
+                                "from in a transaction or failed), by database and user", labels=labels)
+        for pair in pairs:
+            c.add_metric(list(pair), transactions[pair])
+        yield c
 
     @staticmethod
     def _statements(stats: Stats, live: list, refused: Counter):

@@ -125,6 +125,7 @@ class Relay:
         self.raw_simple = self.raw_extended = 0  # statements of a session without a read path (metrics)
         self.queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with count_answered)
         self.readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
+        self.transactions = 0  # transaction blocks ended: a ReadyForQuery back to idle from 'T' or 'E' (metrics)
         self._raw_sent: deque[float] = deque()  # when each Query/Sync/FunctionCall went upstream
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
         if reader is None:
@@ -286,10 +287,12 @@ class Relay:
 
     def _seen(self, t: int, body: bytes) -> None:
         """A server message the session state needs (BACKEND_CAPTURE)."""
-        self.state.on_backend(t, body)
         if t == READY_FOR_QUERY:
             self.readies += 1
-        elif t == PARAMETER_STATUS and self.identity is not None and self.ending is None:
+            if self.state.txn_status != b"I" and body[:1] == b"I":  # rarely true: one comparison per statement
+                self.transactions += 1
+        self.state.on_backend(t, body)
+        if t == PARAMETER_STATUS and self.identity is not None and self.ending is None:
             self._check_identity(body)
 
     def _check_identity(self, body: bytes) -> None:

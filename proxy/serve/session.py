@@ -58,6 +58,7 @@ class Session:
         self.relay: Relay | None = None  # the protocol side, once the startup packet is read
         self.params: dict[str, str] = {}
         self.major: int | str | None = None
+        self.label_pair = ("", "")  # the (database, user) labels of its metrics, once started
         self.client_tls = False
         self.started = time.monotonic()
         self.startup_bytes = 0  # the startup packet, relayed before the relay exists
@@ -65,7 +66,8 @@ class Session:
         self.closed = False
         self.done = asyncio.get_running_loop().create_future()
         peername = client.transport.get_extra_info("peername") if client.transport else None
-        self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "-")
+        # A Unix-socket client has no address: "[local]", as PostgreSQL logs it.
+        self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "[local]")
         self._seat_client = server.stats.seat_seconds["client"]  # histograms of the seat's own time per chunk
         self._seat_upstream = server.stats.seat_seconds["upstream"]
         self._claim_timer: asyncio.TimerHandle | None = None
@@ -196,6 +198,10 @@ class Session:
                               reason="max_client_conn reached")
             return
         self.major = self.config.major_for(self.params)
+        stats = self.server.stats
+        self.label_pair = stats.label_pair(self.params["database"], self.params["user"],
+                                           self.config.database_user_labels)
+        stats.pair_sessions[self.label_pair] += 1
         if self.config.client_idle_timeout > 0:
             asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
@@ -413,6 +419,8 @@ class Session:
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.statements_refused.update(self.reader.refusals)
+        if self.relay is not None and self.relay.transactions:
+            self.server.stats.pair_transactions[self.label_pair] += self.relay.transactions
         if self._claim_timer is not None:
             self._claim_timer.cancel()
         if not self.done.done():

@@ -105,11 +105,12 @@ def start_seat(pg, tmp_path_factory):
     started: list[Seat] = []
 
     def start(proxy: dict | None = None, tls: dict | None = None, log: dict | None = None,
-              upstream_port: int | None = None, wait: bool = True, host: dict | None = None) -> Seat:
+              upstream_port: int | None = None, wait: bool = True, host: dict | None = None,
+              metrics: dict | None = None, extra: dict | None = None) -> Seat:
         # A free port can be taken by another process before the seat binds it: try again with
         # new ports then (and only then); any other early exit is the test's business.
         for attempt in range(3):
-            seat = _start_once(proxy, tls, log, upstream_port, host)
+            seat = _start_once(proxy, tls, log, upstream_port, host, metrics, extra)
             started.append(seat)
             if not wait:
                 return seat
@@ -121,13 +122,13 @@ def start_seat(pg, tmp_path_factory):
                     raise RuntimeError(f"the seat did not start; its log:\n{seat.log()}") from None
         raise AssertionError("unreachable")
 
-    def _start_once(proxy, tls, log, upstream_port, host) -> Seat:
+    def _start_once(proxy, tls, log, upstream_port, host, metrics=None, extra=None) -> Seat:
         d = tmp_path_factory.mktemp("seat")
         port, metrics_port = free_port(), free_port()
         sections = {
             "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{upstream_port or pg.port}",
                       "shutdown_timeout": 5, "workers": 1, **(proxy or {})},  # one process unless a test asks
-            "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
+            "metrics": {"listen": f"127.0.0.1:{metrics_port}", **(metrics or {})},
         }
         sections["host"] = {"dsn": pg.dsn(), **(host or {})} if upstream_port is None else (host or {})
         if not sections["host"]:
@@ -137,6 +138,7 @@ def start_seat(pg, tmp_path_factory):
             sections["tls"] = tls
         if log:
             sections["log"] = log
+        sections.update(extra or {})  # further sections, e.g. {"admin": {...}}
         config_path = d / "openwop-seat.toml"
         config_path.write_text(render_config(sections))
         log_path = d / "seat.log"

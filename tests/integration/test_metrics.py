@@ -8,6 +8,7 @@ import urllib.request
 
 import psycopg
 
+from harness import PASSWORD
 from proxy.dev.devcluster import free_port
 
 
@@ -92,3 +93,75 @@ def test_read_path_metrics(start_seat, pg):
     finally:
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("DELETE FROM events WHERE run_id = 'metrics-run'")
+
+
+def documented_metrics() -> set[str]:
+    """The metric names of the table in docs/operations.md, "Metrics and health"."""
+    from harness import ROOT
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Metrics and health", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `openwop_seat_")]
+    return {name for row in rows for name in re.findall(r"`(openwop_seat_[a-z0-9_]+)", row.split(" | ")[0])}
+
+
+def test_every_exported_metric_is_in_the_docs_table(start_seat):
+    """What a seat exports (a supervisor over two workers: the workers' families and its own) is documented, and
+    the table names nothing that is not exported."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seat = start_seat(proxy={"workers": 2})
+    with psycopg.connect(seat.dsn()) as conn:
+        conn.execute("SELECT 1").fetchone()
+    status, text = get(seat.metrics_port, "/metrics")
+    assert status == 200
+    exported = set()
+    for family in text_string_to_metric_families(text):
+        suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+        exported.add(family.name + suffix)
+    documented = documented_metrics()
+    assert len(documented) >= 30
+    assert not exported - documented, f"exported but not in docs/operations.md: {sorted(exported - documented)}"
+    assert not documented - exported, f"documented but not exported: {sorted(documented - exported)}"
+
+
+def test_transactions_and_sessions_by_database_and_user(start_seat, pg):
+    """Transaction blocks ended count per (database, user); pairs past metrics.database_user_labels count as
+    "(other)"; the open-sessions gauge follows the sessions."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples() -> dict:
+        _, text = get(seat.metrics_port, "/metrics")
+        return {(s.name, s.labels.get("database"), s.labels.get("user")): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    seat = start_seat(metrics={"database_user_labels": 2})
+    with psycopg.connect(seat.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT 1")  # no transaction block: not counted
+        with conn.transaction():
+            conn.execute("SELECT 1")
+        conn.execute("BEGIN")
+        try:
+            conn.execute("SELECT 1/0")
+        except psycopg.errors.DivisionByZero:
+            pass
+        conn.execute("ROLLBACK")  # a failed block ends too
+        now = samples()
+        assert now["openwop_seat_transactions_total", "postgres", "postgres"] == 2  # counted while open
+        assert now["openwop_seat_database_sessions_open", "postgres", "postgres"] == 1
+    with psycopg.connect(seat.dsn(dbname="app", user="host_user")) as conn:  # psycopg: a block per transaction
+        conn.execute("SELECT 1")
+        conn.commit()
+    with psycopg.connect(seat.dsn(dbname="app", user="md5_user", password=PASSWORD)) as conn:  # a third pair
+        conn.execute("SELECT 1")
+        conn.commit()
+        conn.execute("SELECT 2")
+        conn.rollback()
+    after = samples()
+    assert after["openwop_seat_transactions_total", "postgres", "postgres"] == 2
+    assert after["openwop_seat_database_sessions_total", "postgres", "postgres"] == 1
+    assert after["openwop_seat_database_sessions_open", "postgres", "postgres"] == 0
+    assert after["openwop_seat_transactions_total", "app", "host_user"] == 1
+    assert after["openwop_seat_transactions_total", "(other)", "(other)"] == 2
+    assert after["openwop_seat_database_sessions_total", "(other)", "(other)"] == 1
+    assert not any(user == "md5_user" for _, _, user in after)

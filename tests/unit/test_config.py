@@ -6,7 +6,7 @@ import pytest
 
 from harness import ROOT
 from harness import seat_cli as cli
-from proxy.config import ClientRule, Config, ConfigError, HostPort, load_config, parse_config
+from proxy.config import RESTART_KEYS, ClientRule, Config, ConfigError, HostPort, load_config, parse_config
 
 
 def test_example_config_loads():
@@ -129,3 +129,40 @@ def test_append_lock_is_one_expression_over_run_id():
     for bad in ("", "pg_advisory_xact_lock(42)", "pg_advisory_xact_lock(hashtext(run_id)); DROP TABLE events", 7):
         with pytest.raises(ConfigError, match="host.append_lock"):
             parse_config({"host": {"append_lock": bad}})
+
+
+def test_unix_socket_dir(tmp_path):
+    from proxy.config import unix_socket_path
+
+    config = parse_config({"proxy": {"unix_socket_dir": str(tmp_path), "workers": 1}})
+    assert config.unix_socket_dir == str(tmp_path)
+    assert unix_socket_path(config.unix_socket_dir, 6543) == str(tmp_path / ".s.PGSQL.6543")
+    # relative to the configuration file, as the TLS paths
+    (tmp_path / "run").mkdir()
+    source = str(tmp_path / "seat.toml")
+    assert parse_config({"proxy": {"unix_socket_dir": "run", "workers": 1}}, source).unix_socket_dir == str(
+        tmp_path / "run")
+    for bad, why in (({"unix_socket_dir": str(tmp_path / "nope"), "workers": 1}, "no such directory"),
+                     ({"unix_socket_dir": str(tmp_path), "workers": 2}, "needs proxy.workers = 1"),
+                     ({"unix_socket_dir": "/" + "d" * 100, "workers": 1}, "too long"),
+                     ({"unix_socket_dir": "", "workers": 1}, "non-empty")):
+        with pytest.raises(ConfigError, match=f"proxy.unix_socket_dir: .*{why}"):
+            parse_config({"proxy": bad})
+    assert "proxy.unix_socket_dir" in RESTART_KEYS.values()
+
+
+def test_admin_keys(tmp_path):
+    config = parse_config({"proxy": {"workers": 1}, "admin": {"listen": "127.0.0.1:6434",
+                                                              "unix_socket": str(tmp_path / ".s.PGSQL.6434")}})
+    assert config.admin_listen == HostPort("127.0.0.1", 6434)
+    assert config.admin_unix_socket == str(tmp_path / ".s.PGSQL.6434")
+    assert Config().admin_listen is None and Config().admin_unix_socket is None  # off by default
+    for bad, why in (({"proxy": {"workers": 2}, "admin": {"listen": "127.0.0.1:6434"}},
+                      "admin.listen: needs proxy.workers = 1"),
+                     ({"proxy": {"workers": 1}, "admin": {"unix_socket": str(tmp_path / "no" / "s")}},
+                      "admin.unix_socket: no such directory"),
+                     ({"admin": {"listen": "nowhere"}}, "admin.listen: expected"),
+                     ({"admin": {"password": "x"}}, "unknown key admin.password")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(bad)
+    assert {"admin.listen", "admin.unix_socket"} <= set(RESTART_KEYS.values())

@@ -1,0 +1,43 @@
+"""proxy/logs.py: both log formats stamp each line with an RFC 3339 time: milliseconds and the zone."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from datetime import datetime
+
+import orjson
+
+from proxy import logs
+
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
+
+
+def _line(fmt: str, created: float) -> str:
+    logs.setup_logging(fmt, "info")
+    logger = logging.getLogger("openwop_seat.test")
+    handler = logging.getLogger("openwop_seat").handlers[0]
+    out = io.StringIO()
+    handler.setStream(out)
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "session start", (), None,
+                               extra={"fields": {"session": 1}})
+    record.created, record.msecs = created, (created % 1) * 1000
+    logger.handle(record)
+    return out.getvalue().strip()
+
+
+def test_text_lines_start_with_an_rfc3339_time_with_milliseconds_and_zone():
+    line = _line("text", 1796376601.123456)
+    stamp, level, rest = line.split(" ", 2)
+    assert RFC3339_MS.match(stamp), line
+    assert stamp == "2026-12-04T09:30:01.123+00:00"
+    assert datetime.fromisoformat(stamp).timestamp() == 1796376601.123
+    assert level == "info" and rest == "session start session=1"
+
+
+def test_json_lines_carry_the_same_time_in_ts():
+    entry = orjson.loads(_line("json", 1796376601.9996))
+    assert RFC3339_MS.match(entry["ts"]), entry
+    assert entry["ts"] == "2026-12-04T09:30:01.999+00:00"  # truncated, never rounded into the next second
+    assert entry["msg"] == "session start" and entry["session"] == 1
