@@ -209,9 +209,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         server = SeatServer(config)
+        server.install_signal_handlers()  # first: no signal may kill the seat while it checks the database
         await server.start()
-        server.install_signal_handlers()
-        if args.worker_fd is not None:
+        if args.worker_fd is not None and server.listening:
             from proxy.serve.supervisor import attach_worker
 
             supervisor_link = attach_worker(server, args.worker_fd)  # noqa: F841 - kept open while serving

@@ -16,6 +16,7 @@ MAJORS = (1, 2, "raw")
 SSLMODES = ("disable", "prefer", "require", "verify-full")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SHUTDOWN_MODES = ("idle", "drain")
 
 
 class ConfigError(SeatException):
@@ -130,6 +131,11 @@ class Config:
     default_major: int | str = 2
     clients: tuple[ClientRule, ...] = ()
     shutdown_timeout: float = 30.0
+    # What a drain (SIGTERM) waits for: "idle" ends each session once it is idle outside a transaction; "drain"
+    # waits for each session to end on its own. Both end the rest after shutdown_timeout.
+    shutdown_mode: str = "idle"
+    # SO_REUSEPORT on the listen socket even with one worker: another seat may bind the same port (rolling restart)
+    so_reuseport: bool = False
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0
     buffer_limit: int = 1 << 20
@@ -208,6 +214,12 @@ def _integer(value: Any, key: str, minimum: int) -> int:
     return value
 
 
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
 def _string(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
@@ -231,9 +243,10 @@ def _existing_file(path: str, key: str, base: str | None) -> str:
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     _take(data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
     proxy = _take(data.get("proxy", {}), "proxy",
-                  {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "connect_timeout",
-                   "startup_timeout", "buffer_limit", "claim_buffer_limit", "max_client_conn", "client_idle_timeout",
-                   "workers", "plan_cache_bytes", "max_statement_bytes", "unix_socket_dir"})
+                  {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "shutdown_mode",
+                   "so_reuseport", "connect_timeout", "startup_timeout", "buffer_limit", "claim_buffer_limit",
+                   "max_client_conn", "client_idle_timeout", "workers", "plan_cache_bytes", "max_statement_bytes",
+                   "unix_socket_dir"})
     kwargs: dict[str, Any] = {"source": source}
     if "listen" in proxy:
         kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
@@ -243,6 +256,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         kwargs["default_major"] = _major(proxy["default_major"], "proxy.default_major")
     if "shutdown_timeout" in proxy:
         kwargs["shutdown_timeout"] = _number(proxy["shutdown_timeout"], "proxy.shutdown_timeout", 0)
+    if "shutdown_mode" in proxy:
+        kwargs["shutdown_mode"] = _choice(proxy["shutdown_mode"], "proxy.shutdown_mode", SHUTDOWN_MODES)
+    if "so_reuseport" in proxy:
+        kwargs["so_reuseport"] = _bool(proxy["so_reuseport"], "proxy.so_reuseport")
     if "connect_timeout" in proxy:
         kwargs["connect_timeout"] = _number(proxy["connect_timeout"], "proxy.connect_timeout", 0.001)
     if "startup_timeout" in proxy:
@@ -398,7 +415,8 @@ def load_config(path: str | None) -> Config:
 # Keys a reload cannot apply to a running seat: they are logged as needing a restart and kept.
 RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "log_format": "log.format",
                 "workers": "proxy.workers", "unix_socket_dir": "proxy.unix_socket_dir",
-                "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket"}
+                "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
+                "so_reuseport": "proxy.so_reuseport"}
 
 
 _SECTIONED = {"tls": "tls", "host": "host"}

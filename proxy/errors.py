@@ -57,6 +57,17 @@ class SeatException(Exception):
         return f"{self.prefix}{self}"
 
 
+class ListenError(SeatException):
+    """A listen address of the seat cannot be bound: names the address and its configuration key."""
+
+    def __init__(self, key: str, address: object, error: OSError):
+        reason = error.strerror or str(error)
+        super().__init__(f"cannot listen on {address} ({key}): {reason}")
+        self.key = key
+        self.address = address
+        self.error = error
+
+
 def describe(e: BaseException, *, database: str = "the database") -> str | None:
     """What to print for an error that stops a command or a reload, or None for one that is a bug.
 

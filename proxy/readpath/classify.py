@@ -104,7 +104,8 @@ class Classifier:
     """Plans statements for one reader major against one host layout, with a byte-bounded LRU cache."""
 
     def __init__(self, host: HostConfig, major: int, columns: tuple[str, ...] = (), *,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES,
+                 first_boot: bool = False):
         if major not in VIEW:
             raise ValueError(f"Classifier: major must be 1 or 2, got {major!r}")
         self.host = host
@@ -124,6 +125,9 @@ class Classifier:
         self._table = table
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
+        # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
+        # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
+        self.first_boot = first_boot
 
     # -- public
 
@@ -223,6 +227,8 @@ class Classifier:
             self._server_side_sql(stmt, text)
             if not any(self._is_events(n) for n in _walk(stmt)):
                 return StatementPlan(PASS, text)
+            if self.first_boot and isinstance(stmt, _ROW_STATEMENTS):
+                raise Untranslatable("rules not in force", FIRST_BOOT_REFUSAL)
             new = self._rewrite(stmt)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)
@@ -583,17 +589,22 @@ DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "databas
 _DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
 
 _QUERY_STATEMENTS: tuple = ()
+_ROW_STATEMENTS: tuple = ()  # statements that read or write rows: the query statements and COPY
+FIRST_BOOT_REFUSAL = ("the seat's rules are not in force in this database yet (first boot): a statement that reads or "
+                      "writes the events table's rows is refused until `openwop-seat migrate` has run and the seat "
+                      "has seen it (see docs/operations.md#first-boot)")
 _KIND = {"ViewStmt": "a view", "RuleStmt": "a rule", "CreateFunctionStmt": "a function body",
          "CreatePolicyStmt": "a policy", "AlterPolicyStmt": "a policy", "MergeStmt": "MERGE",
          "CreateStatsStmt": "extended statistics"}
 
 
 def _init_kinds() -> None:
-    global _QUERY_STATEMENTS
+    global _QUERY_STATEMENTS, _ROW_STATEMENTS
     from pglast import ast
 
     _QUERY_STATEMENTS = (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt, ast.ExplainStmt,
                          ast.DeclareCursorStmt, ast.PrepareStmt, ast.CreateTableAsStmt)
+    _ROW_STATEMENTS = (*_QUERY_STATEMENTS, ast.CopyStmt, ast.MergeStmt)
 
 
 _init_kinds()

@@ -205,15 +205,23 @@ class AdminConsole:
         return None
 
     async def start(self, listen, unix_socket: str | None) -> None:
+        from proxy.errors import ListenError
+
         if listen is not None:
-            self._servers.append(await asyncio.start_server(self._handle, listen.host, listen.port,
-                                                            reuse_address=True))
+            try:
+                self._servers.append(await asyncio.start_server(self._handle, listen.host, listen.port,
+                                                                reuse_address=True))
+            except OSError as e:
+                raise ListenError("admin.listen", listen, e) from None
         if unix_socket is not None:
             import os
 
             if os.path.exists(unix_socket):
                 os.unlink(unix_socket)  # a file left by a seat that died: the config names it for this seat
-            self._servers.append(await asyncio.start_unix_server(self._handle, unix_socket))
+            try:
+                self._servers.append(await asyncio.start_unix_server(self._handle, unix_socket))
+            except OSError as e:
+                raise ListenError("admin.unix_socket", unix_socket, e) from None
             os.chmod(unix_socket, 0o700)  # the seat's own user only: there is no password
             self.unix_socket = unix_socket
 

@@ -34,6 +34,10 @@ class SeatView(Protocol):
     upstream_ssl_context: ssl.SSLContext | None
     claim_secret: str | None
     writer_rule_broken: str  # why the writer rule is not in force, or ""
+    paused: bool  # SIGUSR1: not accepting new connections until SIGUSR2
+
+    @property
+    def first_boot(self) -> str: ...  # why the seat's rules are not in force in the host database yet, or ""
 
     def read_path_for(self, params: dict[str, str], major: int | str) -> ReadPath | None: ...
 
@@ -53,10 +57,14 @@ class ReadContext:
     """What every translated session of this seat shares: artifacts, classifiers, the events table."""
 
     database: str
-    events: EventColumns
+    events: EventColumns | None  # None at first boot, until the events table exists
     classifiers: dict
     artifacts: object
     watch: RelationWatch | None = None  # kept fresh by SeatServer._watch_relations
+    # First boot (docs/operations.md#first-boot): why the seat's rules are not in force yet ("" once they are).
+    # Sessions on the host database are not claimed and their classifiers refuse every statement that reads or
+    # writes the events table's rows; the listener re-reads the database until `migrate` has run.
+    first_boot: str = ""
 
     def __post_init__(self) -> None:
         if self.watch is None:
@@ -147,8 +155,19 @@ async def load_read_context(config: Config):
     artifacts = load_artifacts()
     conn = await connect(host.dsn)
     try:
-        await verify(conn, config, artifacts)
         database = await conn.fetchval("SELECT current_database()")
+        if await conn.fetchval("SELECT pg_catalog.to_regclass($1) IS NULL", quote_qualified(host.events_table)):
+            # First boot: the host has not created its tables yet. Nothing to translate; nothing may be read or
+            # written through the events table until migrate has run (the listener looks again every 2 s).
+            functions = await database_functions(conn, host.events_table)
+            classifiers = {major: Classifier(host, major, cache_bytes=config.plan_cache_bytes,
+                                             max_statement_bytes=config.max_statement_bytes, first_boot=True)
+                           for major in (1, 2)}
+            for classifier in classifiers.values():
+                classifier.set_functions(functions)
+            return ReadContext(database, None, classifiers, artifacts,
+                               first_boot=f"the events table {host.events_table!r} does not exist yet")
+        await verify(conn, config, artifacts)
         row = await conn.fetchrow(
             "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
             "ON a.attrelid = c.oid WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 "
@@ -186,6 +205,26 @@ async def load_read_context(config: Config):
         log.warning("host.%s = %r: no such column; the payload projection goes without it "
                     "(see docs/configuration.md#host%s)", key, getattr(config.host, key), key)
     return ReadContext(database, events, classifiers, artifacts)
+
+
+async def first_boot_events(conn, host) -> EventColumns | None:
+    """At first boot, once the host created the events table but before migrate: where its columns are and the
+    views over them (the leak check), or None while it does not exist."""
+    from proxy.db.sql import quote_qualified
+
+    row = await conn.fetchrow(
+        "SELECT c.oid, a.attnum, (SELECT p.attnum FROM pg_catalog.pg_attribute p WHERE p.attrelid = c.oid "
+        "AND p.attname = $3 AND NOT p.attisdropped) AS payload FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid "
+        "WHERE c.oid = pg_catalog.to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped",
+        quote_qualified(host.events_table), host.type_column, host.payload_column)
+    if row is None:
+        return None
+    derived = frozenset(r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, row["oid"], row["attnum"]))
+    derived_payload = frozenset()
+    if row["payload"] is not None:
+        derived_payload = frozenset(r["oid"] for r in await conn.fetch(DERIVED_RELATIONS, row["oid"], row["payload"]))
+    return EventColumns(row["oid"], row["attnum"], derived, row["payload"] or 0, derived_payload)
 
 
 def resolve_columns(host, event_columns: dict, run_columns: dict):

@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from dataclasses import replace
 
 from proxy.config import RESTART_KEYS, Config, changed_keys, load_config
-from proxy.errors import describe
+from proxy.errors import ListenError, describe
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.context import (
     RELATION_CHECK_SECONDS,
     ReadContext,
     check_claim_secret,
     database_functions,
+    first_boot_events,
     load_read_context,
     relation_state,
 )
@@ -23,6 +25,12 @@ from proxy.serve.peer import client_ssl_context, upstream_ssl_context
 from proxy.serve.session import Peer, Session
 
 log = logging.getLogger("openwop_seat.server")
+
+LISTEN_BACKLOG = 1024
+# A drain gives a connection that has not sent its startup packet yet this long to send it (a client that connected
+# just before the drain began is served, not dropped); and with shutdown_mode "idle" a session must have been idle
+# outside a transaction this long before it is ended (a client about to send its next statement is not cut off).
+DRAIN_GRACE_SECONDS = 1.0
 
 
 def _reload_reason(e: Exception) -> str:
@@ -52,10 +60,15 @@ class SeatServer:
         self.client_ssl_context = client_ssl_context(config)
         self.upstream_ssl_context = upstream_ssl_context(config)
         self.metrics = MetricsHTTP(self)
-        self._listener: asyncio.AbstractServer | None = None
-        self._unix_listener: asyncio.AbstractServer | None = None
         self.unix_socket: str | None = None  # the path clients connect to, with [proxy] unix_socket_dir
         self.admin = None  # the admin console (serve/admin.py), with [admin]
+        # The listen sockets (bound and listening from start to stop; TCP first, then the Unix socket) and the
+        # servers accepting on them (dups of the sockets): SIGUSR1 closes the servers only, so new connections wait
+        # in the kernel's backlog.
+        self._sockets: list[socket.socket] = []
+        self._servers: list[asyncio.AbstractServer] = []
+        self.paused = False
+        self._started = False
         self._stopped = asyncio.Event()
         self._draining = False
         self._tasks: set[asyncio.Task] = set()
@@ -70,11 +83,21 @@ class SeatServer:
 
     @property
     def port(self) -> int:
-        assert self._listener is not None
-        return self._listener.sockets[0].getsockname()[1]
+        assert self._sockets
+        return self._sockets[0].getsockname()[1]
+
+    @property
+    def listening(self) -> bool:
+        """Started, and not stopped by a signal while it started."""
+        return self._started
+
+    @property
+    def first_boot(self) -> str:
+        """Why the seat's rules are not in force in the host database yet (first boot), or ""."""
+        ctx = self.read_context
+        return ctx.first_boot if ctx is not None else ""
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         if self.config.translates:
             self.read_context = await load_read_context(self.config)
             from proxy.db.claims import load_claim_secret
@@ -84,35 +107,121 @@ class SeatServer:
                 log.warning("no claim secret ([host] claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET): "
                             "every session writes as a v1 writer: no era-3 stamps, and appends to runs "
                             "already stamped era 3 are refused")
-            else:
+            elif not self.read_context.first_boot:
                 await check_claim_secret(self.config, self.claim_secret)
+            if self.read_context.first_boot:
+                log.warning("first boot: the seat's rules are not in force in the host database yet: sessions are "
+                            "not claimed and statements that read or write event rows are refused until "
+                            "`openwop-seat migrate` has run (see docs/operations.md#first-boot)",
+                            extra={"fields": {"why": self.read_context.first_boot}})
             self._spawn(self._watch_relations())
         if self.read_context is not None and self.config.host.check_interval > 0:
             self._spawn(self._check_writer_rule_periodically())
-        listen = self.config.listen
-        self._listener = await loop.create_server(lambda: _ClientPeer(self), listen.host, listen.port,
-                                                  reuse_address=True, backlog=1024,
-                                                  # workers > 1: every worker listens on the port (supervisor.py)
-                                                  reuse_port=self.config.workers > 1)
-        await self._start_unix()
+        if self._stopped.is_set():  # stopped by a signal while starting
+            return
+        self._open_listen_sockets()
+        self._open_unix_socket()
+        if not self.paused:
+            await self._serve()
         await self._start_admin()
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
-            await self.metrics.start(m.host, m.port)
+            try:
+                await self.metrics.start(m.host, m.port)
+            except OSError as e:
+                raise ListenError("metrics.listen", m, e) from None
+        self._started = True
+        listen = self.config.listen
         log.info("listening", extra={"fields": {
             "listen": str(listen), "upstream": str(self.config.upstream),
             "metrics": str(self.config.metrics_listen) if self.config.metrics_listen else "off",
             "unix_socket": self.unix_socket or "off",
             "admin": ", ".join(str(a) for a in (self.config.admin_listen, self.config.admin_unix_socket) if a) or "off",
             "client_tls": self.client_ssl_context is not None,
-            "upstream_sslmode": self.config.tls.upstream_sslmode}})
+            "upstream_sslmode": self.config.tls.upstream_sslmode,
+            **({"paused": True} if self.paused else {})}})
 
-    async def _start_unix(self) -> None:
+    def _open_listen_sockets(self) -> None:
+        """Bind and listen on proxy.listen (every address it resolves to, as asyncio's create_server does).
+
+        SO_REUSEPORT when workers share the port (supervisor.py) or proxy.so_reuseport lets another seat bind it
+        (a rolling restart)."""
+        listen = self.config.listen
+        reuse_port = self.config.workers > 1 or self.config.so_reuseport
+        try:
+            infos = socket.getaddrinfo(listen.host or None, listen.port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        except OSError as e:
+            raise ListenError("proxy.listen", listen, e) from None
+        seen = set()
+        for family, type_, proto, _, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.listen(LISTEN_BACKLOG)
+                sock.setblocking(False)
+            except OSError as e:
+                sock.close()
+                self._close_sockets()
+                raise ListenError("proxy.listen", listen, e) from None
+            self._sockets.append(sock)
+
+    async def _serve(self) -> None:
+        """Accept on the listen sockets (each through a dup, so that closing the server leaves the socket)."""
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            create = loop.create_unix_server if sock.family == socket.AF_UNIX else loop.create_server
+            self._servers.append(await create(lambda: _ClientPeer(self), sock=sock.dup(), backlog=LISTEN_BACKLOG))
+
+    def _stop_serving(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+
+    def _close_sockets(self) -> None:
+        """Stop accepting and close the listen sockets; remove the Unix socket's file."""
+        self._stop_serving()
+        sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+        if self.unix_socket is not None and sockets:
+            import os
+
+            try:
+                os.unlink(self.unix_socket)
+            except OSError:
+                pass
+
+    async def pause(self) -> None:
+        """SIGUSR1: stop accepting new connections (they wait in the kernel's backlog); live sessions go on."""
+        if self.paused or self._draining or self._stopped.is_set():
+            return
+        self.paused = True
+        self._stop_serving()
+        log.info("paused: new connections wait until SIGUSR2", extra={"fields": {"sessions": len(self.sessions)}})
+
+    async def resume(self) -> None:
+        """SIGUSR2: accept again after a pause."""
+        if not self.paused or self._draining or self._stopped.is_set():
+            return
+        self.paused = False
+        if self._sockets:
+            await self._serve()
+        log.info("resumed: accepting connections")
+
+    def _open_unix_socket(self) -> None:
         """[proxy] unix_socket_dir: accept clients on <dir>/.s.PGSQL.<port> too (`psql -h <dir> -p <port>`)."""
         if self.config.unix_socket_dir is None:
             return
         import os
-        import socket
 
         from proxy.config import unix_socket_path
 
@@ -127,9 +236,16 @@ class SeatServer:
                 raise OSError(f"{path} (proxy.unix_socket_dir) is in use by another process")
             finally:
                 probe.close()
-        self._unix_listener = await asyncio.get_running_loop().create_unix_server(
-            lambda: _ClientPeer(self), path, backlog=1024)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            raise ListenError("proxy.unix_socket_dir", path, e) from None
         os.chmod(path, 0o777)  # as PostgreSQL's unix_socket_permissions: the database authenticates
+        self._sockets.append(sock)
         self.unix_socket = path
 
     async def _start_admin(self) -> None:
@@ -141,18 +257,6 @@ class SeatServer:
         self.admin = AdminConsole(self)
         await self.admin.start(self.config.admin_listen, self.config.admin_unix_socket)
 
-    def _close_unix(self) -> None:
-        """Stop accepting on the Unix socket and remove its file (with the TCP listener: drain, stop)."""
-        if self._unix_listener is not None:
-            import os
-
-            self._unix_listener.close()
-            self._unix_listener = None
-            try:
-                os.unlink(self.unix_socket)
-            except OSError:
-                pass
-
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -162,7 +266,8 @@ class SeatServer:
         """Re-read, every RELATION_CHECK_SECONDS, the views over the events table (a view created after start
         is a leak the result check must know), the functions defined in the database (a translated session may
         not call them), and whether the translated relations still match the table (DDL on it after start):
-        while they do not, translated statements are refused, never mis-translated."""
+        while they do not, translated statements are refused, never mis-translated. At first boot, whether the
+        seat's rules are in force yet (the events table exists and migrate has run)."""
         from proxy.db.connect import connect
 
         while True:
@@ -170,6 +275,12 @@ class SeatServer:
             ctx = self.read_context
             if ctx is None:
                 return
+            if ctx.first_boot:
+                try:
+                    await self._watch_first_boot(ctx)
+                except Exception as e:  # noqa: BLE001 - the database may be away for a while; look again later
+                    log.warning("first boot check failed: %s", e)
+                continue
             ev = ctx.watch.events
             try:
                 conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
@@ -190,6 +301,50 @@ class SeatServer:
             if derived != ev.derived_oids or derived_payload != ev.derived_payload_oids:
                 ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
 
+    async def _watch_first_boot(self, ctx: ReadContext) -> None:
+        """First boot: once the events table exists and `migrate` has run, the seat's rules come into force (the
+        full read context, as at start); until then keep the functions and the events table's columns fresh."""
+        from proxy.db.connect import connect
+        from proxy.db.layout import SchemaError
+
+        try:
+            new = await asyncio.wait_for(load_read_context(self.config), self.config.connect_timeout * 3)
+            if not new.first_boot and self.claim_secret is not None:
+                await check_claim_secret(self.config, self.claim_secret)
+        except SchemaError as e:  # the events table exists; the seat's schema does not fit it (yet)
+            why = f"the events table exists but the seat's rules are not installed for it: {e}"
+            if why != ctx.first_boot:
+                log.warning("first boot: waiting for `openwop-seat migrate`", extra={"fields": {"why": why}})
+                ctx.first_boot = why
+            conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
+            try:
+                events = await first_boot_events(conn, self.config.host)
+                functions = await database_functions(conn, self.config.host.events_table)
+            finally:
+                await conn.close()
+            for classifier in ctx.classifiers.values():
+                classifier.set_functions(functions)
+            if events is not None and events != ctx.watch.events:
+                ctx.watch.set(events)
+            return
+        if new.first_boot:  # the events table does not exist yet
+            for major, classifier in ctx.classifiers.items():
+                classifier.set_functions(new.classifiers[major].functions)
+            return
+        if self.read_context is ctx:
+            self._rules_in_force(new)
+
+    def _rules_in_force(self, ctx: ReadContext) -> None:
+        """First boot is over: new sessions are claimed and translated; the sessions that started before (unclaimed,
+        every event row statement refused) end as soon as they are idle outside a transaction."""
+        self.read_context = ctx
+        retiring = [s for s in self.sessions if s.first_boot and not s.closed]
+        log.warning("the seat's rules are in force in the host database: translating and claiming new sessions",
+                    extra={"fields": {"first_boot_sessions_ending": len(retiring)}})
+        for session in retiring:
+            session.end_when_idle(0.0, "57P01", "terminating connection: openwop-seat's rules came into force in "
+                                  "this database after this session began; reconnect", "rules came into force")
+
     async def check_writer_rule(self) -> str:
         """Check that the writer rule is in force as migrate installed it (``verify``: layout, digest,
         triggers present and enabled, the fingerprint of the functions and triggers); "" or why not.
@@ -202,7 +357,7 @@ class SeatServer:
         from proxy.db.migrate import verify
 
         ctx = self.read_context
-        if ctx is None:
+        if ctx is None or ctx.first_boot:
             return ""
         try:
             await asyncio.wait_for(verify(self.config.host.dsn, self.config, ctx.artifacts),
@@ -265,8 +420,10 @@ class SeatServer:
         task.add_done_callback(self._tasks.discard)
 
     async def readiness(self) -> tuple[bool, str]:
-        if self._listener is None or self._draining:
+        if not self._sockets or self._draining:
             return False, "not accepting connections"
+        if self.paused:
+            return False, "paused (SIGUSR1): not accepting new connections"
         up = self.config.upstream
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(up.host, up.port),
@@ -277,6 +434,9 @@ class SeatServer:
         if self.writer_rule_broken:
             return False, f"writer rule not in force: {self.writer_rule_broken}"
         ctx = self.read_context
+        if ctx is not None and ctx.first_boot:
+            # Ready, so that the host can reach its database through the seat and create its tables (first boot).
+            return True, f"ready (first boot: {ctx.first_boot}; run openwop-seat migrate)"
         if ctx is not None:
             # The host database still holds this seat's schema for these artifacts (`verify`), checked on
             # a short connection at most every 3 seconds so that scrapes do not hammer the database.
@@ -307,16 +467,22 @@ class SeatServer:
     # ------------------------------------------------------------------ stopping
 
     def install_signal_handlers(self) -> None:
+        """Every signal an operator sends is handled (docs/operations.md#signals-and-shutdown); installed before
+        start, so that none kills the process while it checks the database."""
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
-        loop.add_signal_handler(signal.SIGINT, self.stop_now)
+        loop.add_signal_handler(signal.SIGTERM, lambda: self._spawn(self.drain()))
+        loop.add_signal_handler(signal.SIGINT, self.stop_now, signal.SIGINT)
+        loop.add_signal_handler(signal.SIGQUIT, self.stop_now, signal.SIGQUIT)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        loop.add_signal_handler(signal.SIGUSR1, lambda: self._spawn(self.pause()))
+        loop.add_signal_handler(signal.SIGUSR2, lambda: self._spawn(self.resume()))
 
     def _on_sighup(self) -> None:
+        if not self._started:
+            log.warning("SIGHUP before the seat listens: ignored")
+            return
         # The handler only starts the work: reading files and checking the database happen in a task.
-        task = asyncio.get_running_loop().create_task(self.reload())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self.reload())
 
     # ------------------------------------------------------------------ reload
 
@@ -348,7 +514,7 @@ class SeatServer:
 
                     read_context = await load_read_context(new)
                     claim_secret = load_claim_secret(new)
-                    if claim_secret is not None:
+                    if claim_secret is not None and not read_context.first_boot:
                         await check_claim_secret(new, claim_secret)
             except Exception as e:  # whatever the reason, the running configuration stays
                 log.error("reload rejected: %s", _reload_reason(e), extra={"fields": {"config": old.source}})
@@ -364,7 +530,10 @@ class SeatServer:
                 log.warning("no claim secret after reload: new sessions write as v1 writers")
             self.config = new
             self.client_ssl_context, self.upstream_ssl_context = client_ctx, upstream_ctx
+            was_first_boot = self.first_boot
             self.read_context, self.claim_secret = read_context, claim_secret
+            if was_first_boot and read_context is not None and not read_context.first_boot:
+                self._rules_in_force(read_context)
             if new.log_level != old.log_level:
                 logging.getLogger("openwop_seat").setLevel(new.log_level.upper())
             log.info("reloaded", extra={"fields": {
@@ -373,18 +542,25 @@ class SeatServer:
             return True
 
     async def drain(self) -> None:
-        """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close."""
-        if self._draining:
+        """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close.
+
+        The connections the kernel already queued on the listen sockets are accepted and served before the sockets
+        close (with SO_REUSEPORT, new ones go to the other seats on the port). A connection that has not sent its
+        startup packet within DRAIN_GRACE_SECONDS is closed; with shutdown_mode "idle" a session is ended once it
+        has been idle outside a transaction for DRAIN_GRACE_SECONDS."""
+        if self._draining or self._stopped.is_set():
             return
         self._draining = True
         timeout = self.config.shutdown_timeout
-        log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout}})
-        if self._listener is not None:
-            self._listener.close()
-        self._close_unix()
+        mode = self.config.shutdown_mode
+        log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout,
+                                               "shutdown_mode": mode}})
+        self._stop_serving()
+        await self._accept_queued()
+        self._close_sockets()
+        grace = min(DRAIN_GRACE_SECONDS, timeout)
         for session in list(self.sessions):
-            if session.major is None:  # connected but never sent a startup packet: nothing to wait for
-                session.close("seat draining")
+            session.drain(grace, idle=mode == "idle")
         waiting = [s.done for s in self.sessions]
         if waiting:
             _, pending = await asyncio.wait(waiting, timeout=timeout)
@@ -392,11 +568,29 @@ class SeatServer:
                 log.warning("shutdown timeout reached", extra={"fields": {"closing_sessions": len(pending)}})
         self.stop_now()
 
-    def stop_now(self) -> None:
-        """SIGINT (and the end of a drain): close every session at once."""
-        if self._listener is not None:
-            self._listener.close()
-        self._close_unix()
+    async def _accept_queued(self) -> None:
+        """Accept what the kernel queued on the listen sockets: closing them would reset those connections."""
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as e:
+                    log.warning("accepting a queued connection during the drain failed: %s", e)
+                    break
+                conn.setblocking(False)
+                try:
+                    await loop.connect_accepted_socket(lambda: _ClientPeer(self), conn)
+                except OSError:
+                    conn.close()
+
+    def stop_now(self, sig: signal.Signals | None = None) -> None:
+        """SIGINT, SIGQUIT (and the end of a drain): close every session at once."""
+        if sig is not None:
+            log.info("stopping", extra={"fields": {"signal": sig.name, "sessions": len(self.sessions)}})
+        self._close_sockets()
         for session in list(self.sessions):
             session.shut_down()
         self._stopped.set()

@@ -76,6 +76,15 @@ class SeatCollector:
                               "sessions on the host database are refused meanwhile")
         g.add_metric([], 1 if server.writer_rule_broken else 0)
         yield g
+        g = GaugeMetricFamily("openwop_seat_paused", "1 while paused by SIGUSR1: new connections wait in the "
+                              "kernel's backlog until SIGUSR2")
+        g.add_metric([], 1 if server.paused else 0)
+        yield g
+        g = GaugeMetricFamily("openwop_seat_first_boot", "1 while the seat's rules are not in force in the host "
+                              "database yet (first boot: no events table, or migrate has not run): sessions are not "
+                              "claimed and statements that read or write event rows are refused")
+        g.add_metric([], 1 if server.first_boot else 0)
+        yield g
         c = CounterMetricFamily("openwop_seat_writer_rule_checks", "Checks of the writer rule in the host database "
                                 "(at start of the check loop, every host.check_interval, on SIGHUP)",
                                 labels=["result"])

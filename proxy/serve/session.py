@@ -77,6 +77,11 @@ class Session:
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
         self._readies = 0
+        # Set when the session is to end once idle outside a transaction (a drain in shutdown_mode "idle", the end of
+        # first boot): (grace in seconds, sqlstate, message, end reason); and the timer that looks again.
+        self._ending: tuple[float, str, str, str] | None = None
+        self._ending_timer: asyncio.TimerHandle | None = None
+        self.first_boot = False  # started while the seat's rules were not in force: unclaimed, event rows refused
         client.on_lost = self._client_lost
         client.on_eof = self._client_eof
 
@@ -217,17 +222,23 @@ class Session:
                 return
         claim = None
         if self.server.on_host_database(self.params):
-            # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
-            # backend reused behind a pooler never keeps an earlier session's major.
-            claim = Claim(self.server.claim_secret, 2 if self.major == 2 else 1, self.config.claim_buffer_limit)
+            if self.server.first_boot:
+                # The seat's schema may not exist yet: nothing to claim with. The read path refuses every statement
+                # that reads or writes event rows; the session ends once the rules come into force.
+                self.first_boot = reader is not None
+            else:
+                # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
+                # backend reused behind a pooler never keeps an earlier session's major.
+                claim = Claim(self.server.claim_secret, 2 if self.major == 2 else 1, self.config.claim_buffer_limit)
         identity = None
         if claim is not None and any(r.application_name is not None or r.user is not None
                                      for r in self.config.clients):
             # a rule keys on what a client may change mid-session: follow what the server reports
             identity = Identity(dict(self.params), self.major, self.config.major_for)
+        # Statements are counted against their ReadyForQuery (count_answered) so that idleness can be told at any
+        # time: the idle timeout, a drain in shutdown_mode "idle" and the end of first boot need it.
         self.relay = Relay(self.server.stats, reader=reader, claim=claim, client_tls=self.client_tls,
-                           count_answered=self.config.client_idle_timeout > 0, identity=identity,
-                           on_refusal=self._log_refusal)
+                           count_answered=True, identity=identity, on_refusal=self._log_refusal)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
         self.server.stats.upstream_connections += 1
@@ -281,6 +292,8 @@ class Session:
         if relay.readies != self._readies:
             self._readies = relay.readies
             self._ready_at = time.monotonic()
+            if self._ending is not None:
+                self._ending_check()
         if self._claim_open:
             self._claim_progress(relay)
         if relay.ending is not None:
@@ -302,6 +315,8 @@ class Session:
         if self._reading_paused:
             self._reading_paused = False
             _set_reading(self.client, True)
+        if self._ending is not None:
+            self._ending_check()
         if relay.privileged:
             superuser = relay.privileged == "superuser"
             self.server.stats.privileged_sessions[relay.privileged] += 1
@@ -353,21 +368,25 @@ class Session:
         self._fail_client("08006", f"connection to upstream {self.config.upstream} lost"
                           + (f": {exc}" if exc else ""), reason="upstream lost")
 
+    def _is_idle(self) -> bool:
+        """Idle: authenticated, not inside a transaction (status 'I'), every Query/Sync/FunctionCall answered by
+        its ReadyForQuery (so a long-running statement is not idle), no partial message from the client."""
+        relay = self.relay
+        return (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
+                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary)
+
     def _idle_check(self) -> None:
         """client_idle_timeout: end the session if it has been idle that long, else look again later.
 
-        Idle means: authenticated, not inside a transaction (status 'I'), every Query/Sync/FunctionCall
-        answered by its ReadyForQuery (so a long-running statement is not idle), and nothing from the
-        client since. As PostgreSQL's idle_session_timeout, it does not apply inside a transaction.
+        Idle (:meth:`_is_idle`), with nothing from the client since. As PostgreSQL's idle_session_timeout, it
+        does not apply inside a transaction.
         """
         if self.closed:
             return
         timeout = self.config.client_idle_timeout
         now = time.monotonic()
         since = max(self._last_client, self._ready_at)
-        relay = self.relay
-        idle = (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
-                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary)
+        idle = self._is_idle()
         if idle and now - since >= timeout:
             if self.upstream is not None:
                 self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
@@ -376,6 +395,48 @@ class Session:
             return
         delay = since + timeout - now if idle else timeout
         asyncio.get_running_loop().call_later(max(delay, 0.01), self._idle_check)
+
+    def drain(self, grace: float, idle: bool) -> None:
+        """The seat drains: a connection still in its handshake gets ``grace`` seconds to send its startup packet;
+        with ``idle`` (shutdown_mode "idle") the session ends once idle outside a transaction for ``grace``."""
+        if self.closed:
+            return
+        if self.major is None:
+            asyncio.get_running_loop().call_later(grace, self._drain_startup_check)
+        if idle:
+            self.end_when_idle(grace, "57P01", "terminating connection because openwop-seat is shutting down",
+                               "seat draining: idle")
+
+    def _drain_startup_check(self) -> None:
+        if not self.closed and self.major is None:  # connected but never sent a startup packet
+            self.close("seat draining")
+
+    def end_when_idle(self, grace: float, sqlstate: str, text: str, reason: str) -> None:
+        """End the session with a FATAL ``sqlstate`` once it has been idle outside a transaction for ``grace``
+        seconds: at once if it is already, else at a later ReadyForQuery (a transaction or a statement in progress
+        finishes first)."""
+        if self.closed or (self._ending is not None and self._ending[0] <= grace):
+            return
+        self._ending = (grace, sqlstate, text, reason)
+        self._ending_check()
+
+    def _ending_timer_fired(self) -> None:
+        self._ending_timer = None
+        self._ending_check()
+
+    def _ending_check(self) -> None:
+        if self.closed or self._ending is None or not self._is_idle():
+            return  # not idle: the next ReadyForQuery looks again
+        grace, sqlstate, text, reason = self._ending
+        now = time.monotonic()
+        since = max(self._last_client, self._ready_at)
+        if now - since >= grace:
+            if self.upstream is not None:
+                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
+            self._fail_client(sqlstate, text, reason=reason)
+        elif self._ending_timer is None:
+            self._ending_timer = asyncio.get_running_loop().call_later(max(since + grace - now, 0.01),
+                                                                       self._ending_timer_fired)
 
     def _fail_client(self, sqlstate: str, text: str, reason: str | None = None) -> None:
         """Send a FATAL ErrorResponse where the protocol allows one, then end the session."""
@@ -423,6 +484,8 @@ class Session:
             self.server.stats.pair_transactions[self.label_pair] += self.relay.transactions
         if self._claim_timer is not None:
             self._claim_timer.cancel()
+        if self._ending_timer is not None:
+            self._ending_timer.cancel()
         if not self.done.done():
             self.done.set_result(None)
 

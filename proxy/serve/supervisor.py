@@ -13,8 +13,9 @@ The supervisor owns no client connection. It
   listening and where its private metrics listener is (127.0.0.1, an ephemeral port);
 - restarts a worker that exits while the seat is not stopping (backoff when it keeps crashing);
   when the supervisor itself dies, the workers see the socket pair close and drain;
-- forwards SIGTERM (drain), SIGINT (close now) and SIGHUP (reload) to every worker, and exits
-  once they all have: 0 when each exited 0;
+- forwards every signal an operator sends to every worker: SIGTERM (drain), SIGINT and SIGQUIT (close
+  now), SIGHUP (reload), SIGUSR1 (pause: stop accepting) and SIGUSR2 (resume); a worker it starts while
+  paused is paused too. It exits once every worker has: 0 when each exited 0 (it never exits first);
 - serves `[metrics] listen` itself: /metrics is the sum over the workers of each series (info
   series are not summed; counters of exited workers are kept as of their last scrape), plus its
   own openwop_seat_workers* series; /healthz and /readyz are answered from the workers' answers.
@@ -37,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, HostPort
+from proxy.errors import ListenError
 from proxy.serve.metrics import PROMETHEUS_TEXT, serve_http
 
 log = logging.getLogger("openwop_seat.supervisor")
@@ -128,6 +130,7 @@ class Supervisor:
         self._watchers: set[asyncio.Task] = set()
         self.failed = False
         self._stop_signal: signal.Signals = signal.SIGTERM
+        self.paused = False  # SIGUSR1 until SIGUSR2: forwarded, and sent to every worker started meanwhile
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -135,7 +138,9 @@ class Supervisor:
         host, port = self.config.listen.host, self.config.listen.port
         family, type_, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                            flags=socket.AI_PASSIVE)[0]
-        if port:  # a plain bind first: never join the SO_REUSEPORT group of another seat on this port
+        if port and not self.config.so_reuseport:
+            # A plain bind first: never join the SO_REUSEPORT group of another seat on this port, unless
+            # proxy.so_reuseport says so (a rolling restart: docs/operations.md#rolling-restart).
             with socket.socket(family, type_, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(addr)
@@ -170,28 +175,38 @@ class Supervisor:
             return worker, False
         worker.metrics_port = orjson.loads(line)["metrics_port"]
         log.info("worker started", extra={"fields": {"worker": wid, "pid": proc.pid}})
+        if self.paused:
+            _signal(worker, signal.SIGUSR1)
         return worker, True
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            loop.add_signal_handler(sig, self._stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        loop.add_signal_handler(signal.SIGUSR1, self._pause, True)
+        loop.add_signal_handler(signal.SIGUSR2, self._pause, False)
         try:
             self._reserve_port()
         except OSError as e:
-            print(f"openwop-seat serve: cannot listen on {self.config.listen}: {e}", file=sys.stderr)
+            print(f"openwop-seat serve: {ListenError('proxy.listen', self.config.listen, e).describe()}",
+                  file=sys.stderr)
             return 1
-        for sig, handler in ((signal.SIGTERM, lambda: self._stop(signal.SIGTERM)),
-                             (signal.SIGINT, lambda: self._stop(signal.SIGINT)),
-                             (signal.SIGHUP, self._reload)):
-            loop.add_signal_handler(sig, handler)
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
             try:
                 self._http = await asyncio.start_server(self._handle, m.host, m.port, reuse_address=True)
             except OSError as e:
-                print(f"openwop-seat serve: cannot listen on {m} (metrics.listen): {e}", file=sys.stderr)
+                print(f"openwop-seat serve: {ListenError('metrics.listen', m, e).describe()}", file=sys.stderr)
+                await self._close()
                 return 1
+        if self.stopping:  # signalled before any worker started
+            await self._close()
+            return 0
         results = await asyncio.gather(*(self._spawn(i) for i in range(1, self.count + 1)))
         failed = [w for w, ok in results if not ok]
+        if failed and self.stopping and all(w.proc.returncode == 0 for w in failed):
+            failed = []  # stopped by a signal while starting: not a failure
         if failed:  # a worker that cannot start (config, schema, database): the seat cannot start
             self.stopping = True
             for w in self.workers.values():
@@ -204,6 +219,8 @@ class Supervisor:
             self._watch(w)
             if self.stopping:  # signalled while the workers were starting
                 _signal(w, self._stop_signal)
+        if self.stopping:
+            self._check_all_exited()
         log.info("listening", extra={"fields": {
             "listen": str(self.listen), "workers": self.count,
             "pids": ",".join(str(w.pid) for w in self.workers.values()),
@@ -268,6 +285,8 @@ class Supervisor:
             self._all_exited.set()
 
     def _stop(self, sig: signal.Signals) -> None:
+        if self.stopping and sig == signal.SIGTERM:
+            return  # already stopping; a later SIGINT or SIGQUIT still closes at once
         self.stopping = True
         self._stop_signal = sig
         log.info("draining" if sig == signal.SIGTERM else "stopping", extra={"fields": {
@@ -276,6 +295,17 @@ class Supervisor:
             _signal(w, sig)
         if self._watchers:
             self._check_all_exited()
+
+    def _pause(self, on: bool) -> None:
+        """SIGUSR1 (pause) and SIGUSR2 (resume), forwarded; remembered for workers started later."""
+        if self.stopping:
+            return
+        self.paused = on
+        sig = signal.SIGUSR1 if on else signal.SIGUSR2
+        log.info(f"{sig.name} received: {'pausing' if on else 'resuming'} the workers",
+                 extra={"fields": {"workers": sum(w.alive for w in self.workers.values())}})
+        for w in self.workers.values():
+            _signal(w, sig)
 
     def _reload(self) -> None:
         log.info("SIGHUP received: forwarding to the workers ([proxy] workers itself is read at start only)")

@@ -124,7 +124,9 @@ def start_seat(pg, tmp_path_factory):
 
     def _start_once(proxy, tls, log, upstream_port, host, metrics=None, extra=None) -> Seat:
         d = tmp_path_factory.mktemp("seat")
-        port, metrics_port = free_port(), free_port()
+        # A test may name the listen address (two seats on one port: a rolling restart).
+        port = int(proxy["listen"].rpartition(":")[2]) if proxy and "listen" in proxy else free_port()
+        metrics_port = free_port()
         sections = {
             "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{upstream_port or pg.port}",
                       "shutdown_timeout": 5, "workers": 1, **(proxy or {})},  # one process unless a test asks
