@@ -1,14 +1,16 @@
-"""`serve` refuses to start unless the host database holds the seat's schema for these very artifacts."""
+"""`serve` refuses to start unless the host database holds the seat's schema for these very artifacts, except at
+first boot: while the events table does not exist there is nothing to translate (test_first_boot.py)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import uuid
 
 import pytest
 
-from harness import HOST_SCHEMA, ROOT, render_config
+from harness import HOST_SCHEMA, ROOT, render_config, wait_listening
 from proxy.dev.devcluster import free_port
 
 
@@ -58,11 +60,27 @@ def test_refuses_a_newer_layout(pg, host_db, tmp_path):
     assert out.returncode == 1 and "99" in out.stderr
 
 
-def test_refuses_without_the_events_table(pg, host_db, tmp_path):
+def test_starts_at_first_boot_without_the_events_table(pg, host_db, tmp_path):
+    """No events table: nothing to translate yet, so the seat starts (first boot, docs/operations.md#first-boot)
+    instead of refusing, whatever the seat's schema holds."""
     migrate(pg, host_db)
     pg.psql("DROP TABLE events CASCADE", dbname=host_db)  # the seat's translated relations depend on it
-    out = serve(pg, host_db, tmp_path)
-    assert out.returncode == 1 and "events_table" in out.stderr
+    config = tmp_path / "seat.toml"
+    port = free_port()
+    config.write_text(render_config({
+        "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{pg.port}", "workers": 1},
+        "host": {"dsn": pg.dsn(dbname=host_db)},
+    }))
+    log = tmp_path / "seat.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_listening(port, proc)
+        assert "first boot" in log.read_text() and "'events' does not exist yet" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
 
 
 def test_refuses_when_the_translated_relations_no_longer_match_the_table(pg, host_db, tmp_path):

@@ -192,7 +192,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(start_seat):
 
 
 def test_sigterm_drains_both_workers_and_exits_0(start_seat):
-    seat = start_seat(proxy={"workers": 2, "shutdown_timeout": 30})
+    seat = start_seat(proxy={"workers": 2, "shutdown_timeout": 30, "shutdown_mode": "drain"})
     pids = worker_pids(seat)
     sessions = sessions_on_each_worker(seat, set(pids.values()))
     seat.proc.send_signal(signal.SIGTERM)
@@ -261,3 +261,37 @@ def test_a_second_seat_cannot_join_the_port(start_seat, tmp_path):
                           f"127.0.0.1:{seat.port}", "--upstream", "127.0.0.1:1"],
                          capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 1 and "cannot listen on" in out.stderr and "in use" in out.stderr
+
+
+def test_sigusr1_pauses_every_worker_sigusr2_resumes_and_sigquit_stops(start_seat):
+    """The supervisor handles every signal: it forwards SIGUSR1/SIGUSR2 (pause/resume) and SIGQUIT (close now) to
+    its workers and exits only once they have, leaving none behind."""
+    from test_signals import _connect_in_background, _readyz
+
+    seat = start_seat(proxy={"workers": 2, "shutdown_timeout": 60})
+    pids = worker_pids(seat)
+    sessions = sessions_on_each_worker(seat, set(pids.values()))
+    seat.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while seat.log().count("paused: new connections wait") < 2:
+        assert time.monotonic() < deadline, seat.log()
+        time.sleep(0.05)
+    assert seat.alive() and all(os.path.exists(f"/proc/{pid}") for pid in pids.values())
+    status, body = _readyz(seat)
+    assert status == 503 and "paused" in body
+    waiting = [_connect_in_background(seat.dsn()) for _ in range(4)]
+    time.sleep(1.0)
+    assert all(thread.is_alive() and not result for thread, result in waiting)
+    for i, conn in enumerate(sessions.values()):  # live sessions on both workers go on
+        select_one(conn, i)
+    seat.proc.send_signal(signal.SIGUSR2)
+    for thread, result in waiting:
+        thread.join(15)
+        assert result.get("value") == 42, result
+    assert _readyz(seat)[0] == 200
+    seat.proc.send_signal(signal.SIGQUIT)
+    assert seat.proc.wait(10) == 0
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+    for conn in sessions.values():
+        conn.close()

@@ -355,3 +355,31 @@ def test_risky_functions_are_those_that_could_read_the_events_table():
     )]
     assert risky_functions(rows, "events") == {"reads", "dynamic", "native", "caller", "caller_of_caller"}
     assert risky_functions(rows, "app.log") == {"dynamic", "native"}
+
+
+FIRST_BOOT_REFUSED = [
+    "SELECT * FROM events", "SELECT count(*) FROM public.events", "INSERT INTO events (event_id) VALUES ('e')",
+    "UPDATE events SET node_id = 'x'", "DELETE FROM events", "COPY events TO STDOUT", "COPY events FROM STDIN",
+    "EXPLAIN SELECT * FROM events", "CREATE TABLE copy AS SELECT * FROM events",
+    "WITH x AS (INSERT INTO events (event_id) VALUES ('e') RETURNING 1) SELECT 1",
+]
+FIRST_BOOT_PASSED = [
+    "CREATE TABLE events (event_id text PRIMARY KEY, type text NOT NULL)", "CREATE INDEX ON events (type)",
+    "ALTER TABLE events ADD COLUMN extra int", "GRANT ALL ON events TO PUBLIC", "COMMENT ON TABLE events IS 'x'",
+    "CREATE TABLE runs (run_id text)", "INSERT INTO runs VALUES ('r')", "SELECT 1",
+]
+
+
+@pytest.mark.parametrize("sql", FIRST_BOOT_REFUSED)
+def test_first_boot_refuses_every_statement_over_event_rows(sql):
+    """Before the seat's rules are in force (first boot) nothing reads or writes the events table's rows."""
+    for major in (1, 2):
+        plan = classify(sql, major, first_boot=True)
+        assert plan.refused is not None and plan.refused.kind == "rules not in force", (sql, plan)
+        assert "first boot" in plan.refused.detail
+
+
+@pytest.mark.parametrize("sql", FIRST_BOOT_PASSED)
+def test_first_boot_passes_the_hosts_own_ddl(sql):
+    plan = classify(sql, 2, first_boot=True)
+    assert plan.refused is None and not plan.changed, (sql, plan)

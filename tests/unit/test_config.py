@@ -166,3 +166,22 @@ def test_admin_keys(tmp_path):
         with pytest.raises(ConfigError, match=why):
             parse_config(bad)
     assert {"admin.listen", "admin.unix_socket"} <= set(RESTART_KEYS.values())
+
+
+def test_shutdown_mode_and_so_reuseport():
+    assert Config().shutdown_mode == "idle" and Config().so_reuseport is False
+    c = parse_config({"proxy": {"shutdown_mode": "drain", "so_reuseport": True}})
+    assert c.shutdown_mode == "drain" and c.so_reuseport is True
+    for bad in ("fast", 1, ""):
+        with pytest.raises(ConfigError, match="proxy.shutdown_mode"):
+            parse_config({"proxy": {"shutdown_mode": bad}})
+    for bad in (1, "yes", 0):
+        with pytest.raises(ConfigError, match="proxy.so_reuseport"):
+            parse_config({"proxy": {"so_reuseport": bad}})
+
+
+def test_listen_error_names_the_key():
+    from proxy.errors import ListenError, describe
+
+    e = ListenError("metrics.listen", HostPort("127.0.0.1", 9187), OSError(98, "Address already in use"))
+    assert describe(e) == "cannot listen on 127.0.0.1:9187 (metrics.listen): Address already in use"
