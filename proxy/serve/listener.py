@@ -314,7 +314,7 @@ class SeatServer:
         except SchemaError as e:  # the events table exists; the seat's schema does not fit it (yet)
             why = f"the events table exists but the seat's rules are not installed for it: {e}"
             if why != ctx.first_boot:
-                log.warning("first boot: waiting for `openwop-seat migrate`", extra={"fields": {"why": why}})
+                log.warning("first boot: waiting for openwop-seat migrate", extra={"fields": {"why": why}})
                 ctx.first_boot = why
             conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
             try:

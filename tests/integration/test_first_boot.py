@@ -61,7 +61,7 @@ def test_host_boots_its_schema_through_the_seat_then_migrate_turns_translation_o
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
     time.sleep(2.5)  # the seat notices the events table; still waiting for migrate
     assert refused(host, "SELECT * FROM events").sqlstate == "OW004"
-    assert "waiting for `openwop-seat migrate`" in seat.log()
+    assert "first boot: waiting for openwop-seat migrate" in seat.log()
     assert pg.psql("SELECT count(*) FROM events", dbname=empty_db).strip() == "0"
 
     out = seat_cli("migrate", "--dsn", pg.dsn(dbname=empty_db))
