@@ -155,9 +155,12 @@ class AdminView:
             artifacts = ctx.artifacts
             read = (f"loaded: database {ctx.database}, events table {server.config.host.events_table}, artifacts "
                     f"{getattr(artifacts, 'tag', '')} {getattr(artifacts, 'digest', '')}")
+            if ctx.first_boot:  # docs/operations.md#first-boot
+                read += f"; first boot: {ctx.first_boot} (sessions not claimed, event rows refused)"
         live = [s for s in server.sessions if not s.closed and s.major is not None]
         rows = [["writer_rule", writer], ["claim_secret", secret], ["read_context", read],
-                ["accepting", "no (draining or stopping)" if getattr(server, "_draining", False) else "yes"],
+                ["accepting", "no (draining or stopping)" if getattr(server, "_draining", False)
+                 else "no (paused: SIGUSR1)" if getattr(server, "paused", False) else "yes"],
                 ["sessions", len(live)],
                 ["privileged_sessions", sum(server.stats.privileged_sessions.values())]]
         return ["key", "value"], rows

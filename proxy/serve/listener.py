@@ -119,10 +119,7 @@ class SeatServer:
             self._spawn(self._check_writer_rule_periodically())
         if self._stopped.is_set():  # stopped by a signal while starting
             return
-        self._open_listen_sockets()
-        self._open_unix_socket()
-        if not self.paused:
-            await self._serve()
+        # The admin console and the metrics first: once clients can connect, both answer.
         await self._start_admin()
         if self.config.metrics_listen is not None:
             m = self.config.metrics_listen
@@ -130,6 +127,10 @@ class SeatServer:
                 await self.metrics.start(m.host, m.port)
             except OSError as e:
                 raise ListenError("metrics.listen", m, e) from None
+        self._open_listen_sockets()
+        self._open_unix_socket()
+        if not self.paused:
+            await self._serve()
         self._started = True
         listen = self.config.listen
         log.info("listening", extra={"fields": {
