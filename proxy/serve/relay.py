@@ -107,8 +107,20 @@ class Identity(NamedTuple):
 IDENTITY_PARAMETERS = {"application_name": "application_name", "session_authorization": "user"}
 
 
+def _no_refusal_log(sqlstate: str, kind: str) -> None:
+    pass
+
+
 class Relay:
     """One session's protocol side; see the module docstring."""
+
+    # slots: a seat holds one relay per connection, idle ones included (make bench's idle_memory)
+    __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
+                 "_client_table", "_count_answered", "_held_bytes", "_held_ready", "_owns_schema", "_pre_ready",
+                 "_quiet_table", "_raw_sent", "_raw_table", "_whole", "awaiting_ready", "bytes_in", "bytes_out",
+                 "claiming", "client_framer", "client_tls", "ending", "identity", "on_refusal", "privileged",
+                 "queries_sent", "raw_extended", "raw_simple", "reader", "readies", "server_framer", "state",
+                 "stats", "transactions")
 
     def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
                  client_tls: bool = False, count_answered: bool = False, identity: Identity | None = None,
@@ -117,7 +129,7 @@ class Relay:
         self.reader = reader
         self.state = SessionState()
         self.client_tls = client_tls
-        self.on_refusal = on_refusal or (lambda sqlstate, kind: None)
+        self.on_refusal = on_refusal or _no_refusal_log
         self.ending: Ending | None = None
         self.privileged = ""  # set when the claim finds a role that can bypass the guard: why
         self.bytes_in = 0  # client -> server
@@ -126,7 +138,8 @@ class Relay:
         self.queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with count_answered)
         self.readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
         self.transactions = 0  # transaction blocks ended: a ReadyForQuery back to idle from 'T' or 'E' (metrics)
-        self._raw_sent: deque[float] = deque()  # when each Query/Sync/FunctionCall went upstream
+        # when each Query/Sync/FunctionCall went upstream; made at the first (a deque is 600 bytes, idle or not)
+        self._raw_sent: deque[float] | None = None
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
         if reader is None:
             self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED)
@@ -207,6 +220,8 @@ class Relay:
                 self.raw_extended += 1
             elif t != FUNCTION_CALL:
                 continue
+            if self._raw_sent is None:
+                self._raw_sent = deque()
             self._raw_sent.append(now if now is not None else (now := perf_counter()))
         spans = [item[1] for item in items if item[0] == SPAN]
         return spans[0] if len(spans) == 1 else b"".join(spans)

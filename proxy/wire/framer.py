@@ -44,7 +44,11 @@ def verbs(default: int = FORWARD, **by_verb: frozenset[int] | bytes) -> bytes:
         verb = {"forward": FORWARD, "copy": COPY, "hold": HOLD, "refuse": REFUSE}[name]
         for t in types:
             table[t] = verb
-    return bytes(table)
+    # one object per distinct table, shared by every session that asks for it (a few tables in all)
+    return _TABLES.setdefault(bytes(table), bytes(table))
+
+
+_TABLES: dict[bytes, bytes] = {}
 
 
 PASS_ALL = verbs()  # every message forwarded: the framer only keeps track of boundaries
