@@ -47,6 +47,28 @@ from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
 from proxy.readpath.classify import PASS, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
 from proxy.wire.codec import ProtocolViolation
+from proxy.wire.types import (
+    BIND,
+    BIND_COMPLETE,
+    CLOSE,
+    CLOSE_COMPLETE,
+    COMMAND_COMPLETE,
+    DATA_ROW,
+    DESCRIBE,
+    EMPTY_QUERY_RESPONSE,
+    ERROR_RESPONSE,
+    EXECUTE,
+    FUNCTION_CALL,
+    NO_DATA,
+    PARAMETER_DESCRIPTION,
+    PARSE,
+    PARSE_COMPLETE,
+    PORTAL_SUSPENDED,
+    QUERY,
+    READY_FOR_QUERY,
+    ROW_DESCRIPTION,
+    SYNC,
+)
 
 _I16 = struct.Struct("!h")
 _U16 = struct.Struct("!H")
@@ -124,7 +146,7 @@ class Entry:
 
 
 # Extended-protocol messages of a quiet group, by type byte: the FIFO entry each one owes.
-_QUIET_KINDS = {0x50: "P", 0x42: "B", 0x45: "E", 0x43: "C"}
+_QUIET_KINDS = {PARSE: "P", BIND: "B", EXECUTE: "E", CLOSE: "C"}
 
 
 def leak_of(body: bytes, events: EventColumns, major: int) -> str:
@@ -254,12 +276,12 @@ class ReadPath:
     def _quiet_client(self, t: int, body: bytes) -> tuple[bool, bytes | None]:
         """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
         needs the FIFO (a refused statement, or a group the quiet bookkeeping cannot follow)."""
-        if t == 0x53:  # 'S' Sync
+        if t == SYNC:  # 'S' Sync
             self.quiet_sent.append(perf_counter())
             self.quiet_group.clear()
             return True, None
         replacement = None
-        if t == 0x50:  # 'P'
+        if t == PARSE:  # 'P'
             name_end = body.index(b"\x00")
             sql_end = body.index(b"\x00", name_end + 1)
             sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
@@ -279,7 +301,7 @@ class ReadPath:
                 self._forget_prepared()
             if plan.changed:
                 replacement = self._translated_parse(name, plan.text, body[sql_end + 1:])
-        elif t == 0x42:  # 'B'
+        elif t == BIND:  # 'B'
             portal_end = body.index(b"\x00")
             stmt_end = body.index(b"\x00", portal_end + 1)
             stmt = body[portal_end + 1:stmt_end]
@@ -290,22 +312,22 @@ class ReadPath:
                 self.portals.pop(body[:portal_end].decode(), None)
             if not stmt and self.unnamed is not None:
                 replacement = messages.message(b"B", body[:portal_end + 1] + self.unnamed.encode() + body[stmt_end:])
-        elif t == 0x45:  # 'E'
+        elif t == EXECUTE:  # 'E'
             portal = self.portals.get(body[:body.index(b"\x00")].decode()) if self.portals else None
             st = portal.statement if portal is not None else None
             self.statement_counts[st.cls if st is not None else "passthrough", "extended"] += 1
-        elif t == 0x44:  # 'D'
+        elif t == DESCRIBE:  # 'D'
             kind = body[:1]
             if kind == b"S" and body == b"S\x00" and self.unnamed is not None:
                 replacement = messages.message(b"D", b"S" + self.unnamed.encode() + b"\x00")
             self.quiet_group.append("DS" if kind == b"S" else "DP")
             return True, replacement
-        elif t == 0x43:  # 'C' Close
+        elif t == CLOSE:  # 'C' Close
             kind, name = body[:1], body[1:-1].decode()
             (self.statements if kind == b"S" else self.portals).pop(name, None)
             if kind == b"S" and not name:
                 self.unnamed = None
-        elif t == 0x51:  # 'Q'
+        elif t == QUERY:  # 'Q'
             if self.quiet_group:
                 return self._unquiet()
             sql = body[:-1].decode("utf-8", "surrogateescape")
@@ -320,7 +342,7 @@ class ReadPath:
                 counts[self._class_of(st), "simple"] += 1
             self.quiet_sent.append(perf_counter())
             return True, (messages.query(plan.text) if plan.changed else None)
-        elif t == 0x46:  # 'F' FunctionCall: a function by OID, out of the seat's sight
+        elif t == FUNCTION_CALL:  # 'F' FunctionCall: a function by OID, out of the seat's sight
             return self._unquiet()
         else:  # Flush, Terminate, COPY traffic: nothing owed
             return True, None
@@ -364,37 +386,37 @@ class ReadPath:
         return False, None
 
     def _on_client(self, t: int, body: bytes) -> bytes | None:
-        if t == 0x51:  # 'Q'
+        if t == QUERY:  # 'Q'
             return self._query(body)
-        if t == 0x50:  # 'P'
+        if t == PARSE:  # 'P'
             return self._parse(body)
-        if t == 0x42:  # 'B'
+        if t == BIND:  # 'B'
             portal_end = body.index(b"\x00")
             stmt_end = body.index(b"\x00", portal_end + 1)
             st = self.statements.get(body[portal_end + 1:stmt_end].decode())
             self.portals[body[:portal_end].decode()] = Portal(st)
             self._push(Entry("B"), watch=False)
             return None
-        if t == 0x44:  # 'D'
+        if t == DESCRIBE:  # 'D'
             self._push(Entry("DS" if body[:1] == b"S" else "DP", body[1:-1].decode()), watch=False)
             return None
-        if t == 0x45:  # 'E'
+        if t == EXECUTE:  # 'E'
             portal = self.portals.get(body[:body.index(b"\x00")].decode())
             self._push(Entry("E"), watch=False)
             self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
                                   "extended"] += 1
             return None
-        if t == 0x43:  # 'C' Close
+        if t == CLOSE:  # 'C' Close
             kind, name = body[:1], body[1:-1].decode()
             (self.statements if kind == b"S" else self.portals).pop(name, None)
             if kind == b"S" and not name:
                 self.unnamed = None
             self._push(Entry("C"), watch=False)
             return None
-        if t == 0x53:  # 'S' Sync
+        if t == SYNC:  # 'S' Sync
             self._push(Entry("S", t0=perf_counter()), watch=False)
             return None
-        if t == 0x46:  # 'F' FunctionCall: refused (it names a function by OID, which the seat cannot see)
+        if t == FUNCTION_CALL:  # 'F' FunctionCall: refused (it names a function by OID, which the seat cannot see)
             refusal = _FUNCTION_CALL_REFUSAL
             entry = Entry("Q", refusal=refusal, poison_index=0, t0=perf_counter())
             self._push(entry, watch=True)
@@ -455,10 +477,10 @@ class ReadPath:
         """A server message while the read path is quiet (only RowDescription, ReadyForQuery and
         ErrorResponse are shown): the leak check, statement latency, the server's errors, and the outcome
         of the statements being prepared. Returns the bytes to send instead of an ErrorResponse, or None."""
-        if t == 0x54:  # 'T'
+        if t == ROW_DESCRIPTION:  # 'T'
             if self._may_leak(body):
                 self._check_leak(body)
-        elif t == 0x5A:  # 'Z'
+        elif t == READY_FOR_QUERY:  # 'Z'
             self.readies += 1
             if self.preparing:
                 self._settle_prepared()
@@ -466,7 +488,7 @@ class ReadPath:
                 sent = self.quiet_sent.popleft()
                 if self.statement_seconds is not None:
                     self.statement_seconds.observe(perf_counter() - sent)
-        elif t == 0x45:  # 'E'
+        elif t == ERROR_RESPONSE:  # 'E'
             current = self.readies + 1  # the group this error belongs to
             for p in self.preparing:
                 if p[2] == current:
@@ -501,56 +523,56 @@ class ReadPath:
         pending = self.pending
         head = pending[0] if pending else None
         if head is not None and head.kind == "Zq":  # answers to quiet groups, owed before the FIFO's
-            if t == 0x5A:
+            if t == READY_FOR_QUERY:
                 self.on_server_quiet(t, body)
                 if not self.quiet_sent:
                     self._pop()
-            elif t == 0x54 or t == 0x45:
+            elif t == ROW_DESCRIPTION or t == ERROR_RESPONSE:
                 return self.on_server_quiet(t, body)
             return None
-        if t == 0x44:  # 'D' DataRow
+        if t == DATA_ROW:  # 'D' DataRow
             return None
-        if t == 0x54:  # 'T'
+        if t == ROW_DESCRIPTION:  # 'T'
             if self._may_leak(body):
                 self._check_leak(body)
             if head is not None and (head.kind == "DS" or head.kind == "DP"):
                 self._pop()
             return None
-        if t == 0x6E:  # 'n' NoData
+        if t == NO_DATA:  # 'n' NoData
             if head is not None and head.kind in ("DS", "DP"):
                 self._pop()
             return None
-        if t == 0x74:  # 't' ParameterDescription: the head stays until its 'T'/'n'
+        if t == PARAMETER_DESCRIPTION:  # 't' ParameterDescription: the head stays until its 'T'/'n'
             return None
-        if t in (0x31, 0x32, 0x33):  # ParseComplete, BindComplete, CloseComplete
+        if t in (PARSE_COMPLETE, BIND_COMPLETE, CLOSE_COMPLETE):  # ParseComplete, BindComplete, CloseComplete
             if head is not None:
                 self._pop()
             return None
-        if t == 0x43:  # 'C' CommandComplete
+        if t == COMMAND_COMPLETE:  # 'C' CommandComplete
             if head is not None:
                 if head.kind == "Q":
                     head.stmt_index += 1
                 elif head.kind == "E":
                     self._pop()
             return None
-        if t == 0x73:  # 's' PortalSuspended
+        if t == PORTAL_SUSPENDED:  # 's' PortalSuspended
             if head is not None and head.kind == "E":
                 self._pop()
             return None
-        if t == 0x49:  # 'I' EmptyQueryResponse
+        if t == EMPTY_QUERY_RESPONSE:  # 'I' EmptyQueryResponse
             if head is not None:
                 if head.kind == "Q":
                     head.stmt_index += 1
                 elif head.kind == "E":
                     self._pop()
             return None
-        if t == 0x45:  # 'E' ErrorResponse
+        if t == ERROR_RESPONSE:  # 'E' ErrorResponse
             replacement = self._error(head)
             if replacement is None:  # the server's own error reaches the client
                 self._server_error(body)
                 return self._withhold_stored_row(body)
             return replacement
-        if t == 0x5A:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
+        if t == READY_FOR_QUERY:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
             while self.pending:
                 entry = self._pop()
                 if entry.kind in ("S", "Q", "F"):

@@ -10,6 +10,15 @@ from proxy.wire.messages import (
     parse_error_fields,
     parse_parameter_status,
 )
+from proxy.wire.types import (
+    AUTHENTICATION,
+    BACKEND_KEY_DATA,
+    ERROR_RESPONSE,
+    NEGOTIATE_PROTOCOL_VERSION,
+    PARAMETER_STATUS,
+    READY_FOR_QUERY,
+    TERMINATE,
+)
 
 # Backend messages the session state needs to see (bodies are all tiny).
 BACKEND_CAPTURE = frozenset(b"RKSZEv")
@@ -40,28 +49,28 @@ class SessionState:
         self.last_fatal: dict[str, str] | None = None
 
     def on_backend(self, t: int, body: bytes) -> None:
-        if t == 0x5A:  # 'Z' ReadyForQuery
+        if t == READY_FOR_QUERY:  # 'Z' ReadyForQuery
             self.txn_status = body[:1]
             if self.phase is Phase.AUTHENTICATING:
                 self.phase = Phase.READY
-        elif t == 0x52:  # 'R' Authentication*
+        elif t == AUTHENTICATION:  # 'R' Authentication*
             if len(body) >= 4 and struct.unpack_from("!I", body, 0)[0] == 0:
                 self.auth_ok = True
-        elif t == 0x4B:  # 'K' BackendKeyData
+        elif t == BACKEND_KEY_DATA:  # 'K' BackendKeyData
             self.backend_pid, self.backend_key = parse_backend_key_data(body)
-        elif t == 0x53:  # 'S' ParameterStatus
+        elif t == PARAMETER_STATUS:  # 'S' ParameterStatus
             name, value = parse_parameter_status(body)
             self.server_params[name] = value
-        elif t == 0x45:  # 'E' ErrorResponse
+        elif t == ERROR_RESPONSE:  # 'E' ErrorResponse
             fields = parse_error_fields(body)
             if fields.get("V", fields.get("S")) in ("FATAL", "PANIC"):
                 self.last_fatal = fields
                 self.phase = Phase.CLOSING
-        elif t == 0x76:  # 'v' NegotiateProtocolVersion: the newest version the server supports
+        elif t == NEGOTIATE_PROTOCOL_VERSION:  # 'v' NegotiateProtocolVersion: the newest version the server supports
             self.negotiated_minor = struct.unpack_from("!I", body, 0)[0] & 0xFFFF
 
     def on_frontend(self, t: int, body: bytes) -> None:
-        if t == 0x58:  # 'X' Terminate
+        if t == TERMINATE:  # 'X' Terminate
             self.phase = Phase.CLOSING
 
     @property
