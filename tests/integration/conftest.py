@@ -23,6 +23,7 @@ REQUIRED_TOOLS = {
     "psql": "sudo apt-get install -y postgresql-client",
     "pg_dump": "sudo apt-get install -y postgresql-client",
     "pg_restore": "sudo apt-get install -y postgresql-client",
+    "promtool": "sudo apt-get install -y prometheus",
     "pgbench": "sudo apt-get install -y postgresql",
     "openssl": "sudo apt-get install -y openssl",
     "node": "sudo apt-get install -y nodejs npm",

@@ -62,6 +62,8 @@ def test_client_rules_first_match_wins():
     ({"host": {"check_interval": -1}}, "host.check_interval"),
     ({"host": {"check_interval": "often"}}, "host.check_interval"),
     ({"host": {"payload_carrier": "carrier"}}, "host.payload_carrier"),
+    ({"metrics": {"database_user_labels": -1}}, "metrics.database_user_labels"),
+    ({"metrics": {"database_user_labels": "all"}}, "metrics.database_user_labels"),
 ])
 def test_invalid_config_names_the_key(data, text):
     with pytest.raises(ConfigError) as e:
