@@ -177,9 +177,17 @@ COMMENT ON TABLE openwop_seat.payloads_clean IS
     'written by mark_payloads_clean, and a write that breaks it removes the row in the same transaction';
 GRANT SELECT ON openwop_seat.payloads_clean TO PUBLIC;
 """),
+    Step(7, "claims: major 0 for a raw session (a v1 writer whose reads are not translated: the net lets them be)",
+         """
+ALTER TABLE openwop_seat.claims DROP CONSTRAINT IF EXISTS claims_major_check;
+ALTER TABLE openwop_seat.claims ADD CONSTRAINT claims_major_check CHECK (major IN (0, 1, 2));
+COMMENT ON COLUMN openwop_seat.claims.major IS
+    '2: a v2 host; 1: a v1 host (reads translated); 0: a raw session (a v1 writer that reads as stored); '
+    'NULL: a challenge without a claim yet';
+"""),
 )
 
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {

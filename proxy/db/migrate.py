@@ -9,7 +9,7 @@ import sys
 from typing import Any, Callable
 
 from proxy.config import Config
-from proxy.db import relations
+from proxy.db import net_sql, relations
 from proxy.db.claims import _install_claim_secret, load_claim_secret
 from proxy.db.connect import connect
 from proxy.db.layout import (
@@ -23,7 +23,7 @@ from proxy.db.layout import (
     SchemaMissing,
     SchemaTooOld,
 )
-from proxy.db.sql import quote_ident
+from proxy.db.sql import quote_ident, quote_qualified
 from proxy.db.verify import (
     MIN_SERVER_VERSION,
     _expected_triggers,
@@ -100,15 +100,18 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
                           f"it needs PostgreSQL 14 or newer")
     run_id_type = await check_era_column(conn, config.host) if config.host.era_column is not None else None
     tables = await writer_tables(conn, config.host)
-    events = await events_ref(conn, config.host) if "events" in tables else None  # before anything changes
     sees_sessions = await conn.fetchval(
         "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')")
     owner_problem = ("the migrating role (the owner of openwop_seat's functions) cannot see other roles' sessions "
                      "in pg_stat_activity, so openwop_seat.claim cannot tell one backend from a later one with the "
                      "same pid and refuses every claim: GRANT pg_read_all_stats TO " + (
                          await conn.fetchval("SELECT current_user")))
-    if not sees_sessions and secret is not None:
-        raise SchemaError(owner_problem)
+    # Every grant migrate needs, named at once, before anything changes (ADR 0009).
+    needed = await needed_grants(conn, config, tables, secret is not None)
+    if needed:
+        raise SchemaError("the migrating role lacks what migrate needs; run, as a role that may grant it:\n"
+                          + "\n".join(f"  {grant}    -- {why}" for why, grant in needed))
+    events = await events_ref(conn, config.host) if "events" in tables else None  # before anything changes
     for step in STEPS[current:]:
         async with conn.transaction():
             # Re-read inside the step's transaction: a migrate that did not take
@@ -133,10 +136,16 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     triggers = writer_triggers(config.host, tables)
     writer_host = await qualified_host(conn, config.host)
     columns = await relations.events_columns(conn, config.host) if "events" in tables else None
+    seat_owner = await conn.fetchval("SELECT current_user::text")
     sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
            + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns)
+              + net_sql.net_sql(events.table, [c.name for c in columns],
+                                (config.host.type_column, config.host.payload_column), seat_owner)
               if columns is not None else "")
            + "".join(t.sql for t in triggers) + "\n")
+    if events is not None:
+        for line in await net_notes(conn, events.table):
+            note(line)
     fingerprint = _objects_fingerprint(sql)
     installed = False
     cleared = 0
@@ -150,7 +159,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
                 and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
                 and not missing and not stray
-                and (columns is None or not await relations.relation_problems(conn, config.host))):
+                and (columns is None or not await relations.relation_problems(conn, config.host))
+                and (events is None or not net_sql.net_problems(await net_sql.net_state(conn, events.table),
+                                                                meta.get("net_state")))):
             for rel, name in stray:  # left by a migrate with another [host] configuration
                 table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
                 await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
@@ -165,6 +176,10 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         now = await installed_fingerprint(conn)
         if meta.get("installed_sha256") != now:
             await _upsert_meta(conn, {"installed_sha256": now})
+        if events is not None:
+            net_now = net_sql.fingerprint(await net_sql.net_state(conn, events.table))
+            if meta.get("net_state") != net_now:
+                await _upsert_meta(conn, {"net_state": net_now})
     if installed:
         old = meta.get("artifact_digest")
         line = f"installed artifact objects for digest {artifacts.digest} (tag {artifacts.tag})"
@@ -175,6 +190,64 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         if cleared:
             say(f"cleared {cleared} payloads-clean marks (the generated checks changed; mark the runs again)")
     await _install_claim_secret(conn, secret, say, note)
+
+
+async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tuple[str, str]]:
+    """What the migrating role lacks, as (why, the exact GRANT), all of it at once."""
+    me = await conn.fetchval("SELECT pg_catalog.quote_ident(current_user)")
+    out: list[tuple[str, str]] = []
+    if claims and not await conn.fetchval(
+            "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')"):
+        out.append(("openwop_seat.claim tells one backend from a later one with the same pid by pg_stat_activity",
+                    f"GRANT pg_read_all_stats TO {me};"))
+    for kind, table in (("events", config.host.events_table), ("runs", config.host.runs_table)):
+        if kind not in tables:
+            continue
+        row = await conn.fetchrow(
+            "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS t, "
+            "pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(c.relowner)) AS owner, "
+            "pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') AS owns, "
+            "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS reads, "
+            "pg_catalog.has_table_privilege(c.oid, 'TRIGGER') AS triggers "
+            "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(table))
+        if kind == "events":
+            if not row["owns"]:
+                out.append((f"the net (row-level security on {row['t']}: ALTER TABLE … FORCE ROW LEVEL SECURITY "
+                            f"and CREATE POLICY need its owner's rights)", f"GRANT {row['owner']} TO {me};"))
+            if not row["reads"]:
+                out.append(("stamp_run reads a run's events before it stamps the run era 3",
+                            f"GRANT SELECT ON {row['t']} TO {me};"))
+        if not row["owns"] and not row["triggers"]:
+            out.append((f"the writer rule's triggers on {row['t']}", f"GRANT TRIGGER ON {row['t']} TO {me};"))
+    return out
+
+
+async def net_notes(conn, events: str) -> list[str]:
+    """What migrate cannot enforce about the net, to print: who can turn it off or read past it."""
+    lines = []
+    owner = await conn.fetchrow(
+        "SELECT pg_catalog.pg_get_userbyid(c.relowner)::text AS owner, r.rolcanlogin, "
+        "r.rolname OPERATOR(pg_catalog.=) current_user AS me "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner "
+        "WHERE c.oid = pg_catalog.to_regclass($1)", events)
+    if owner is not None and not owner["me"]:
+        lines.append(
+            f"note: the events table {events} is owned by {owner['owner']}"
+            + (", a role that can log in" if owner["rolcanlogin"] else "")
+            + ": the net holds for its sessions too (FORCE ROW LEVEL SECURITY), but it can turn the net off "
+              "(ALTER TABLE … NO FORCE / DISABLE ROW LEVEL SECURITY, DROP POLICY, or a permissive CREATE POLICY) "
+              "and the writer rule's triggers with it; the seat checks both every host.check_interval and then "
+              "ends its claimed sessions, but what is read or written in between is not undone: give the table to "
+              "a role the host does not log in as (ALTER TABLE … OWNER TO …)")
+    bypass = await conn.fetch(
+        "SELECT r.rolname::text AS name FROM pg_catalog.pg_roles r WHERE (r.rolsuper OR r.rolbypassrls) "
+        "AND r.rolcanlogin AND pg_catalog.has_table_privilege(r.oid, pg_catalog.to_regclass($1), 'SELECT') "
+        "ORDER BY 1", events)
+    if bypass:
+        lines.append("note: these roles bypass row-level security, so the net does not hold for sessions logged "
+                     "in as them (only the seat's rewrite does): " + ", ".join(b["name"] for b in bypass))
+    return lines
 
 
 async def verify(conn_or_dsn, config: Config, artifacts) -> None:

@@ -297,6 +297,15 @@ async def check_writer_rule(conn, config: Config) -> None:
         raise SchemaError(
             f"the writer rule is not in force: {'; '.join(missing)}: run `openwop-seat migrate` with this "
             f"configuration (it installs the triggers on the host's tables that exist)")
+    from proxy.db import net_sql
+
+    meta = await read_meta(conn) or {}
+    net = net_sql.net_problems(await net_sql.net_state(conn, quote_qualified(host.events_table)),
+                               meta.get("net_state"))
+    if net:
+        raise SchemaError(
+            f"the net is not in force (ADR 0009): {'; '.join(net)}: run `openwop-seat migrate` and find out who "
+            f"changed it")
     if stray:
         names = []
         for rel, name in stray:

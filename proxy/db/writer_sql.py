@@ -94,9 +94,10 @@ DECLARE
     v_opad bytea;
     v_mac text;
 BEGIN
-    IF claim.major IS NULL OR claim.major NOT IN (1, 2) THEN
+    IF claim.major IS NULL OR claim.major NOT IN (0, 1, 2) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = format('openwop_seat.claim: major must be 1 or 2, got %s', coalesce(claim.major::text, 'NULL'));
+            MESSAGE = format('openwop_seat.claim: major must be 0 (raw), 1 or 2, got %s',
+                             coalesce(claim.major::text, 'NULL'));
     END IF;
     SELECT s.hash INTO v_hash FROM {SCHEMA}.claim_secret s;
     IF v_hash IS NULL THEN

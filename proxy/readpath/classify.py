@@ -39,6 +39,7 @@ from proxy.errors import SeatException
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
+KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
@@ -365,9 +366,11 @@ class Classifier:
         translated column; True when anything changed.
 
         A level that reads only the columns both eras store alike (``run_id``, ``sequence``, …: no ``type``,
-        no ``payload``, no ``*``, no whole row, no ``NATURAL`` join or ``USING`` over them) reads the table
-        itself: its answer is the same, and PostgreSQL keeps its plain-table optimisations (``max(sequence)``
-        as one index probe). The test is on everything under the level, sub-levels included, so a column a
+        no ``payload``, no ``*``, no whole row, no ``NATURAL`` join or ``USING`` over them) reads
+        ``events_keys``, the table without those two columns and without a join (ADR 0009: the net refuses a
+        read of the table itself): its answer is the same, and PostgreSQL keeps its plain-table optimisations
+        (``max(sequence)`` as one index probe); field notation or a whole row at such a level sees no stored
+        ``type``/``payload``. The test is on everything under the level, sub-levels included, so a column a
         sub-level takes from it by correlation counts too."""
         from pglast import ast
 
@@ -377,10 +380,14 @@ class Classifier:
         def from_item(item, translate: bool):
             nonlocal changed
             if self._is_events(item):
-                if not translate:
-                    self._kept.add(id(item))
-                    return item
                 changed = True
+                if not translate:
+                    # ADR 0009: the events table itself is never read in a translated session (the net refuses
+                    # it); a level that reads neither type nor payload reads events_keys, a join-free view.
+                    keys = self._relation(item)
+                    keys.relname = KEYS_VIEW
+                    self._kept.add(id(keys))
+                    return keys
                 return self._relation(item)
             if isinstance(item, ast.JoinExpr):
                 item.larg = from_item(item.larg, translate)

@@ -84,7 +84,7 @@ class Claim(NamedTuple):
     """A session to be claimed (ADR 0006): the secret's proof is made here, the secret never sent."""
 
     secret: str
-    major: int  # 2 for a v2 host, 1 for every other session on the host database
+    major: int  # 2 for a v2 host, 1 for a v1 host, 0 for a raw session on the host database
     buffer_limit: int  # proxy.claim_buffer_limit: bytes held from the client until the claim is done
 
 

@@ -227,9 +227,11 @@ class Session:
                 # that reads or writes event rows; the session ends once the rules come into force.
                 self.first_boot = reader is not None
             else:
-                # Every session on the host database is claimed, with major 1 unless it is a v2 host, so a
-                # backend reused behind a pooler never keeps an earlier session's major.
-                claim = Claim(self.server.claim_secret, 2 if self.major == 2 else 1, self.config.claim_buffer_limit)
+                # Every session on the host database is claimed (2: a v2 host, 1: a v1 host, 0: raw, whose reads
+                # the net of ADR 0009 leaves alone), so a backend reused behind a pooler never keeps an earlier
+                # session's major.
+                claim = Claim(self.server.claim_secret, self.major if self.major in (1, 2) else 0,
+                              self.config.claim_buffer_limit)
         identity = None
         if claim is not None and any(r.application_name is not None or r.user is not None
                                      for r in self.config.clients):

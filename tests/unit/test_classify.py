@@ -103,14 +103,20 @@ TRANSLATED = [
 ]
 
 # Statements that read nothing of the events table: untouched, the text sent as it came.
-PASSED = [
-    # levels that read only the columns both eras store alike read the table itself
+KEYS_ONLY = [
+    # levels that read only the columns both eras store alike read events_keys (the net refuses the table)
     "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE run_id = $1",
     "SELECT run_id, MAX(sequence) FROM events WHERE run_id = ANY($1) GROUP BY run_id",
     "SELECT count(*) FROM events WHERE run_id = $1",
     "SELECT event_id, sequence FROM events e JOIN runs r USING (run_id) WHERE e.run_id = $1",
     "SELECT r.x FROM runs, LATERAL (SELECT status AS x) r "
     "WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.run_id)",
+    # field notation and a join alias's whole row at such a level: a row of events_keys, no type or payload
+    "SELECT e.to_jsonb FROM events e WHERE e.run_id = $1",
+    "SELECT j FROM (events JOIN runs USING (run_id)) AS j",
+]
+
+PASSED = [
     "DELETE FROM events WHERE run_id = $1",
     "DELETE FROM events WHERE run_id = ANY($1::text[])",
     "UPDATE events SET node_id = NULL WHERE run_id = $1",
@@ -144,6 +150,16 @@ def test_every_read_of_the_events_table_is_substituted(sql, major):
     assert reads_only_the_view(plan.text, major), plan.text
 
 
+@pytest.mark.parametrize("major", [1, 2])
+@pytest.mark.parametrize("sql", KEYS_ONLY)
+def test_a_level_reading_neither_type_nor_payload_reads_the_keys_view(sql, major):
+    plan = classify(sql, major)
+    assert only(plan).action == TRANSLATE and plan.changed
+    rels = relations(plan.text)
+    assert ("openwop_seat", "events_keys", False) in rels, plan.text
+    assert not any(n == "events" for _, n, _ in rels), plan.text
+
+
 @pytest.mark.parametrize("sql", PASSED)
 def test_statements_that_read_no_event_rows_pass_verbatim(sql):
     plan = classify(sql)
@@ -158,16 +174,17 @@ def test_substitution_keeps_the_name_the_statement_used():
 
 
 @pytest.mark.parametrize("sql", [APPEND, APPEND_COLUMNS])
-def test_the_hosts_append_reads_max_sequence_from_the_table_and_returns_translated_rows(sql):
+def test_the_hosts_append_reads_max_sequence_from_the_keys_view_and_returns_translated_rows(sql):
     text = only(classify(sql)).sql
-    assert "SELECT COALESCE(max(sequence), 0) + 1 AS seq FROM events WHERE run_id = $1" in text
+    assert "SELECT COALESCE(max(sequence), 0) + 1 AS seq FROM openwop_seat.events_keys AS events WHERE run_id = $1" \
+        in text
     assert "openwop_seat.type_m2(" in text and "events_m2" not in text
 
 
 def test_a_level_that_reads_a_translated_column_is_substituted_whatever_the_others_do():
     text = classify("WITH x AS (SELECT * FROM events) SELECT (SELECT count(*) FROM events) FROM x").text
     assert "WITH x AS (SELECT * FROM openwop_seat.events_m2 AS events)" in text
-    assert "(SELECT count(*) FROM events)" in text
+    assert "(SELECT count(*) FROM openwop_seat.events_keys AS events)" in text
 
 
 @pytest.mark.parametrize("sql", [APPEND, APPEND_COLUMNS, "DELETE FROM events WHERE run_id = $1 RETURNING type"])
