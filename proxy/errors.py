@@ -43,6 +43,9 @@ ERRORS = {e.code: e for e in (
     ErrorCode("result_untranslatable", "OW007", 500, False,
               "a result carries event columns without the seat's era column (a view over events, or a "
               "statement shape the seat does not know); the session is closed rather than relay it"),
+    ErrorCode("stored_read_refused", "OW008", 500, False,
+              "a session claimed as major 1 or 2 read the events table's stored rows other than through the seat's "
+              "translated relations (the net in the database, ADR 0009)"),
 )}
 
 BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}

@@ -537,11 +537,50 @@ BEGIN
     IF {era_sql(host, old_run)} = 3 OR {era_sql(host, new_run)} = 3 THEN
         v_seq := CASE WHEN (to_jsonb(OLD) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
                       THEN (to_jsonb(OLD) ->> 'sequence')::bigint END;
+        -- The stored type is not printed: it is a v2 name, and this writer is not a v2 reader (issue 23).
+        v_type := NULL;
         {_raise_sql("era2_write_refused",
-                    "format('UPDATE of the event of type %s in era-3 run %s at sequence %s by a writer that is not "
+                    "format('UPDATE of the event in era-3 run %s at sequence %s by a writer that is not "
                     "a v2 writer (major 1, raw, or a session the seat has not claimed): an era-3 log takes no "
-                    "era-2 write', quote_nullable(v_type), quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))",
+                    "era-2 write', quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))",
                     "the events of an era-3 run change only through a session the seat claimed as major 2")}
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+"""
+
+
+def _delete_era3_sql(host: HostConfig) -> str:
+    """A DELETE of an event of an era-3 run, by a session not claimed major 2: refused (issue 23), with the
+    exceptions as for the stamp: host.maintenance_role and the owner of openwop_seat (an operator's cleanup)."""
+    old_run = f"OLD.{quote_ident(host.run_id_column)}"
+    allow = f"""IF {_owner_or_maintenance_sql(host)} THEN
+        RETURN NULL;
+    END IF;
+    """
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_delete_era3()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({old_run})::text;
+    v_type text := NULL;  -- never printed: the stored type of an era-3 event is a v2 name
+    v_seq bigint;
+    v_sentence text;
+BEGIN
+    {allow}IF v_run IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
+    END IF;
+    IF {era_sql(host, old_run)} = 3 THEN
+        v_seq := CASE WHEN (to_jsonb(OLD) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
+                      THEN (to_jsonb(OLD) ->> 'sequence')::bigint END;
+        {_raise_sql("era2_write_refused",
+                    "format('DELETE of the event in era-3 run %s at sequence %s by a writer that is not a v2 writer "
+                    "(major 1, raw, or a session the seat has not claimed): an era-3 log takes no era-2 write', "
+                    "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))",
+                    "the events of an era-3 run are deleted only through a session the seat claimed as major 2")}
     END IF;
     RETURN NULL;
 END
@@ -726,6 +765,11 @@ CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE ON {events} FOR EACH ROW
 CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION {SCHEMA}.on_event_update_era3();"""))
+        name = TRIGGER_PREFIX + "delete_era3"
+        out.append(Trigger(host.events_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER DELETE ON {events} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
+    EXECUTE FUNCTION {SCHEMA}.on_event_delete_era3();"""))
     return tuple(out)
 
 
@@ -742,7 +786,7 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
     return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
                     _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
                     _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
-                    _update_era3_sql(host)))
+                    _update_era3_sql(host), _delete_era3_sql(host)))
 
 
 # Every role may call these (claim checks its secret; session_major tells a
@@ -780,6 +824,7 @@ PRIVATE_FUNCTIONS = (
     "on_event_inserted()",
     "on_event_update()",
     "on_event_update_era3()",
+    "on_event_delete_era3()",
     "on_run_insert()",
     "on_run_update()",
 )
