@@ -424,6 +424,10 @@ class Classifier:
                 cols = _names(n)
                 if cols[-1] in stored or cols[-1] == "*" or (len(cols) == 1 and cols[0] in names):
                     return True
+            elif isinstance(n, ast.A_Indirection):  # (j).type, (e).*: a field of a whole row
+                if any(isinstance(i, ast.A_Star) or (isinstance(i, ast.String) and i.sval in stored)
+                       for i in n.indirection or ()):
+                    return True
             elif isinstance(n, ast.JoinExpr):
                 if n.isNatural or any(u.sval in stored for u in n.usingClause or ()):
                     return True

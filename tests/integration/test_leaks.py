@@ -408,3 +408,190 @@ def test_a_payloads_clean_mark_never_outlives_a_payload_that_needs_projection(le
         assert conn.execute(marked, (run,)).fetchone() == (0,)
         assert read_payloads() != [{"fromStatus": "suspended", "odd": 1}]  # projected, not as stored
         conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
+
+
+# ---------------------------------------------------------------- the net in the database (ADR 0009)
+#
+# What holds when the seat's reading of the SQL does not: row-level security on the events table refuses
+# (OW008) every read of the stored rows in a session claimed as major 1 or 2 that does not go through the
+# seat's relations.  These run as host_user, a role without BYPASSRLS (a superuser reads past any policy),
+# through a seat whose runtime check does not run during the module (the last test turns the net off).
+
+NET_USER = "host_user"
+
+
+@pytest.fixture(scope="module")
+def net_seat(start_seat):
+    return start_seat(proxy={"clients": [{"application_name": "v1-host", "major": 1},
+                                         {"application_name": "ops", "major": "raw"}]},
+                      host={"check_interval": 3600})
+
+
+@pytest.fixture(scope="module")
+def net_objects(pg, logs):
+    """Objects a host (or a hostile client with CREATE on a schema) made from a raw or direct session: a view
+    over events, a materialized view owned by host_user and not yet filled.  Dropped at the end."""
+    pg.psql(f"""
+        CREATE VIEW net_view AS SELECT run_id, sequence, type, payload FROM events;
+        ALTER VIEW net_view OWNER TO {NET_USER};
+        CREATE MATERIALIZED VIEW net_mv AS SELECT run_id, type FROM events WITH NO DATA;
+        ALTER MATERIALIZED VIEW net_mv OWNER TO {NET_USER};
+    """)
+    yield
+    pg.psql("DROP VIEW IF EXISTS net_view; DROP MATERIALIZED VIEW IF EXISTS net_mv")
+
+
+def net_connect(seat, major, **kw):
+    name = {2: "app", 1: "v1-host", "raw": "ops"}[major]
+    return psycopg.connect(seat.dsn(user=NET_USER), autocommit=True, application_name=name, **kw)
+
+
+# Statements the seat's classifier lets through (it cannot see what they read, or reads them as harmless)
+# and that would hand the reader stored rows: (name, setup statements run first in the same session, SQL).
+# The table named through an escaped string literal (E'\\145vents'): neither the seat nor its function watch reads it.
+PG_TEMP_SQL = ("CREATE FUNCTION pg_temp.net_leak() RETURNS SETOF text LANGUAGE plpgsql AS $f$ BEGIN "
+               "RETURN QUERY EXECUTE E'SELECT type || '' '' || payload::text FROM public.\\145vents'; END $f$")
+PG_TEMP_DYNAMIC = ("CREATE FUNCTION pg_temp.net_dyn(r text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; "
+                   "BEGIN EXECUTE 'SELECT string_agg(type, '','') FROM public.ev' || 'ents WHERE run_id = $1' "
+                   "INTO t USING r; RETURN t; END $f$")
+NET_LEAKS = [
+    ("pg_temp function, escaped name in its body", [PG_TEMP_SQL], "SELECT * FROM pg_temp.net_leak()"),
+    ("pg_temp function, dynamic SQL", [PG_TEMP_DYNAMIC], "SELECT pg_temp.net_dyn(%(run)s)"),
+    ("DO block calling a pg_temp function", [PG_TEMP_SQL],
+     "DO $$ BEGIN RAISE EXCEPTION '%%', (SELECT string_agg(t, ',') FROM pg_temp.net_leak() t); END $$"),
+    ("view expression", [], "SELECT type || '', to_jsonb(v) FROM net_view v WHERE run_id = %(run)s"),
+    ("view aggregate", [], "SELECT string_agg(type, ',') FROM net_view WHERE run_id = %(run)s"),
+    ("materialized view refreshed in the session", ["REFRESH MATERIALIZED VIEW net_mv"],
+     "SELECT type || '' FROM net_mv WHERE run_id = %(run)s"),
+]
+
+# Shapes the rewrite now reads through events_keys or the translated view: rows, and none stored.
+NET_REWRITTEN = [
+    ("field-selection notation", "SELECT e.to_jsonb FROM events e WHERE e.run_id = %(run)s"),
+    ("field-selection notation, table name", "SELECT events.row_to_json FROM events WHERE run_id = %(run)s"),
+    ("whole row of a join alias", "SELECT j FROM (events JOIN runs USING (run_id)) AS j WHERE j.run_id = %(run)s"),
+    ("to_jsonb of a join alias",
+     "SELECT to_jsonb(j) FROM (events JOIN runs USING (run_id)) AS j WHERE j.run_id = %(run)s"),
+    ("a column of a join alias", "SELECT (j).type || '' FROM (events JOIN runs USING (run_id)) AS j "
+                                 "WHERE j.run_id = %(run)s"),
+]
+
+
+def _refused_or_clean(conn, sql, run, major, binary):
+    """Run ``sql``: it returns rows with no stored spelling of the other era, or fails with the net's error
+    (OW008) or a seat refusal (OW004), whose text carries no such spelling either. Returns the SQLSTATE or None."""
+    try:
+        rows = conn.execute(sql, {"run": run}, binary=binary).fetchall()
+    except psycopg.Error as e:
+        assert e.sqlstate in ("OW008", "OW004"), e
+        assert_clean([str(e), e.diag.message_detail], major)
+        return e.sqlstate
+    assert_clean(rows, major)
+    return None
+
+
+@pytest.mark.parametrize("major", [2, 1])
+@pytest.mark.parametrize("name, setup, sql", NET_LEAKS, ids=[n for n, _, _ in NET_LEAKS])
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_server_side_reads_the_classifier_misses_meet_the_net(net_seat, logs, net_objects, major, name, setup,
+                                                                sql, binary):
+    with net_connect(net_seat, major) as conn:
+        for s in setup:
+            try:
+                conn.execute(s)
+            except psycopg.Error as e:  # the setup itself may be what reads (a REFRESH): the net's error
+                assert e.sqlstate == "OW008", e
+                assert_clean([str(e)], major)
+                return
+        got = _refused_or_clean(conn, sql, logs[major], major, binary)
+        assert got == "OW008", f"{name}: expected the net's refusal, got {got}"
+
+
+@pytest.mark.parametrize("major", [2, 1])
+@pytest.mark.parametrize("name, sql", NET_REWRITTEN, ids=[n for n, _ in NET_REWRITTEN])
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_field_notation_and_join_alias_rows_read_no_stored_column(net_seat, logs, major, name, sql, binary):
+    with net_connect(net_seat, major) as conn:
+        rows = conn.execute(sql, {"run": logs[major]}, binary=binary).fetchall()
+    assert rows
+    assert_clean(rows, major)
+    if "type" in sql:
+        assert_translated(rows, major)
+
+
+def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs):
+    with net_connect(net_seat, 2) as conn:
+        conn.execute(PG_TEMP_SQL)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT * FROM pg_temp.net_leak()").fetchall()
+    e = info.value
+    assert e.sqlstate == "OW008"
+    assert e.diag.message_primary.startswith("stored_read_refused: this session reads the events table through "
+                                             "openwop-seat as major 2")
+    assert json.loads(e.diag.message_detail)["error"] == "stored_read_refused"
+    assert "docs/refusals-and-errors.md#ow008" in e.diag.message_hint
+
+
+def test_the_hosts_statements_work_under_the_net(net_seat, pg, logs):
+    """The append (max(sequence), INSERT … RETURNING), a page, and for a raw or unclaimed session anything."""
+    run = f"net-append-{uuid.uuid4().hex[:8]}"
+    try:
+        with net_connect(net_seat, 2) as conn:
+            conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", (run,))
+            for i in range(3):
+                row = conn.execute(
+                    "WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = %s) "
+                    "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                    "SELECT %s, %s, next.seq, %s, 'n', '{}'::jsonb, now() FROM next RETURNING sequence, type",
+                    (run, f"{run}-{i}", run, RENAMED_V2[0])).fetchone()
+                assert row == (i + 1, RENAMED_V2[0])
+            page = conn.execute("SELECT sequence, type FROM events WHERE run_id = %s AND sequence > %s "
+                                "ORDER BY sequence LIMIT 10", (run, 0)).fetchall()
+            assert page == [(i + 1, RENAMED_V2[0]) for i in range(3)]
+            assert conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (run,)).fetchone() == (3,)
+        # a raw session through the seat and a session that bypasses it read the stored rows, unrefused
+        with net_connect(net_seat, "raw") as conn:
+            assert conn.execute("SELECT type FROM events WHERE run_id = %s", (logs[2],)).fetchall()
+            assert conn.execute(PG_TEMP_SQL) is not None
+            assert conn.execute("SELECT count(*) FROM pg_temp.net_leak()").fetchone()[0] > 0
+        with psycopg.connect(pg.dsn(user=NET_USER), autocommit=True) as conn:
+            assert conn.execute("SELECT type FROM events WHERE run_id = %s", (logs[1],)).fetchall()
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
+            conn.execute("DELETE FROM runs WHERE run_id = %s", (run,))
+            conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = %s", (run,))
+
+
+def test_a_write_that_reads_stored_rows_meets_the_net(net_seat, logs):
+    """UPDATE/DELETE with a WHERE (or RETURNING) reads stored rows: in a translated session it meets the net,
+    whatever the classifier made of it; a raw session runs it (documented in ADR 0009)."""
+    for major in (2, 1):
+        with net_connect(net_seat, major) as conn:
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute("UPDATE events SET node_id = node_id WHERE run_id = %s", (logs[major],))
+            assert info.value.sqlstate == "OW008", info.value
+    with net_connect(net_seat, "raw") as conn:
+        assert conn.execute("UPDATE events SET node_id = node_id WHERE run_id = %s", (logs[2],)).rowcount > 0
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_with_the_net_off_the_same_statements_leak(net_seat, pg, logs, net_objects, major):
+    """The proof that the net, not the classifier, holds: row-level security disabled, the statements above
+    hand the reader the other era's spellings. (The seat's runtime check would notice: not run in this module.)"""
+    leaked = []
+    pg.psql("ALTER TABLE events DISABLE ROW LEVEL SECURITY")
+    try:
+        for name, setup, sql in NET_LEAKS:
+            with net_connect(net_seat, major) as conn:
+                try:
+                    for s in setup:
+                        conn.execute(s)
+                    values = conn.execute(sql, {"run": logs[major]}).fetchall()
+                except psycopg.Error as e:
+                    values = [str(e)]
+            if tokens(values) & {t.lower() for t in FORBIDDEN[major]}:
+                leaked.append(name)
+    finally:
+        pg.psql("ALTER TABLE events ENABLE ROW LEVEL SECURITY")
+    assert leaked == [n for n, _, _ in NET_LEAKS], leaked

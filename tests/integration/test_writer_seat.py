@@ -313,7 +313,8 @@ def test_major1_and_raw_sessions_stamp_nothing(wseat, pg, host_function, driver,
     values, many, copied, by_fn = rid(), [rid(), rid()], rid("copy"), rid("fn")
     conn = via(wseat, driver, major)
     try:
-        assert conn.q("SELECT openwop_seat.session_major()") == [(1,)]  # raw is claimed as major 1
+        # raw is claimed as major 0 (a v1 writer whose reads are not translated: ADR 0009)
+        assert conn.q("SELECT openwop_seat.session_major()") == [(1 if major == 1 else 0,)]
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", values)
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't'), (%s, 't')", *many)
         conn.copy_runs([copied])
@@ -530,7 +531,16 @@ def test_update_of_type_or_run_id_is_refused_for_every_session(wseat, pg, driver
     e2, e3 = era2_run(pg), era3_run(wseat)
     sql1(pg, "INSERT INTO events (event_id, run_id, sequence, type, \"timestamp\") "
              "VALUES (%s, %s, 0, 'agent.reasoning.delta', now())", f"{e2}-0", e2)
-    for major in (2, 1, "raw"):
+    for major in (2, 1):  # a translated session: these UPDATEs read stored rows, and the net refuses first
+        conn = via(wseat, driver, major)
+        try:
+            for run in (e2, e3):
+                for update in UPDATES + ["UPDATE events SET payload = '{\"updated\": true}' WHERE run_id = %s"]:
+                    err = refused(lambda: conn.q(update, run), "OW008")
+                    assert err.message.startswith("stored_read_refused: "), err
+        finally:
+            conn.close()
+    for major in ("raw",):
         conn = via(wseat, driver, major)
         try:
             for run in (e2, e3):
@@ -542,8 +552,9 @@ def test_update_of_type_or_run_id_is_refused_for_every_session(wseat, pg, driver
                     conn.q(other, run)  # other columns may change, except an era-3 event's for a v1 writer
                 else:
                     err = refused(lambda: conn.q(other, run), "OW005")
-                    assert err.message.startswith(f"era2_write_refused: UPDATE of the event of type "
-                                                  f"'agent.reasoning-delta' in era-3 run '{e3}' at sequence 0"), err
+                    assert err.message.startswith(f"era2_write_refused: UPDATE of the event in era-3 run '{e3}' "
+                                                  f"at sequence 0"), err
+                    assert "agent.reasoning-delta" not in str(err.message)
         finally:
             conn.close()
     direct = Psycopg(pg.dsn(user=HOST))
@@ -739,7 +750,7 @@ def test_raw_session_spoofs_reach_the_database_and_claim_nothing(wseat, pg, driv
         conn.q("SELECT set_config('openwop_seat.major', '2', false)")
         err = refused(lambda: conn.q("SELECT openwop_seat.claim(%s, 2)", WRONG), "42501")
         assert err.message == "openwop_seat.claim: wrong secret"
-        assert conn.q("SELECT openwop_seat.session_major()") == [(1,)]
+        assert conn.q("SELECT openwop_seat.session_major()") == [(0,)]
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", run)
         refused(lambda: append(conn, e3, 7, "agent.reasoning-delta"), "OW005")
     finally:
@@ -910,7 +921,7 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
         leaked = any(q and CLAIM_SECRET in q for q in rows.values())
         assert not leaked, "the claim secret is in pg_stat_activity"
         claims = dict(sql1(pg, "SELECT pid, major FROM openwop_seat.claims WHERE pid = ANY(%s)", pids))
-        assert claims == {pids[0]: 2, pids[1]: 1, pids[2]: 1}  # claimed, all three
+        assert claims == {pids[0]: 2, pids[1]: 1, pids[2]: 0}  # claimed, all three (raw: 0)
     finally:
         for s in sessions:
             s.close()
