@@ -901,3 +901,42 @@ def test_generated_writer_sql_comes_from_the_artifacts():
     assert 'NEW."Kind" := v_other' in column and 'UPDATE "app"."Runs" SET "Era" = 3' in column
     assert "current_user = 'ops'" in column
     assert "openwop_seat: UPDATE of app.Events.Kind/Id is refused" in column
+
+
+# --- DELETE of an era-3 run's events (issue 23) ---------------------------------------------------
+
+
+def test_a_non_v2_writer_cannot_delete_an_era3_runs_events(store, maintenance_role):
+    era3, era2 = rid("d3"), rid("d2")
+    with store.connect(2) as v2:
+        create_run(v2, era3)
+        append(v2, era3, 0, "run.started")
+        append(v2, era3, 1, "agent.reasoning-delta")
+    with store.connect() as v1:
+        create_run(v1, era2)
+        append(v1, era2, 0, "run.started")
+    for major in (None, 0):  # host_user unclaimed, or claimed raw
+        with store.connect(major) as v1:
+            err = refusal(lambda: v1.execute("DELETE FROM events WHERE run_id = %s", (era3,)), "OW005")
+            sentence = assert_envelope(err, "era2_write_refused", None, era3, 0)
+            assert sentence.startswith(f"DELETE of the event in era-3 run '{era3}' at sequence 0 by a writer that "
+                                       f"is not a v2 writer")
+            assert "agent.reasoning-delta" not in str(err) and "run.started" not in str(err)
+            refusal(lambda: v1.execute("DELETE FROM events"), "OW005")  # a DELETE with no WHERE too
+    with store.connect(1) as major1:
+        # a translated session: a DELETE with a WHERE reads stored rows, and the net refuses first; without one
+        # it reads nothing, and the trigger refuses
+        refusal(lambda: major1.execute("DELETE FROM events WHERE run_id = %s", (era3,)), "OW008")
+        refusal(lambda: major1.execute("DELETE FROM events"), "OW005")
+    assert store.stored(era3) == ["run.started", "agent.reasoning-delta"]
+    with store.connect() as v1:  # an era-2 run's events: as before
+        v1.execute("DELETE FROM events WHERE run_id = %s", (era2,))
+    assert store.stored(era2) == []
+    with store.connect(2, user="postgres") as v2:  # a v2 writer may
+        v2.execute("DELETE FROM events WHERE run_id = %s AND sequence = 1", (era3,))
+    assert store.stored(era3) == ["run.started"]
+    store.sql(f"GRANT DELETE ON events TO {maintenance_role}")
+    with store.connect(user="postgres") as admin:  # and so may host.maintenance_role
+        admin.execute(f"SET ROLE {maintenance_role}")
+        admin.execute("DELETE FROM events WHERE run_id = %s", (era3,))
+    assert store.stored(era3) == []
