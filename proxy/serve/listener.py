@@ -373,12 +373,24 @@ class SeatServer:
         self.stats.writer_rule_checks["broken" if why else "ok"] += 1
         self._checks_done += 1
         if why and why != self.writer_rule_broken:
-            log.error("the writer rule is not in force: new sessions on the host database are refused",
-                      extra={"fields": {"why": why}})
+            log.error("the writer rule is not in force: new sessions on the host database are refused and open "
+                      "ones ended", extra={"fields": {"why": why}})
+        if why:
+            self._end_host_sessions(why)
         elif not why and self.writer_rule_broken:
             log.warning("the writer rule is in force again: new sessions on the host database are accepted")
         self.writer_rule_broken = why
         return why
+
+    def _end_host_sessions(self, why: str) -> None:
+        """The writer rule (or the net, ADR 0009) is not in force: the open sessions on the host database end too,
+        not only new ones (issue 23), with the FATAL a new one gets; a transaction in progress is rolled back by
+        the server when its connection goes."""
+        for session in list(self.sessions):
+            # (a session still being set up gets its own refusal: writer_rule_refusal)
+            if not session.closed and session.upstream is not None and self.on_host_database(session.params):
+                session.end_now("57P03", "openwop-seat ends the sessions on the host database while the writer "
+                                         f"rule is not in force: {why}", "writer rule not in force")
 
     async def writer_rule_refusal(self) -> str:
         """Why a new session on the host database is refused, or "": while the last check found the writer rule

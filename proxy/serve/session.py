@@ -453,6 +453,12 @@ class Session:
         self.server.stats.count_refusal(sqlstate)
         self.close(reason or f"{sqlstate} {text}")
 
+    def end_now(self, sqlstate: str, text: str, reason: str) -> None:
+        """End the session at once with a FATAL ``sqlstate`` (where the protocol allows one: else the connection
+        just closes, and the server rolls back what the session had in progress)."""
+        if not self.closed:
+            self._fail_client(sqlstate, text, reason=reason)
+
     def shut_down(self) -> None:
         """The seat is stopping: end this session with the error PostgreSQL sends at shutdown."""
         if self.client.sink is None:  # still in the handshake: nothing to tell it in

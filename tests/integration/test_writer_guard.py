@@ -78,6 +78,18 @@ TAMPERING = [
                           "FOR EACH ROW WHEN (false) EXECUTE FUNCTION openwop_seat.on_event_inserted()", None),
     ("replace a function", "CREATE OR REPLACE FUNCTION openwop_seat.session_major() RETURNS smallint "
                            "LANGUAGE sql AS 'SELECT 2::smallint'", None),
+    # the net (ADR 0009), by the table's owner (host_user here, as in the reference host's deployment)
+    ("turn the net off", "ALTER TABLE events DISABLE ROW LEVEL SECURITY",
+     "ALTER TABLE events ENABLE ROW LEVEL SECURITY"),
+    ("stop forcing the net", "ALTER TABLE events NO FORCE ROW LEVEL SECURITY",
+     "ALTER TABLE events FORCE ROW LEVEL SECURITY"),
+    ("open the net with a policy", "CREATE POLICY wide_open ON events FOR SELECT USING (true)",
+     "DROP POLICY wide_open ON events"),
+    ("drop the net's policy", "DROP POLICY openwop_seat_net ON events", None),
+    # the table under the seat rebuilt (issue 23 item 4): the views and the net stay on the old one
+    ("rebuild the events table", "ALTER TABLE events RENAME TO events_old; "
+                                 "CREATE TABLE events (LIKE events_old INCLUDING ALL)",
+     "DROP TABLE events; ALTER TABLE events_old RENAME TO events"),
 ]
 
 
@@ -86,8 +98,15 @@ def test_a_running_seat_notices_tampering_and_refuses_new_sessions(start_seat, p
     seat = start_seat(host={"dsn": pg.dsn(dbname=host_db), "check_interval": 0.5})
     assert session_refused(seat, host_db) is None
     assert get(seat.metrics_port, "/readyz")[0] == 200 and broken_metric(seat.metrics_port) == 0
-    pg.psql(tamper, dbname=host_db)  # as the superuser (the table owner or the schema owner could do the same)
+    held = psycopg.connect(seat.dsn(user=HOST, dbname=host_db), autocommit=True)  # open before the tampering
+    held.execute("SELECT 1")
+    owner = "TABLE" in tamper or "POLICY" in tamper
+    pg.psql(tamper, dbname=host_db, user=HOST if owner else None)  # the table's owner, else the superuser
     wait_for(lambda: broken_metric(seat.metrics_port) == 1, what="the periodic check to notice")
+    # the open session is ended too (issue 23), not only new ones
+    with pytest.raises(psycopg.OperationalError):
+        held.execute("SELECT 1")
+    held.close()
     status, body = get(seat.metrics_port, "/readyz")
     assert status == 503 and "writer rule not in force" in body, body
     fatal = session_refused(seat, host_db)
@@ -97,7 +116,7 @@ def test_a_running_seat_notices_tampering_and_refuses_new_sessions(start_seat, p
     with psycopg.connect(seat.dsn(user=HOST, dbname="postgres"), autocommit=True) as other:
         assert other.execute("SELECT 1").fetchone() == (1,)
     if undo is not None:
-        pg.psql(undo, dbname=host_db)
+        pg.psql(undo, dbname=host_db, user=HOST if owner else None)
     else:  # migrate puts back what it installed
         env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
         out = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn", pg.dsn(dbname=host_db)], cwd=ROOT,
