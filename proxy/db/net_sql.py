@@ -62,7 +62,7 @@ BEGIN
         v_message := pg_catalog.format('{message}', v_major);
         RAISE EXCEPTION USING ERRCODE = '{NET_SQLSTATE}', MESSAGE = v_message, DETAIL = {envelope},
             HINT = 'read the events table through openwop-seat as an ordinary statement (the seat reads it through '
-                   'its translated relations), or from a raw session; see docs/refusals-and-errors.md#ow008';
+                   'its translated relations), or from a raw session; see docs/refusals-and-errors.md#ow008-stored_read_refused';
     END IF;
     RETURN true;
 END
