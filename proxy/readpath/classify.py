@@ -333,6 +333,8 @@ class Classifier:
                                          f"{kind} with a query naming the events table is not translated")
             return None
         changed = self._substitute(stmt)
+        if changed:
+            self._unqualify_columns(stmt)
         if isinstance(stmt, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
             stmt, more = self._root(stmt)
         else:  # EXPLAIN, DECLARE … CURSOR, PREPARE, CREATE TABLE AS: the statement holds the query
@@ -405,6 +407,27 @@ class Classifier:
                     translate = self._reads_translated(n, items)
                     setattr(n, field, tuple(from_item(i, translate) for i in items))
         return changed
+
+    def _unqualify_columns(self, stmt) -> None:
+        """``public.events.type`` (what SQLAlchemy Core emits for ``Table('events', …, schema='public')``) names
+        the relation by its schema and table; once substituted, the relation is the seat's view aliased to the
+        table's name, so the reference becomes ``events.type``. Only where a substituted item kept that name
+        (a schema-qualified reference to an aliased table is an error in PostgreSQL too)."""
+        from pglast import ast
+
+        named = {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeVar) and n.schemaname ==
+                 SEAT_SCHEMA and n.relname in (VIEW[self.major], KEYS_VIEW) and n.alias is not None}
+        if self._table not in named:
+            return
+        schemas = {self._schema or "public"}
+        for n in _walk(stmt):
+            if not isinstance(n, ast.ColumnRef) or len(n.fields) < 3:
+                continue
+            names = [getattr(f, "sval", None) for f in n.fields]
+            for skip in (2, 1):  # catalog.schema.events.col, schema.events.col
+                if len(names) >= skip + 2 and names[skip] == self._table and names[skip - 1] in schemas:
+                    n.fields = tuple(n.fields[skip:])
+                    break
 
     def _reads_translated(self, level, items) -> bool:
         """Could ``level`` (a statement with ``items`` in its FROM) read a translated column of an events

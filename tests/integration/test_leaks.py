@@ -595,3 +595,29 @@ def test_with_the_net_off_the_same_statements_leak(net_seat, pg, logs, net_objec
     finally:
         pg.psql("ALTER TABLE events ENABLE ROW LEVEL SECURITY")
     assert leaked == [n for n, _, _ in NET_LEAKS], leaked
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_sqlalchemy_core_with_schema_public_reads_translated_rows(net_seat, logs, major):
+    """What SQLAlchemy 2 Core emits for Table('events', …, schema='public'): schema-qualified column references
+    (``public.events.type``), which PostgreSQL accepts; through the seat, under the net, as host_user."""
+    import sqlalchemy as sa
+
+    md = sa.MetaData()
+    events = sa.Table("events", md, sa.Column("run_id", sa.Text), sa.Column("sequence", sa.Integer),
+                      sa.Column("type", sa.Text), schema="public")
+    app = {2: "app", 1: "v1-host"}[major]
+    engine = sa.create_engine(f"postgresql+psycopg://{NET_USER}@127.0.0.1:{net_seat.port}/postgres",
+                              connect_args={"application_name": app}, poolclass=sa.pool.NullPool)
+    try:
+        stmt = sa.select(events.c.sequence, events.c.type).where(events.c.run_id == logs[major]) \
+            .order_by(events.c.sequence)
+        assert "public.events.type" in str(stmt.compile(dialect=engine.dialect))
+        with engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+            top = conn.execute(sa.select(sa.func.max(events.c.sequence))
+                               .where(events.c.run_id == logs[major])).scalar_one()
+    finally:
+        engine.dispose()
+    assert [r.sequence for r in rows] == list(range(len(rows))) and top == len(rows) - 1
+    assert sorted(r.type for r in rows) == sorted(RENAMED_V2 if major == 2 else RENAMED_V1)

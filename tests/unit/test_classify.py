@@ -400,3 +400,18 @@ def test_first_boot_refuses_every_statement_over_event_rows(sql):
 def test_first_boot_passes_the_hosts_own_ddl(sql):
     plan = classify(sql, 2, first_boot=True)
     assert plan.refused is None and not plan.changed, (sql, plan)
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_schema_qualified_column_references_follow_the_substitution(major):
+    """``public.events.type`` (SQLAlchemy Core with schema='public') names the relation by schema and table;
+    after the substitution it reads the view aliased to the table's name."""
+    text = classify("SELECT public.events.type, public.events.sequence FROM public.events "
+                    "WHERE public.events.run_id = $1 ORDER BY public.events.sequence", major).text
+    assert text == (f"SELECT events.type, events.sequence FROM openwop_seat.events_m{major} AS events "
+                    f"WHERE events.run_id = $1 ORDER BY events.sequence")
+    text = classify("SELECT max(public.events.sequence) FROM public.events WHERE public.events.run_id = $1", major).text
+    assert text == "SELECT max(events.sequence) FROM openwop_seat.events_keys AS events WHERE events.run_id = $1"
+    # another schema's table of the same name is not the events table: left as it is
+    assert classify("SELECT other.events.type FROM other.events", major).text == \
+        "SELECT other.events.type FROM other.events"
