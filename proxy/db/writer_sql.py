@@ -199,10 +199,14 @@ def _history_check_sql(artifacts, host: HostConfig, events: EventsRef | None, ru
     LIMIT 1;
     IF FOUND THEN
         v_run := ({run_expr});
+        IF ({source_expr}) = 'created' THEN
+            v_type := NULL;  -- an era-2 spelling: not printed to the v2 writer that creates the run (issue 23)
+        END IF;
         {_raise_sql("era2_write_refused",
-                    "format('run %s cannot be stamped era 3: it already holds events written in era 2 (type %s at "
+                    "format('run %s cannot be stamped era 3: it already holds events written in era 2 (%sat "
                     "sequence %s)%s, and an era-3 log takes no era-2 write', quote_nullable(v_run), "
-                    "quote_nullable(v_type), coalesce(v_seq::text, 'unknown'), CASE WHEN (" + source_expr + ") = "
+                    "CASE WHEN v_type IS NULL THEN '' ELSE 'type ' || quote_nullable(v_type) || ' ' END, "
+                    "coalesce(v_seq::text, 'unknown'), CASE WHEN (" + source_expr + ") = "
                     "'created' THEN ' before its runs row was created' ELSE '' END)",
                     "convert the run with openwop-seat backfill (it rewrites its events and stamps it in one "
                     "transaction), or create the run under a new id")}
@@ -551,6 +555,45 @@ $ow$;
 """
 
 
+def _run_write_era3_sql(host: HostConfig) -> str:
+    """An UPDATE or DELETE of an era-3 run's runs row, by a session not claimed major 2: refused (issue 23), so
+    that a v1 action on an era-3 run (a cancel: the runs row, then an event) fails before it changes anything.
+    host.maintenance_role and the owner of openwop_seat (stamp_run's own UPDATE of the era column) pass."""
+    old_run = f"OLD.{quote_ident(host.run_id_column)}"
+    if host.era_column is None:
+        era3 = f"{era_sql(host, old_run)} = 3"
+    else:  # the row itself says (an AFTER DELETE trigger cannot look it up any more)
+        era3 = f"OLD.{quote_ident(host.era_column)} IS NOT DISTINCT FROM 3"
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_write_era3()
+RETURNS trigger LANGUAGE plpgsql VOLATILE
+{_PINNED}
+AS $ow$
+DECLARE
+    v_run text := ({old_run})::text;
+    v_type text := NULL;
+    v_seq bigint := NULL;
+    v_sentence text;
+BEGIN
+    IF {_owner_or_maintenance_sql(host)} THEN
+        RETURN NULL;
+    END IF;
+    IF v_run IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
+    END IF;
+    IF {era3} THEN
+        {_raise_sql("era2_write_refused",
+                    "format('%s of the runs row of era-3 run %s by a writer that is not a v2 writer (major 1, raw, "
+                    "or a session the seat has not claimed): an era-3 run takes no era-2 write', TG_OP, "
+                    "quote_nullable(v_run))",
+                    "an era-3 run changes only through a session the seat claimed as major 2")}
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+"""
+
+
 def _delete_era3_sql(host: HostConfig) -> str:
     """A DELETE of an event of an era-3 run, by a session not claimed major 2: refused (issue 23), with the
     exceptions as for the stamp: host.maintenance_role and the owner of openwop_seat (an operator's cleanup)."""
@@ -672,7 +715,7 @@ def _on_event_update_sql(host: HostConfig) -> str:
         RETURN NEW;
     END IF;
     """
-    old_run, old_type = f"OLD.{quote_ident(host.run_id_column)}", f"OLD.{quote_ident(host.type_column)}"
+    old_run = f"OLD.{quote_ident(host.run_id_column)}"
     new_run = f"NEW.{quote_ident(host.run_id_column)}"
     # backfill (and backfill --restore), connected as the owner of openwop_seat, rewrites the types of the one
     # run it names in REWRITE_SETTING for its transaction; it never moves an event to another run.
@@ -695,9 +738,10 @@ AS $ow$
 BEGIN
     {allow}RAISE EXCEPTION USING ERRCODE = {quote_literal(UPDATE_REFUSED_SQLSTATE)},
         MESSAGE = {quote_literal(message)},
-        DETAIL = format('the event of run %s at sequence %s (type %s): an event''s type and run are fixed '
+        -- the stored type is not printed: it may be the other era's spelling of what the session reads (issue 23)
+        DETAIL = format('the event of run %s at sequence %s: an event''s type and run are fixed '
                         'when it is appended', quote_nullable(({old_run})::text),
-                        coalesce(to_jsonb(OLD) ->> 'sequence', 'unknown'), quote_nullable(({old_type})::text)),
+                        coalesce(to_jsonb(OLD) ->> 'sequence', 'unknown')),
         HINT = {quote_literal(hint)};
 END
 $ow$;
@@ -738,6 +782,12 @@ CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {runs} FOR EACH ROW
             out.append(Trigger(host.runs_table, name, f"""
 CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE ON {runs} FOR EACH ROW
     WHEN (OLD.{col} IS DISTINCT FROM NEW.{col}) EXECUTE FUNCTION {SCHEMA}.on_run_update();"""))
+    if "runs" in tables:
+        name = TRIGGER_PREFIX + "run_era3"
+        out.append(Trigger(host.runs_table, name, f"""
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE OR DELETE ON {quote_qualified(host.runs_table)} FOR EACH ROW
+    WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
+    EXECUTE FUNCTION {SCHEMA}.on_run_write_era3();"""))
     if "events" in tables:
         events = quote_qualified(host.events_table)
         run, typ = quote_ident(host.run_id_column), quote_ident(host.type_column)
@@ -786,7 +836,7 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
     return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
                     _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
                     _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
-                    _update_era3_sql(host), _delete_era3_sql(host)))
+                    _update_era3_sql(host), _delete_era3_sql(host), _run_write_era3_sql(host)))
 
 
 # Every role may call these (claim checks its secret; session_major tells a
@@ -825,6 +875,7 @@ PRIVATE_FUNCTIONS = (
     "on_event_update()",
     "on_event_update_era3()",
     "on_event_delete_era3()",
+    "on_run_write_era3()",
     "on_run_insert()",
     "on_run_update()",
 )

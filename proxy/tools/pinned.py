@@ -27,8 +27,9 @@ How a cancel is written (one run per transaction, READ COMMITTED):
    last sequence plus one whether the log starts at 0 or 1).  ``version.pinned``
    is never written.
 
-The tool writes as a *v2 writer*: it claims major 2 with the seat's claim
-secret (``openwop_seat.claim``, as the seat does for its sessions), so the
+The tool writes as a *v2 writer*: a second session claims major 2 with the seat's claim
+secret (``openwop_seat.claim``, as the seat does for its sessions; the first, unclaimed, reads the log,
+which the net of ADR 0009 refuses to a claimed session), so the
 writer rule's trigger accepts its append to an era-3 run (a v1 writer's would be
 refused, ``OW005``) and stores it in an era-2 run under the v1 spelling of
 ``run.cancelled`` (the inverted codemap).  The tool checks the stored type
@@ -224,8 +225,10 @@ async def events_table(conn, host: HostConfig) -> EventsTable:
             continue  # nullable: left NULL (node id, causation id, ...)
         names.append(quote_ident(name))
         values.append(value)
+    # The writer's session is claimed as major 2, so it reads no stored row (the net of ADR 0009): the next
+    # sequence comes from events_keys, the table without type and payload.
     insert = (f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(values)} "
-              f"FROM (SELECT COALESCE(MAX(e.\"sequence\"), 0) + 1 AS next FROM {table} e "
+              f"FROM (SELECT COALESCE(MAX(e.\"sequence\"), 0) + 1 AS next FROM openwop_seat.events_keys e "
               f"WHERE e.{run} = CAST($1 AS {run_type})) n "
               f"RETURNING ({typ})::text, (\"sequence\")::bigint")
     return EventsTable(table, run, typ, payload, run_type, insert)
@@ -282,15 +285,21 @@ class Outcome:
 
 
 async def cancel_run(conn, host: HostConfig, t: EventsTable, words: Spellings, run: str,
-                     implemented: frozenset[str]) -> Outcome:
-    """Append the one run.cancelled of a pinned run in its own transaction, under the host's and the seat's locks."""
+                     implemented: frozenset[str], writer=None) -> Outcome:
+    """Append the one run.cancelled of a pinned run in its own transaction, under the host's and the seat's locks.
+
+    ``writer`` (default ``conn``): the session claimed as major 2 that takes the locks and appends; ``conn`` reads
+    the stored log. Two sessions because the net (ADR 0009) refuses a claimed session's read of stored rows: the
+    reads run while the writer holds the run's lock exclusively, so no append or stamp of the run can commit
+    between them and the append, as when one session did both."""
     from proxy.db.writer_sql import host_append_lock_sql
 
+    writer = conn if writer is None else writer
     host_lock = host_append_lock_sql(host)
-    async with conn.transaction(isolation="read_committed"):
+    async with writer.transaction(isolation="read_committed"):
         if host_lock is not None:
-            await conn.fetch(host_lock, run)  # first, as the host's appends take it (see the module docstring)
-        await conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(openwop_seat.run_lock_key($1))", run)
+            await writer.fetch(host_lock, run)  # first, as the host's appends take it (see the module docstring)
+        await writer.execute("SELECT pg_catalog.pg_advisory_xact_lock(openwop_seat.run_lock_key($1))", run)
         era = await conn.fetchval("SELECT openwop_seat.era_of($1)", run)
         ended = await conn.fetchrow(
             f"SELECT (e.{t.type})::text AS type, (e.\"sequence\")::bigint AS seq FROM {t.table} e "
@@ -310,7 +319,7 @@ async def cancel_run(conn, host: HostConfig, t: EventsTable, words: Spellings, r
                 raise PinnedError(f"run {run}: {why}")
             return Outcome(run, "continue", f"not cancelled: {why}")
         # The v2 name: this session is a v2 writer, and the writer rule stores the era's spelling.
-        stored, seq = await conn.fetchrow(t.insert_sql, run, CANCELLED, json.dumps(CANCEL_PAYLOAD))
+        stored, seq = await writer.fetchrow(t.insert_sql, run, CANCELLED, json.dumps(CANCEL_PAYLOAD))
         if stored != words.cancelled[era]:  # pragma: no cover - the writer rule and the codemap disagree
             raise PinnedError(f"run {run}: the append was stored as {stored!r}, not {words.cancelled[era]!r} "
                               f"(the era-{era} spelling of {CANCELLED}): rolled back")
@@ -339,6 +348,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
             raise ConfigError("pinned-runs --cancel appends as a v2 writer, which needs the seat's claim secret "
                               "(host.claim_secret_file or $OPENWOP_SEAT_CLAIM_SECRET)")
     conn = await connect(dsn)
+    writers: list = []
     try:
         await verify(conn, config, artifacts)  # the same artifacts and writer rule as the database's
         t = await events_table(conn, config.host)
@@ -362,7 +372,9 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
                 f"undecided {tally['undecided']}")
         failed = tally["undecided"] > 0
         if cancel:
-            row = await claim_async(conn, secret, 2)
+            writer = await connect(dsn)  # claimed as major 2 (a v2 writer); conn stays unclaimed and reads
+            writers.append(writer)
+            row = await claim_async(writer, secret, 2)
             if row is None:  # pragma: no cover - verify found the schema
                 raise PinnedError("the openwop_seat schema is missing: run openwop-seat migrate")
             done = {"cancelled": 0, "continue": tally["continue"], "terminal": 0}
@@ -370,7 +382,7 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
                 if verdicts[run.run][0] != "cancel":
                     continue
                 try:
-                    outcome = await cancel_run(conn, config.host, t, words, run.run, implemented)
+                    outcome = await cancel_run(conn, config.host, t, words, run.run, implemented, writer)
                 except PinnedError as e:
                     out(f"NOT cancelled: {e}")
                     failed = True
@@ -392,6 +404,8 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
         total = await count_cancelled(conn, t, words)
         out(f"runs cancelled with {CANCEL_REASON} by {CANCELLED_BY}, in total (for the certification bundle): {total}")
     finally:
+        for w in writers:
+            await w.close()
         await conn.close()
     return 1 if failed else 0
 
