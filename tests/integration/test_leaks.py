@@ -621,3 +621,15 @@ def test_sqlalchemy_core_with_schema_public_reads_translated_rows(net_seat, logs
         engine.dispose()
     assert [r.sequence for r in rows] == list(range(len(rows))) and top == len(rows) - 1
     assert sorted(r.type for r in rows) == sorted(RENAMED_V2 if major == 2 else RENAMED_V1)
+
+
+def test_pg_stats_shows_the_events_tables_statistics_to_no_role_the_net_holds(net_seat, pg, logs):
+    """pg_stats would print stored spellings of both eras (most common values of type); PostgreSQL hides a table
+    with row-level security in force for the reader."""
+    pg.psql("ANALYZE events")
+    assert int(pg.psql("SELECT count(*) FROM pg_stats WHERE tablename = 'events' AND attname = 'type'")) == 1
+    for major in (2, 1, "raw"):
+        with net_connect(net_seat, major) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_stats WHERE tablename = 'events'").fetchone() == (0,)
+            values = conn.execute("SELECT most_common_vals::text FROM pg_stats").fetchall()
+            assert_clean(values, 2 if major == "raw" else major)
