@@ -439,13 +439,20 @@ class Classifier:
             for n in _walk(item):
                 if self._is_events(n):
                     names.add(n.alias.aliasname if n.alias is not None else n.relname)
+                elif isinstance(n, ast.JoinExpr) and n.alias is not None and \
+                        any(self._is_events(m) for m in _walk(n)):
+                    names.add(n.alias.aliasname)  # (events JOIN runs …) AS j: j's whole row holds type
         if not names:
             return True
         stored = {self.host.type_column, self.host.payload_column}
+        columns = set(self.columns)
         for n in _walk(level):
             if isinstance(n, ast.ColumnRef):
                 cols = _names(n)
                 if cols[-1] in stored or cols[-1] == "*" or (len(cols) == 1 and cols[0] in names):
+                    return True
+                # e.to_jsonb, events.row_to_json: field notation for a function of the whole row (ADR 0009)
+                if len(cols) == 2 and cols[0] in names and cols[1] not in columns:
                     return True
             elif isinstance(n, ast.A_Indirection):  # (j).type, (e).*: a field of a whole row
                 if any(isinstance(i, ast.A_Star) or (isinstance(i, ast.String) and i.sval in stored)

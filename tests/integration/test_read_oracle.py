@@ -173,3 +173,33 @@ def test_copy_of_the_whole_events_table_equals_the_translated_copy(oracle, pg, m
 
     got = copied(oracle.dsn(dbname="oracle"), **app)
     assert got and got == copied(pg.dsn(dbname=f"oracle_m{major}"))
+
+
+# Shapes of issue 23, each compared with the translated copy, read as host_user (a role the net of ADR 0009
+# holds: a superuser reads past row-level security) and as the superuser.
+ISSUE_23_SHAPES = [
+    # schema-qualified column references (SQLAlchemy 2 Core with schema='public')
+    f"SELECT public.events.run_id, public.events.sequence, public.events.type FROM public.events "
+    f"WHERE public.events.run_id LIKE '{PREFIX}-%' ORDER BY 1, 2",
+    f"SELECT public.events.type, count(*) FROM public.events WHERE public.events.run_id LIKE '{PREFIX}-%' "
+    f"GROUP BY 1 ORDER BY 1",
+    f"SELECT max(public.events.sequence) FROM public.events WHERE public.events.run_id LIKE '{PREFIX}-%'",
+    # field-selection notation for a function of the whole row
+    f"SELECT e.to_jsonb FROM events e WHERE e.run_id LIKE '{PREFIX}-%' ORDER BY e.run_id, e.sequence",
+    f"SELECT events.row_to_json::text FROM events WHERE run_id LIKE '{PREFIX}-%' ORDER BY run_id, sequence",
+    # the whole row of a join alias over events
+    f"SELECT to_jsonb(j) - 'created_at' FROM (events JOIN runs USING (run_id)) AS j "
+    f"WHERE j.run_id LIKE '{PREFIX}-%' ORDER BY j.run_id, j.sequence",
+    f"SELECT (j).type FROM (events JOIN runs USING (run_id)) AS j WHERE j.run_id LIKE '{PREFIX}-%' "
+    f"ORDER BY j.run_id, j.sequence",
+]
+
+
+@pytest.mark.parametrize("major", [2, 1])
+@pytest.mark.parametrize("user", ["host_user", "postgres"])
+@pytest.mark.parametrize("sql", ISSUE_23_SHAPES)
+def test_issue_23_shapes_through_the_seat_equal_the_translated_copy(oracle, pg, major, user, sql):
+    app = {"application_name": "v1-host"} if major == 1 else {}
+    got = rows(oracle.dsn(user=user, dbname="oracle"), sql, False, **app)
+    want = rows(pg.dsn(dbname=f"oracle_m{major}"), sql, False)
+    assert got and got == want, sql

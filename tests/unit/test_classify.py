@@ -111,9 +111,16 @@ KEYS_ONLY = [
     "SELECT event_id, sequence FROM events e JOIN runs r USING (run_id) WHERE e.run_id = $1",
     "SELECT r.x FROM runs, LATERAL (SELECT status AS x) r "
     "WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.run_id)",
-    # field notation and a join alias's whole row at such a level: a row of events_keys, no type or payload
+    "SELECT j.run_id FROM (events JOIN runs USING (run_id)) AS j",
+]
+
+# Field notation for a function of the whole row, and a join alias's whole row: they read type and payload.
+WHOLE_ROWS = [
     "SELECT e.to_jsonb FROM events e WHERE e.run_id = $1",
+    "SELECT events.row_to_json FROM events WHERE run_id = $1",
     "SELECT j FROM (events JOIN runs USING (run_id)) AS j",
+    "SELECT to_jsonb(j) FROM (events JOIN runs USING (run_id)) AS j WHERE j.run_id = $1",
+    "SELECT (j).type || '' FROM (events JOIN runs USING (run_id)) AS j",
 ]
 
 PASSED = [
@@ -158,6 +165,14 @@ def test_a_level_reading_neither_type_nor_payload_reads_the_keys_view(sql, major
     rels = relations(plan.text)
     assert ("openwop_seat", "events_keys", False) in rels, plan.text
     assert not any(n == "events" for _, n, _ in rels), plan.text
+
+
+@pytest.mark.parametrize("major", [1, 2])
+@pytest.mark.parametrize("sql", WHOLE_ROWS)
+def test_field_notation_and_join_alias_rows_read_the_translated_view(sql, major):
+    plan = classify(sql, major)
+    assert only(plan).action == TRANSLATE
+    assert reads_only_the_view(plan.text, major), plan.text
 
 
 @pytest.mark.parametrize("sql", PASSED)
