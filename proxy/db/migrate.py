@@ -235,11 +235,13 @@ async def net_notes(conn, events: str) -> list[str]:
         lines.append(
             f"note: the events table {events} is owned by {owner['owner']}"
             + (", a role that can log in" if owner["rolcanlogin"] else "")
-            + ": the net holds for its sessions too (FORCE ROW LEVEL SECURITY), but it can turn the net off "
-              "(ALTER TABLE … NO FORCE / DISABLE ROW LEVEL SECURITY, DROP POLICY, or a permissive CREATE POLICY) "
-              "and the writer rule's triggers with it; the seat checks both every host.check_interval and then "
-              "ends its claimed sessions, but what is read or written in between is not undone: give the table to "
-              "a role the host does not log in as (ALTER TABLE … OWNER TO …)")
+            + ": the net holds for its sessions too (FORCE ROW LEVEL SECURITY), but that role and its members can "
+              "turn the net off (ALTER TABLE … NO FORCE / DISABLE ROW LEVEL SECURITY, DROP POLICY, or a permissive "
+              "CREATE POLICY) and the writer rule's triggers with it; the seat checks both every "
+              "host.check_interval and then ends the sessions on the host database, but what is read or written in "
+              "between is not undone"
+            + (": if the host logs in as it, give the table to a role the host does not log in as (ALTER TABLE … "
+               "OWNER TO …)" if owner["rolcanlogin"] else ""))
     bypass = await conn.fetch(
         "SELECT r.rolname::text AS name FROM pg_catalog.pg_roles r WHERE (r.rolsuper OR r.rolbypassrls) "
         "AND r.rolcanlogin AND pg_catalog.has_table_privilege(r.oid, pg_catalog.to_regclass($1), 'SELECT') "
