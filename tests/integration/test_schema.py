@@ -475,3 +475,38 @@ def test_non_bijection_refuses_v1_reads_of_era3(pg, make_db):
     assert s.refusal(table, major=2).sqlstate == "OW001"
     plan = "\n".join(r[0] for r in s.fetch(f"EXPLAIN (VERBOSE) {s.query(table, 1)}"))
     assert "read_v1" not in plan
+
+
+# --- the net (ADR 0009) -----------------------------------------------------------------------------
+
+
+def test_migrate_installs_the_net_and_says_what_it_cannot_enforce(pg, make_db):
+    """Row-level security forced on the events table with the seat's five policies; the notes name the login role
+    that owns the table (the reference host's default deployment) and the roles that bypass row-level security."""
+    from harness import HOST_SCHEMA
+
+    db = make_db()
+    pg.psql(HOST_SCHEMA, user="host_user", dbname=db)  # the host's login role owns its tables
+    out = subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn", pg.dsn(dbname=db)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "note: the events table public.events is owned by host_user, a role that can log in: the net holds " \
+           "for its sessions too (FORCE ROW LEVEL SECURITY)" in out.stdout, out.stdout
+    assert "give the table to a role the host does not log in as" in out.stdout
+    assert "bypass row-level security, so the net does not hold for sessions logged in as them (only the seat's " \
+           "rewrite does): postgres" in out.stdout, out.stdout
+    assert pg.psql("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = 'events'::regclass",
+                   dbname=db).strip() == "t|t"
+    assert pg.psql("SELECT string_agg(policyname || ':' || cmd, ',' ORDER BY policyname) FROM pg_policies "
+                   "WHERE tablename = 'events'", dbname=db).strip() == (
+        "openwop_seat_net:SELECT,openwop_seat_net_delete:DELETE,openwop_seat_net_insert:INSERT,"
+        "openwop_seat_net_seat:SELECT,openwop_seat_net_update:UPDATE")
+    assert migrate(pg, db) == ["nothing to do"]  # installed as recorded: nothing to redo
+    verify(pg, db)
+    # the owner adds a permissive policy: it would open the net (policies are OR-ed), so verify refuses it and
+    # migrate installs again (its own policies; the foreign one is named in the refusal, not dropped)
+    pg.psql("CREATE POLICY host_wide_open ON events FOR SELECT USING (true)", user="host_user", dbname=db)
+    with pytest.raises(SchemaError, match="also there: host_wide_open: a permissive policy opens the net"):
+        verify(pg, db)
+    pg.psql("DROP POLICY host_wide_open ON events", user="host_user", dbname=db)
+    verify(pg, db)
