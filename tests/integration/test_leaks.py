@@ -633,3 +633,25 @@ def test_pg_stats_shows_the_events_tables_statistics_to_no_role_the_net_holds(ne
             assert conn.execute("SELECT count(*) FROM pg_stats WHERE tablename = 'events'").fetchone() == (0,)
             values = conn.execute("SELECT most_common_vals::text FROM pg_stats").fetchall()
             assert_clean(values, 2 if major == "raw" else major)
+
+
+def test_a_renamed_type_column_is_never_read_as_stored(net_seat, pg, logs):
+    """ALTER TABLE events RENAME COLUMN type TO kind (issue 23 item 4): the new name is no column of the seat's
+    relations, and the net holds the table itself, so `kind` is read by no translated session; `type` reads the
+    translated view or is refused (stale relations) until the column is back or migrate has run."""
+    pg.psql("ALTER TABLE events RENAME COLUMN type TO kind")
+    try:
+        for major in (2, 1):
+            with net_connect(net_seat, major) as conn:
+                for sql in ("SELECT kind || '' FROM events WHERE run_id = %(run)s",
+                            "SELECT e.kind FROM events e WHERE e.run_id = %(run)s",
+                            "SELECT to_jsonb(e) FROM events e WHERE e.run_id = %(run)s",
+                            "SELECT type FROM events WHERE run_id = %(run)s"):
+                    try:
+                        values = conn.execute(sql, {"run": logs[major]}).fetchall()
+                    except psycopg.Error as e:
+                        values = [str(e)]
+                    assert_clean(values, major)
+                    assert not (tokens(values) & {t.lower() for t in FORBIDDEN[major]}), sql
+    finally:
+        pg.psql("ALTER TABLE events RENAME COLUMN kind TO type")
