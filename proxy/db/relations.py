@@ -39,6 +39,7 @@ import json
 from dataclasses import dataclass
 
 from proxy.config import HostConfig
+from proxy.db.projection_compiled import compiled_sql
 
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"
@@ -190,12 +191,13 @@ COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
 GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
 """
 
-    tenant_fn = "NULL::text"
+    tenant_sql = "NULL::text"
     if host.tenant_column:
-        tenant_fn = (f"CASE WHEN t {EQ} 'run.started' THEN (SELECT ({C}.{_ident(host.tenant_column)})::text "
-                     f"FROM {_qualified(host.runs_table)} {C} WHERE ({C}.{_ident(host.run_id_column)})::text "
-                     f"{EQ} run LIMIT 1) END")
+        tenant_sql = (f"(SELECT ({C}.{_ident(host.tenant_column)})::text "
+                      f"FROM {_qualified(host.runs_table)} {C} WHERE ({C}.{_ident(host.run_id_column)})::text "
+                      f"{EQ} run LIMIT 1)")
     fn_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) t OR {_vendor('t', orgs)})"
+    compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql)
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
                     f"        RETURN COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) t, t);")
@@ -216,31 +218,7 @@ BEGIN
 END
 $ow$;
 
-CREATE OR REPLACE FUNCTION {SCHEMA}.payload_v2(t text, p jsonb, run text, seq bigint, eid text, node text)
-RETURNS jsonb LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-DECLARE
-    r text;
-BEGIN
-    IF NOT {fn_ok} THEN
-        PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
-                                    t, run, seq);
-    END IF;
-    IF p IS NULL OR {SCHEMA}.fast_v2(t, p) THEN
-        RETURN p;
-    END IF;
-    -- the run's tenant, for run.started's legacy Subject (looked up here, not in the view: a sub-select there
-    -- is planned again in every unprepared statement)
-    r := {SCHEMA}.project_row(t, p, run, seq, eid, node, {tenant_fn});  -- raises payload_unprojectable
-    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);
-    IF r {EQ} '' THEN
-        RETURN p;
-    END IF;
-    RETURN r::jsonb;
-END
-$ow$;
-
+{compiled}
 -- RETURNING of a write: the written row's type and payload by the era the append trigger saw (era_now, a
 -- fresh snapshot, passed in). STABLE, so that a column the RETURNING list does not name is not computed.
 CREATE OR REPLACE FUNCTION {SCHEMA}.type_m2(t text, era smallint, run text, seq bigint)

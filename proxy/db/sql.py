@@ -35,3 +35,16 @@ def text_array_literal(values) -> str:
     """A ``text[]`` constant holding ``values`` (sorted, so the generated SQL is deterministic)."""
     items = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in sorted(values))
     return quote_literal("{" + items + "}") + "::text[]"
+
+
+def text_array_const(values, *, sort: bool = True) -> str:
+    """A ``pg_catalog.text[]`` constant: for code that runs without a pinned search_path, where an
+    unqualified type name could resolve to a temporary type of the caller's."""
+    items = sorted(values) if sort else list(values)
+    body = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in items)
+    return quote_literal("{" + body + "}") + "::pg_catalog.text[]"
+
+
+def jsonb_const(value_json: str) -> str:
+    """A ``pg_catalog.jsonb`` constant from its JSON text (see :func:`text_array_const`)."""
+    return quote_literal(value_json) + "::pg_catalog.jsonb"

@@ -1,0 +1,287 @@
+"""The compiled projection: per stored type, straight-line SQL for the payloads the walk would barely touch.
+
+:mod:`proxy.db.projection_sql` holds the projection as one generic engine (``project_row`` →
+``project_v2`` → ``project_obj_with``), a PL/pgSQL walk over a shape table: exact, and 35–130 µs per
+era-2 row.  This module generates ``payload_v2``, the function the major-2 view calls per era-2 row,
+as a *compiled* projection: for each stored type, the statements the walk would run for that
+type's shape, specialised at generation time, behind a guard that holds exactly when that
+specialisation is what the walk does.  A payload the guard does not admit goes to the engine
+(``project_row``), so the two agree on every input by construction; the engine stays the
+projection's definition, and the tests compare the two row by row.
+
+What a type's compiled branch does, in the engine's order (``project_v2``):
+
+* the operator's declarations for the v2 type (``declared_v2``: key aliases, legacy values), when
+  the declarations name the type;
+* ``run.started`` without ``owner``: the legacy Subject of the run's tenant (looked up only then);
+* keys the shape does not declare: none (the common case: nothing to do); in a closed, hatched
+  shape, none that the hatch admits and the carrier not taken, then they are boxed under the
+  carrier in one step (``box_unknown``); in a closed shape without the hatch: never (the engine
+  refuses them);
+* required ``nodeId`` / ``runId`` filled from the row's columns.
+
+and the guard sends to the engine every payload where the walk does more: a ``type`` key at any
+depth (nested type mapping), a declared key whose nested shape could change or refuse something
+(computed from the shape graph), ``engineVersion`` as a string, a stored ``owner``, an interrupt
+``kind`` outside the v2 enum, ``approval.requested`` in its v1 shape, unions, patterns other
+than the hatch.  A non-object payload is returned as stored, as the engine does.
+
+The dispatch on the stored type is a balanced tree of ``IF`` over ``t COLLATE "C"`` (seven
+comparisons for the pinned codemap, not a chain of 117), and every statement is a PL/pgSQL simple
+expression, so a compiled row costs a few jsonb operations and no SPI call.  ``payload_v2`` is
+PL/pgSQL on purpose: parsed and planned once per session, never inlined into the reading statement,
+whose planning time it would otherwise grow (see docs/payload-projection.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.artifacts.payload_shapes import HATCH_PATTERN, ObjectShape
+from proxy.db.projection_sql import INTERRUPT_KINDS, LEGACY_ISSUER, LEGACY_SUBJECT_ID, interrupt_kind_types
+from proxy.db.sql import jsonb_const, quote_literal, text_array_const
+
+# The hatch as jsonpath predicates over a key, equal to HATCH_PATTERN (``^(openwop-|x-|vendor\.)``).
+HATCH_PREFIXES = ("openwop-", "x-", "vendor.")
+assert HATCH_PATTERN == r"^(" + "|".join(p.replace(".", r"\.") for p in HATCH_PREFIXES) + ")"
+HATCH_KEY_PATH = "$.keyvalue() ? (" + " || ".join(f'@.key starts with "{p}"' for p in HATCH_PREFIXES) + ")"
+
+
+def trivial_shapes(shapes: dict[str, ObjectShape]) -> set[int]:
+    """The ids of the shapes whose walk leaves every value as it is and refuses nothing.
+
+    Such a shape is open, no union, and every nested, item and bound shape below it is trivial too.
+    The graph can be cyclic: start from "every shape trivial" and remove until nothing changes.
+    """
+    every: dict[int, ObjectShape] = {}
+
+    def collect(shape: ObjectShape) -> None:
+        if id(shape) in every:
+            return
+        every[id(shape)] = shape
+        for child in children(shape):
+            collect(child)
+
+    for shape in shapes.values():
+        collect(shape)
+    trivial = {i for i, s in every.items() if s.open and not s.union and not s.unprojectable}
+    changed = True
+    while changed:
+        changed = False
+        for i in list(trivial):
+            if any(id(c) not in trivial for c in children(every[i])):
+                trivial.discard(i)
+                changed = True
+    return trivial
+
+
+def children(shape: ObjectShape) -> list[ObjectShape]:
+    out = [*shape.nested.values(), *shape.items.values(), *shape.union]
+    for _key, bound in shape.discriminated.values():
+        out.extend(bound.values())
+    return out
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One stored type's compiled branch: the guard (SQL over ``d``) and the statements after it."""
+
+    stored: str
+    v2: str
+    guard: str | None  # None: no compiled path, always the engine
+    body: tuple[str, ...] = ()
+    declared: bool = False  # the operator's declarations name this type: ``d := declared_v2(...)`` first
+    needs_tenant: bool = False
+
+
+def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial: set[int], kind_types: set[str],
+           carrier: str, declared: bool = False) -> Branch:
+    """What ``payload_v2`` does for rows stored as ``stored`` (v2 type ``v2``, definition ``shape``)."""
+    if shape is None or shape.union or shape.unprojectable or set(shape.patterns) - {HATCH_PATTERN}:
+        return Branch(stored, v2, None)
+    guard = ["NOT pg_catalog.jsonb_path_exists(d, 'lax $.**.type')"]
+    body: list[str] = []
+    needs_tenant = False
+    nontrivial = sorted({k for k, s in shape.nested.items() if id(s) not in trivial}
+                        | {k for k, s in shape.items.items() if id(s) not in trivial}
+                        | set(shape.discriminated))
+    if v2 == "run.started":
+        # versioning.md §2.1 (a string engineVersion) and a stored owner block: the engine's
+        if "owner" in nontrivial:
+            nontrivial.remove("owner")  # absent by the guard below; the stamped block is what the walk keeps
+        guard.append("COALESCE(pg_catalog.jsonb_typeof(d OPERATOR(pg_catalog.->) 'engineVersion') "
+                     "OPERATOR(pg_catalog.<>) 'string', true)")
+        guard.append("NOT d OPERATOR(pg_catalog.?) 'owner'")
+        needs_tenant = True
+        subject = ("pg_catalog.jsonb_build_object('tenant', tenant, 'subject', pg_catalog.jsonb_build_object("
+                   f"'issuer', {quote_literal(LEGACY_ISSUER)}, 'subjectId', {quote_literal(LEGACY_SUBJECT_ID)}, "
+                   "'tenant', tenant, 'lane', 'api-key', 'kind', 'user'))")
+        body.append(f"IF tenant IS NOT NULL THEN d := d OPERATOR(pg_catalog.||) "
+                    f"pg_catalog.jsonb_build_object('owner', {subject}); END IF;")
+    elif v2 in kind_types:
+        guard.append(f"COALESCE(pg_catalog.jsonb_typeof(d OPERATOR(pg_catalog.->) 'kind') "
+                     f"OPERATOR(pg_catalog.<>) 'string' OR (d OPERATOR(pg_catalog.->>) 'kind') "
+                     f"OPERATOR(pg_catalog.=) ANY ({text_array_const(INTERRUPT_KINDS)}), true)")
+    elif v2 == "approval.requested":
+        guard.append("(d OPERATOR(pg_catalog.?) 'data' OR d OPERATOR(pg_catalog.?) 'kind')")
+    if nontrivial:
+        guard.append(f"NOT (d OPERATOR(pg_catalog.?|) {text_array_const(nontrivial)})")
+    if shape.closed:
+        unknown = f"(d OPERATOR(pg_catalog.-) {text_array_const(shape.declared)})"
+        if shape.hatched:
+            # every undeclared key boxed under the carrier, unless one is a hatch key (kept in place; the
+            # carrier itself is one): then the engine, which boxes around it
+            guard.append(f"({unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb OR NOT pg_catalog.jsonb_path_exists("
+                         f"{unknown}, {quote_literal(HATCH_KEY_PATH)}))")
+            kept = " OPERATOR(pg_catalog.||) ".join(
+                f"CASE WHEN d OPERATOR(pg_catalog.?) {quote_literal(k)} THEN pg_catalog.jsonb_build_object("
+                f"{quote_literal(k)}, d OPERATOR(pg_catalog.->) {quote_literal(k)}) ELSE '{{}}'::pg_catalog.jsonb END"
+                for k in shape.declared)
+            body.append(f"IF {unknown} OPERATOR(pg_catalog.<>) '{{}}'::pg_catalog.jsonb THEN "
+                        f"d := ('{{}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) {kept}) OPERATOR(pg_catalog.||) "
+                        f"pg_catalog.jsonb_build_object({quote_literal(carrier)}, {unknown}); END IF;")
+        else:
+            guard.append(f"{unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb")
+    for key, column in (("nodeId", "node"), ("runId", "run")):
+        if key in shape.required:
+            body.append(f"IF {column} IS NOT NULL AND NOT d OPERATOR(pg_catalog.?) {quote_literal(key)} THEN "
+                        f"d := d OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({quote_literal(key)}, "
+                        f"{column}); END IF;")
+    return Branch(stored, v2, " AND ".join(guard), tuple(body), declared, needs_tenant)
+
+
+def branches(schema: str, artifacts, carrier: str, declared_types: frozenset[str] = frozenset()) -> list[Branch]:
+    """One branch per stored (v1) type of the codemap, sorted by the stored name's bytes."""
+    shapes = artifacts.payload_shapes
+    trivial = trivial_shapes(shapes)
+    kinds = set(interrupt_kind_types(shapes))
+    out = [branch(schema, v1, v2, shapes.get(v2), trivial, kinds, carrier, v2 in declared_types)
+           for v1, v2 in artifacts.v1_to_v2.items()]
+    return sorted(out, key=lambda b: b.stored.encode())
+
+
+ENGINE = "RETURN {s}.project_live(t, p, run, seq, eid, node);"
+
+
+def _leaf(b: Branch, s: str, indent: str) -> list[str]:
+    engine = ENGINE.format(s=s)
+    if b.guard is None:
+        return [indent + engine]
+    lines = []
+    if b.declared:
+        lines.append(f"{indent}d := {s}.declared_v2({quote_literal(b.v2)}, p);")
+    lines.append(f"{indent}IF NOT ({b.guard}) THEN {engine} END IF;")
+    if b.needs_tenant:
+        lines.append(f"{indent}tenant := {s}.run_tenant(run);")
+    lines += [indent + stmt for stmt in b.body]
+    lines.append(f"{indent}RETURN d;")
+    return lines
+
+
+def _tree(items: list[Branch], s: str, indent: str, otherwise: str) -> list[str]:
+    """A balanced IF tree over ``t`` (byte order) with one leaf per branch; any other type (or NULL): the
+    statements ``otherwise``."""
+    if len(items) <= 2:
+        out = []
+        for i, b in enumerate(items):
+            out.append(f"{indent}{'IF' if i == 0 else 'ELSIF'} t OPERATOR(pg_catalog.=) {quote_literal(b.stored)} THEN")
+            out += _leaf(b, s, indent + "    ")
+        out.append(f"{indent}ELSE")
+        out.append(f"{indent}    " + otherwise)
+        out.append(f"{indent}END IF;")
+        return out
+    mid = len(items) // 2
+    pivot = quote_literal(items[mid].stored)
+    return ([f"{indent}IF (t COLLATE pg_catalog.\"C\") OPERATOR(pg_catalog.<) {pivot} THEN"]
+            + _tree(items[:mid], s, indent + "    ", otherwise)
+            + [f"{indent}ELSE"]
+            + _tree(items[mid:], s, indent + "    ", otherwise)
+            + [f"{indent}END IF;"])
+
+
+def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: str,
+                 declared_types: frozenset[str] = frozenset()) -> str:
+    """The DDL of ``payload_v2`` (compiled), ``project_live`` (the engine's entry for one row),
+    ``box_unknown`` and ``run_tenant``.
+
+    ``vendor_orgs``: the registered orgs whose types pass unchanged; ``tenant_sql``: a SQL expression
+    of the run's tenant over ``run`` (``NULL::text`` without ``[host] tenant_column``).
+
+    ``payload_v2`` runs once per era-2 row, so it has no ``SET search_path`` (a GUC save and restore
+    per call, about 2 µs): every name in it is schema-qualified instead, types included, since the
+    caller's temporary schema is searched first for type names.
+    """
+    forward = {v1: artifacts.v1_to_v2[v1] for v1 in artifacts.v1_types}
+    mapped = f"{jsonb_const(orjson.dumps(dict(sorted(forward.items()))).decode())} OPERATOR(pg_catalog.?) t"
+    s = schema
+    refuse = (f"PERFORM {s}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' "
+              f"ELSE 'event_type_unmapped' END, t, run, seq);")
+    vendor = "false"
+    if vendor_orgs:
+        vendor = (f"pg_catalog.strpos(t, '.') OPERATOR(pg_catalog.>) 0 AND pg_catalog.split_part(t, '.', 1) "
+                  f"OPERATOR(pg_catalog.=) ANY ({text_array_const(vendor_orgs)})")
+    otherwise = f"IF t IS NULL OR NOT ({vendor}) THEN {refuse} END IF; " + ENGINE.format(s=s)
+    tree = "\n".join(_tree(branches(s, artifacts, carrier, declared_types), s, "    ", otherwise))
+    mapped = f"({mapped}) OR ({vendor})"
+    return f"""
+-- The undeclared keys of a closed, hatched object, none of them a hatch key, boxed under the carrier.
+CREATE OR REPLACE FUNCTION {s}.box_unknown(v jsonb, declared text[], carrier text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    unknown jsonb := v OPERATOR(pg_catalog.-) declared;
+BEGIN
+    RETURN (v OPERATOR(pg_catalog.-) ARRAY(SELECT pg_catalog.jsonb_object_keys(unknown)))
+           OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(carrier, unknown);
+END
+$ow$;
+
+-- The run's tenant (empty counts as none), for run.started's legacy Subject.
+CREATE OR REPLACE FUNCTION {s}.run_tenant(run text) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    RETURN NULLIF({tenant_sql}, '');
+END
+$ow$;
+
+-- One era-2 row through the engine (project_row): the projected payload, or p when it is unchanged.
+CREATE OR REPLACE FUNCTION {s}.project_live(t text, p jsonb, run text, seq bigint, eid text, node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    r text;
+BEGIN
+    r := {s}.project_row(t, p, run, seq, eid, node,
+                         CASE WHEN t OPERATOR(pg_catalog.=) 'run.started' THEN {s}.run_tenant(run) END);
+    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);  -- raised payload_unprojectable, or
+    IF r OPERATOR(pg_catalog.=) '' THEN
+        RETURN p;
+    END IF;
+    RETURN r::jsonb;
+END
+$ow$;
+
+-- The major-2 payload of one era-2 row (module docstring of proxy.db.projection_compiled).
+CREATE OR REPLACE FUNCTION {s}.payload_v2(t text, p jsonb, run text, seq bigint, eid text, node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+AS $ow$
+DECLARE
+    d pg_catalog.jsonb := p;
+    tenant pg_catalog.text;
+BEGIN
+    IF p IS NULL OR pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.<>) 'object' THEN
+        IF t IS NULL OR NOT ({mapped}) THEN
+            {refuse}
+        END IF;
+        RETURN p;
+    END IF;
+{tree}
+END
+$ow$;
+"""

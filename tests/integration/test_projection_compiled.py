@@ -1,0 +1,143 @@
+"""The compiled projection (``payload_v2``) against the engine it compiles (``project_live``), row by row.
+
+The engine (``project_row``: the PL/pgSQL walk over the shape table) is the projection's definition and the
+oracle here. ``payload_v2`` must return, for every row, exactly what the engine returns: the same bytes
+of the same payload, or the same refusal (SQLSTATE, message and DETAIL). The rows:
+
+* the property generators of ``test_projection_property`` (every v2 definition, declared / hatch /
+  unknown keys, nested ``type`` values, every v1 owner shape, interrupt kinds in and out of the enum,
+  ``engineVersion`` strings), for three tenants (a run row with one, with an empty one, none);
+* the frozen fixtures ``payload-projection-v1`` and ``-v2`` (read, never written);
+* the reference host's shapes (issue 22): ``run.started`` without owner, ``node.started {}``,
+  ``node.completed {outputs}``, ``memory.written``, ``run.completed {output}``, ``node.suspended``.
+
+A test also checks that the reference host's shapes take the compiled path (never the engine): the
+engine is counted with ``pg_stat_user_functions``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from test_projection_property import KIND_TYPES, PROPERTY, rows
+
+from proxy.errors import ERRORS
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = [ROOT / "tests" / "fixtures" / name / "cases.json"
+            for name in ("payload-projection-v1", "payload-projection-v2")]
+RUNS = {"acme": "oracle-run-acme", "": "oracle-run-empty", None: "oracle-run-none"}
+
+REFERENCE_HOST = [  # (stored type, payload, node_id) as the unmodified reference host stores them
+    ("run.started", {"workflowId": "openwop-app.uppercase"}, None),
+    ("node.started", {}, "n1"),
+    ("node.completed", {"outputs": {"text": "T0-49"}}, "n1"),
+    ("memory.written", {"tags": ["a", "b"], "memoryId": "mem_1", "memoryRef": "tenant-memory"}, None),
+    ("run.completed", {"output": {"text": "HELLO SEAT"}}, None),
+    ("node.suspended", {"kind": "approval", "interruptId": "60f9a8"}, "n2"),
+]
+
+
+@pytest.fixture(scope="module")
+def conn(pg):
+    with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as c:
+        for tenant, run in RUNS.items():
+            c.execute("DELETE FROM runs WHERE run_id = %s", (run,))
+            if tenant is not None:
+                c.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, %s)", (run, tenant))
+        yield c
+
+
+def outcome(conn, function: str, t: str, payload, run: str, node: str | None):
+    """('ok', jsonb text or None) or ('error', sqlstate, message, detail) of one call."""
+    try:
+        with conn.transaction():
+            text = conn.execute(f"SELECT openwop_seat.{function}(%s, %s::jsonb, %s, 7, 'ev-oracle', %s)::text",
+                                (t, None if payload is None else json.dumps(payload), run, node)).fetchone()[0]
+    except psycopg.Error as e:
+        return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
+    return "ok", text
+
+
+def same(conn, t: str, payload, run: str, node: str | None):
+    compiled = outcome(conn, "payload_v2", t, payload, run, node)
+    engine = outcome(conn, "project_live", t, payload, run, node)
+    assert compiled == engine, (t, payload, run, node)
+    return compiled
+
+
+@PROPERTY
+@given(rows())
+def test_the_compiled_projection_is_the_engine_on_generated_rows(conn, row):
+    t, _v2, payload, node, tenant = row
+    for run in RUNS.values():
+        same(conn, t, payload, run, node)
+
+
+@settings(PROPERTY, max_examples=200)
+@given(rows(types=sorted({"run.started", "approval.requested"} | KIND_TYPES)))
+def test_the_compiled_projection_is_the_engine_on_owner_blocks_and_interrupt_kinds(conn, row):
+    t, _v2, payload, node, _tenant = row
+    for run in RUNS.values():
+        same(conn, t, payload, run, node)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.name)
+def test_the_compiled_projection_is_the_engine_on_the_frozen_fixtures(conn, path):
+    cases = json.loads(path.read_text())["cases"]
+    assert cases
+    for case in cases:
+        event = case["event"]
+        run = RUNS.get(case.get("tenantId"), RUNS[None])
+        same(conn, event["type"], event["payload"], run, event.get("nodeId"))
+
+
+def test_the_compiled_projection_is_the_engine_on_edge_values(conn):
+    """Non-object payloads, JSON null, a NULL payload and vendor types read as the engine reads them; an
+    unmapped or NULL type is refused before any projection, as the view refused it before (the engine
+    itself does not check types)."""
+    for t, payload in [("node.started", [1, 2]), ("node.started", "text"), ("node.started", None),
+                       ("run.completed", 3), ("example.custom", {"a": 1}), ("example.custom", None),
+                       ("openwop-app.step", []), ("node.started", {"x-v1": 1, "zz": 2}),
+                       ("node.started", {"x-v1": 1, "x-v1.seat": 2, "zz": 3})]:
+        for node in (None, "n1"):
+            same(conn, t, payload, RUNS["acme"], node)
+    for t, payload, code in [("no.such.type", {}, "event_type_unmapped"), ("no.such.type", None, "event_type_unmapped"),
+                             ("vendor.nope.x", [], "event_type_unmapped"), (None, {}, "event_row_malformed"),
+                             (None, None, "event_row_malformed")]:
+        got = outcome(conn, "payload_v2", t, payload, RUNS["acme"], None)
+        assert got[0] == "error" and got[1] == ERRORS[code].sqlstate and got[2].startswith(code), (t, got)
+
+
+def test_the_reference_host_shapes_read_as_the_engine_reads_them_without_calling_it(conn, pg):
+    """Issue 22: the reference host's common shapes are compiled; the engine is never entered (it is
+    replaced, inside a transaction rolled back after, by a function that raises)."""
+    for t, payload, node in REFERENCE_HOST:
+        for run in RUNS.values():
+            same(conn, t, payload, run, node)
+    expected = {(t, run): outcome(conn, "payload_v2", t, payload, run, node)
+                for t, payload, node in REFERENCE_HOST for run in RUNS.values()}
+    with psycopg.connect(pg.dsn(dbname="postgres")) as c:
+        c.execute(ENGINE_TRAP)
+        for t, payload, node in REFERENCE_HOST:
+            for run in RUNS.values():
+                got = c.execute("SELECT openwop_seat.payload_v2(%s, %s::jsonb, %s, 7, 'ev-oracle', %s)::text",
+                                (t, json.dumps(payload), run, node)).fetchone()[0]
+                assert ("ok", got) == expected[(t, run)], (t, run)
+        # the trap works: a row the compiled branch leaves to the engine enters it
+        with pytest.raises(psycopg.errors.RaiseException, match="engine entered"):
+            c.execute("SELECT openwop_seat.payload_v2('run.started', '{\"owner\": null}', %s, 7, 'e', NULL)",
+                      (RUNS["acme"],))
+        c.rollback()
+    assert outcome(conn, "payload_v2", "run.completed", {"output": {"text": "HELLO"}}, RUNS["acme"], None) == \
+        ("ok", '{"x-v1": {"output": {"text": "HELLO"}}}')
+
+
+ENGINE_TRAP = """
+CREATE OR REPLACE FUNCTION openwop_seat.project_live(t text, p jsonb, run text, seq bigint, eid text, node text)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$ BEGIN RAISE EXCEPTION 'engine entered for %', t; END $$
+"""
