@@ -133,8 +133,8 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
         if shape.hatched:
             # every undeclared key boxed under the carrier, unless one is a hatch key (kept in place; the
             # carrier itself is one): then the engine, which boxes around it
-            guard.append(f"({unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb OR NOT pg_catalog.jsonb_path_exists("
-                         f"{unknown}, {quote_literal(HATCH_KEY_PATH)}))")
+            guard.append(f"({unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb OR NOT "
+                         f"pg_catalog.jsonb_path_exists({unknown}, {quote_literal(HATCH_KEY_PATH)}))")
             kept = " OPERATOR(pg_catalog.||) ".join(
                 f"CASE WHEN d OPERATOR(pg_catalog.?) {quote_literal(k)} THEN pg_catalog.jsonb_build_object("
                 f"{quote_literal(k)}, d OPERATOR(pg_catalog.->) {quote_literal(k)}) ELSE '{{}}'::pg_catalog.jsonb END"

@@ -196,7 +196,6 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
         tenant_sql = (f"(SELECT ({C}.{_ident(host.tenant_column)})::text "
                       f"FROM {_qualified(host.runs_table)} {C} WHERE ({C}.{_ident(host.run_id_column)})::text "
                       f"{EQ} run LIMIT 1)")
-    fn_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) t OR {_vendor('t', orgs)})"
     compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql)
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
