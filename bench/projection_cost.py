@@ -58,8 +58,8 @@ async def best(conn, sql: str, arg: str, repeat: int) -> float:
     return min(times)
 
 
-async def measure(dsn: str, rows: int, repeat: int) -> list[dict]:
-    conn = await asyncpg.connect(dsn)
+async def measure(port: int, rows: int, repeat: int) -> list[dict]:
+    conn = await asyncpg.connect(host="127.0.0.1", port=port, user="postgres", database="postgres")
     try:
         await conn.execute("INSERT INTO runs (run_id, tenant_id) SELECT 'r' || i, 'acme' FROM generate_series(1, $1) i",
                            rows)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                                "host": {"dsn": dsn, "tenant_column": "tenant_id", "node_id_column": "node_id",
                                         "event_id_column": "event_id"}})
         asyncio.run(migrate(dsn, config, load_artifacts(), out=lambda _line: None))
-        results = asyncio.run(measure(dsn, args.rows, args.repeat))
+        results = asyncio.run(measure(cluster.port, args.rows, args.repeat))
     finally:
         cluster.stop()
     print(f"{'stored type':<16} {'projection':<10} {'direct µs/row':>14} {'+compiled µs':>13} {'+engine µs':>11}")
