@@ -35,6 +35,7 @@ whose planning time it would otherwise grow (see docs/payload-projection.md).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import orjson
@@ -46,7 +47,17 @@ from proxy.db.sql import jsonb_const, quote_literal, text_array_const
 # The hatch as jsonpath predicates over a key, equal to HATCH_PATTERN (``^(openwop-|x-|vendor\.)``).
 HATCH_PREFIXES = ("openwop-", "x-", "vendor.")
 assert HATCH_PATTERN == r"^(" + "|".join(p.replace(".", r"\.") for p in HATCH_PREFIXES) + ")"
-HATCH_KEY_PATH = "$.keyvalue() ? (" + " || ".join(f'@.key starts with "{p}"' for p in HATCH_PREFIXES) + ")"
+_HATCH_KEY = " || ".join(f'@.key starts with "{p}"' for p in HATCH_PREFIXES)
+HATCH_KEY_PATH = f"$.keyvalue() ? ({_HATCH_KEY})"  # some top-level key is a hatch key
+OTHER_KEY_PATH = f"$.keyvalue() ? (!({_HATCH_KEY}))"  # some top-level key is not
+
+
+def renamed_type_path(renamed) -> str:
+    """A jsonpath that finds a renamed v1 type as the value of a ``type`` key at any depth: where the
+    engine's ``map_nested_types`` could change something (it skips hatch values; this does not, so a
+    renamed type under a hatch key goes to the engine, which leaves it)."""
+    names = " || ".join(f"@ == {json.dumps(t)}" for t in sorted(renamed))
+    return f"lax $.**.type ? ({names})" if names else "lax $.**.type ? (false)"
 
 
 def trivial_shapes(shapes: dict[str, ObjectShape]) -> set[int]:
@@ -84,6 +95,10 @@ def children(shape: ObjectShape) -> list[ObjectShape]:
     return out
 
 
+# A row the compiled branch does not cover: the engine, on the stored payload.
+ENGINE = "RETURN {s}.project_live(t, p, run, seq, eid, node);"
+
+
 @dataclass(frozen=True)
 class Branch:
     """One stored type's compiled branch: the guard (SQL over ``d``) and the statements after it."""
@@ -97,11 +112,11 @@ class Branch:
 
 
 def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial: set[int], kind_types: set[str],
-           carrier: str, declared: bool = False) -> Branch:
+           carrier: str, renamed_path: str, declared: bool = False) -> Branch:
     """What ``payload_v2`` does for rows stored as ``stored`` (v2 type ``v2``, definition ``shape``)."""
     if shape is None or shape.union or shape.unprojectable or set(shape.patterns) - {HATCH_PATTERN}:
         return Branch(stored, v2, None)
-    guard = ["NOT pg_catalog.jsonb_path_exists(d, 'lax $.**.type')"]
+    guard = [f"NOT pg_catalog.jsonb_path_exists(d, {quote_literal(renamed_path)})"]
     body: list[str] = []
     needs_tenant = False
     nontrivial = sorted({k for k, s in shape.nested.items() if id(s) not in trivial}
@@ -131,17 +146,22 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
     if shape.closed:
         unknown = f"(d OPERATOR(pg_catalog.-) {text_array_const(shape.declared)})"
         if shape.hatched:
-            # every undeclared key boxed under the carrier, unless one is a hatch key (kept in place; the
-            # carrier itself is one): then the engine, which boxes around it
-            guard.append(f"({unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb OR NOT "
-                         f"pg_catalog.jsonb_path_exists({unknown}, {quote_literal(HATCH_KEY_PATH)}))")
+            # No undeclared key: nothing to do. None of them a hatch key: all boxed under the carrier (which is
+            # not taken: it is a hatch key). All of them hatch keys: kept where they are. Both kinds: the
+            # engine, which boxes around the hatch keys (and picks the second carrier when the first is taken).
             kept = " OPERATOR(pg_catalog.||) ".join(
                 f"CASE WHEN d OPERATOR(pg_catalog.?) {quote_literal(k)} THEN pg_catalog.jsonb_build_object("
                 f"{quote_literal(k)}, d OPERATOR(pg_catalog.->) {quote_literal(k)}) ELSE '{{}}'::pg_catalog.jsonb END"
                 for k in shape.declared)
-            body.append(f"IF {unknown} OPERATOR(pg_catalog.<>) '{{}}'::pg_catalog.jsonb THEN "
-                        f"d := ('{{}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) {kept}) OPERATOR(pg_catalog.||) "
-                        f"pg_catalog.jsonb_build_object({quote_literal(carrier)}, {unknown}); END IF;")
+            body.append(f"u := {unknown};")
+            body.append("IF u OPERATOR(pg_catalog.<>) '{}'::pg_catalog.jsonb THEN")
+            body.append(f"    IF NOT pg_catalog.jsonb_path_exists(u, {quote_literal(HATCH_KEY_PATH)}) THEN")
+            body.append(f"        d := ('{{}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) {kept}) "
+                        f"OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({quote_literal(carrier)}, u);")
+            body.append(f"    ELSIF pg_catalog.jsonb_path_exists(u, {quote_literal(OTHER_KEY_PATH)}) THEN")
+            body.append("        " + ENGINE.format(s=schema))
+            body.append("    END IF;")
+            body.append("END IF;")
         else:
             guard.append(f"{unknown} OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb")
     for key, column in (("nodeId", "node"), ("runId", "run")):
@@ -157,12 +177,11 @@ def branches(schema: str, artifacts, carrier: str, declared_types: frozenset[str
     shapes = artifacts.payload_shapes
     trivial = trivial_shapes(shapes)
     kinds = set(interrupt_kind_types(shapes))
-    out = [branch(schema, v1, v2, shapes.get(v2), trivial, kinds, carrier, v2 in declared_types)
+    path = renamed_type_path(artifacts.renamed)
+    out = [branch(schema, v1, v2, shapes.get(v2), trivial, kinds, carrier, path, v2 in declared_types)
            for v1, v2 in artifacts.v1_to_v2.items()]
     return sorted(out, key=lambda b: b.stored.encode())
 
-
-ENGINE = "RETURN {s}.project_live(t, p, run, seq, eid, node);"
 
 
 def _leaf(b: Branch, s: str, indent: str) -> list[str]:
@@ -273,6 +292,7 @@ RETURNS jsonb LANGUAGE plpgsql STABLE
 AS $ow$
 DECLARE
     d pg_catalog.jsonb := p;
+    u pg_catalog.jsonb;
     tenant pg_catalog.text;
 BEGIN
     IF p IS NULL OR pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.<>) 'object' THEN

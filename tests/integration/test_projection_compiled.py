@@ -103,7 +103,12 @@ def test_the_compiled_projection_is_the_engine_on_edge_values(conn):
     for t, payload in [("node.started", [1, 2]), ("node.started", "text"), ("node.started", None),
                        ("run.completed", 3), ("example.custom", {"a": 1}), ("example.custom", None),
                        ("openwop-app.step", []), ("node.started", {"x-v1": 1, "zz": 2}),
-                       ("node.started", {"x-v1": 1, "x-v1.seat": 2, "zz": 3})]:
+                       ("node.started", {"x-v1": 1, "x-v1.seat": 2, "zz": 3}),
+                       ("node.started", {"x-note": {"type": "agent.toolCalled"}, "vendor.acme.k": 1}),
+                       ("node.started", {"x-note": 1, "zz": {"type": "agent.toolCalled"}}),
+                       ("node.started", {"typeId": "t", "zz": {"type": "node.started"}, "yy": [{"type": 3}]}),
+                       ("node.started", {"zz": {"type": ["agent.toolCalled"]}}),
+                       ("run.completed", {"outputs": {"type": "agent.toolCalled", "x-a": 1}, "output": 2})]:
         for node in (None, "n1"):
             same(conn, t, payload, RUNS["acme"], node)
     for t, payload, code in [("no.such.type", {}, "event_type_unmapped"), ("no.such.type", None, "event_type_unmapped"),
