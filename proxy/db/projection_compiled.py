@@ -130,11 +130,14 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
                      "OPERATOR(pg_catalog.<>) 'string', true)")
         guard.append("NOT d OPERATOR(pg_catalog.?) 'owner'")
         needs_tenant = True
-        subject = ("pg_catalog.jsonb_build_object('tenant', tenant, 'subject', pg_catalog.jsonb_build_object("
-                   f"'issuer', {quote_literal(LEGACY_ISSUER)}, 'subjectId', {quote_literal(LEGACY_SUBJECT_ID)}, "
-                   "'tenant', tenant, 'lane', 'api-key', 'kind', 'user'))")
+        # the legacy owner block is a constant but for the tenant, written twice: set into a template
+        # (cheaper than building three objects with jsonb_build_object, which types each argument)
+        template = json.dumps({"tenant": "", "subject": {"issuer": LEGACY_ISSUER, "subjectId": LEGACY_SUBJECT_ID,
+                                                         "tenant": "", "lane": "api-key", "kind": "user"}})
+        owner = (f"pg_catalog.jsonb_set(pg_catalog.jsonb_set({jsonb_const(template)}, '{{tenant}}', "
+                 f"pg_catalog.to_jsonb(tenant)), '{{subject,tenant}}', pg_catalog.to_jsonb(tenant))")
         body.append(f"IF tenant IS NOT NULL THEN d := d OPERATOR(pg_catalog.||) "
-                    f"pg_catalog.jsonb_build_object('owner', {subject}); END IF;")
+                    f"pg_catalog.jsonb_build_object('owner', {owner}); END IF;")
     elif v2 in kind_types:
         guard.append(f"COALESCE(pg_catalog.jsonb_typeof(d OPERATOR(pg_catalog.->) 'kind') "
                      f"OPERATOR(pg_catalog.<>) 'string' OR (d OPERATOR(pg_catalog.->>) 'kind') "
@@ -184,7 +187,7 @@ def branches(schema: str, artifacts, carrier: str, declared_types: frozenset[str
 
 
 
-def _leaf(b: Branch, s: str, indent: str) -> list[str]:
+def _leaf(b: Branch, s: str, indent: str, tenant_sql: str) -> list[str]:
     engine = ENGINE.format(s=s)
     if b.guard is None:
         return [indent + engine]
@@ -193,20 +196,20 @@ def _leaf(b: Branch, s: str, indent: str) -> list[str]:
         lines.append(f"{indent}d := {s}.declared_v2({quote_literal(b.v2)}, p);")
     lines.append(f"{indent}IF NOT ({b.guard}) THEN {engine} END IF;")
     if b.needs_tenant:
-        lines.append(f"{indent}tenant := {s}.run_tenant(run);")
+        lines.append(f"{indent}tenant := NULLIF({tenant_sql}, '');")
     lines += [indent + stmt for stmt in b.body]
     lines.append(f"{indent}RETURN d;")
     return lines
 
 
-def _tree(items: list[Branch], s: str, indent: str, otherwise: str) -> list[str]:
+def _tree(items: list[Branch], s: str, indent: str, otherwise: str, tenant_sql: str) -> list[str]:
     """A balanced IF tree over ``t`` (byte order) with one leaf per branch; any other type (or NULL): the
     statements ``otherwise``."""
     if len(items) <= 2:
         out = []
         for i, b in enumerate(items):
             out.append(f"{indent}{'IF' if i == 0 else 'ELSIF'} t OPERATOR(pg_catalog.=) {quote_literal(b.stored)} THEN")
-            out += _leaf(b, s, indent + "    ")
+            out += _leaf(b, s, indent + "    ", tenant_sql)
         out.append(f"{indent}ELSE")
         out.append(f"{indent}    " + otherwise)
         out.append(f"{indent}END IF;")
@@ -214,9 +217,9 @@ def _tree(items: list[Branch], s: str, indent: str, otherwise: str) -> list[str]
     mid = len(items) // 2
     pivot = quote_literal(items[mid].stored)
     return ([f"{indent}IF (t COLLATE pg_catalog.\"C\") OPERATOR(pg_catalog.<) {pivot} THEN"]
-            + _tree(items[:mid], s, indent + "    ", otherwise)
+            + _tree(items[:mid], s, indent + "    ", otherwise, tenant_sql)
             + [f"{indent}ELSE"]
-            + _tree(items[mid:], s, indent + "    ", otherwise)
+            + _tree(items[mid:], s, indent + "    ", otherwise, tenant_sql)
             + [f"{indent}END IF;"])
 
 
@@ -226,7 +229,8 @@ def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: 
     ``box_unknown`` and ``run_tenant``.
 
     ``vendor_orgs``: the registered orgs whose types pass unchanged; ``tenant_sql``: a SQL expression
-    of the run's tenant over ``run`` (``NULL::text`` without ``[host] tenant_column``).
+    of the run's tenant over ``run``, every name in it qualified (``NULL::pg_catalog.text`` without
+    ``[host] tenant_column``); read in ``payload_v2`` itself for ``run.started`` rows, one SPI query.
 
     ``payload_v2`` runs once per era-2 row, so it has no ``SET search_path`` (a GUC save and restore
     per call, about 2 µs): every name in it is schema-qualified instead, types included, since the
@@ -242,7 +246,7 @@ def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: 
         vendor = (f"pg_catalog.strpos(t, '.') OPERATOR(pg_catalog.>) 0 AND pg_catalog.split_part(t, '.', 1) "
                   f"OPERATOR(pg_catalog.=) ANY ({text_array_const(vendor_orgs)})")
     otherwise = f"IF t IS NULL OR NOT ({vendor}) THEN {refuse} END IF; " + ENGINE.format(s=s)
-    tree = "\n".join(_tree(branches(s, artifacts, carrier, declared_types), s, "    ", otherwise))
+    tree = "\n".join(_tree(branches(s, artifacts, carrier, declared_types), s, "    ", otherwise, tenant_sql))
     mapped = f"({mapped}) OR ({vendor})"
     return f"""
 -- The undeclared keys of a closed, hatched object, none of them a hatch key, boxed under the carrier.

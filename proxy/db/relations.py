@@ -170,11 +170,12 @@ COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
 GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
 """
 
-    tenant_sql = "NULL::text"
+    # qualified throughout, types included: payload_v2 runs without a pinned search_path
+    tenant_sql = "NULL::pg_catalog.text"
     if host.tenant_column:
-        tenant_sql = (f"(SELECT ({C}.{quote_ident(host.tenant_column)})::text "
-                      f"FROM {quote_relation(host.runs_table)} {C} WHERE ({C}.{quote_ident(host.run_id_column)})::text "
-                      f"{EQ} run LIMIT 1)")
+        tenant_sql = (f"(SELECT ({C}.{quote_ident(host.tenant_column)})::pg_catalog.text "
+                      f"FROM {quote_relation(host.runs_table)} {C} "
+                      f"WHERE ({C}.{quote_ident(host.run_id_column)})::pg_catalog.text {EQ} run LIMIT 1)")
     compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql)
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"

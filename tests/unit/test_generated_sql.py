@@ -67,8 +67,10 @@ def test_run_started_stamps_the_legacy_subject_only_without_an_owner():
     assert "'engineVersion') OPERATOR(pg_catalog.<>) 'string', true)" in b.guard
     assert b.body[0] == (
         "IF tenant IS NOT NULL THEN d := d OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('owner', "
-        "pg_catalog.jsonb_build_object('tenant', tenant, 'subject', pg_catalog.jsonb_build_object('issuer', "
-        "'urn:openwop:legacy', 'subjectId', 'legacy', 'tenant', tenant, 'lane', 'api-key', 'kind', 'user'))); END IF;")
+        "pg_catalog.jsonb_set(pg_catalog.jsonb_set('{\"tenant\": \"\", \"subject\": {\"issuer\": "
+        "\"urn:openwop:legacy\", \"subjectId\": \"legacy\", \"tenant\": \"\", \"lane\": \"api-key\", "
+        "\"kind\": \"user\"}}'::pg_catalog.jsonb, '{tenant}', pg_catalog.to_jsonb(tenant)), '{subject,tenant}', "
+        "pg_catalog.to_jsonb(tenant))); END IF;")
 
 
 def test_a_closed_shape_without_the_hatch_compiles_to_no_undeclared_key():

@@ -1425,7 +1425,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 BEGIN
-    RETURN NULLIF((SELECT (openwop_seat_c."tenant_id")::text FROM "public"."runs" openwop_seat_c WHERE (openwop_seat_c."run_id")::text OPERATOR(pg_catalog.=) run LIMIT 1), '');
+    RETURN NULLIF((SELECT (openwop_seat_c."tenant_id")::pg_catalog.text FROM "public"."runs" openwop_seat_c WHERE (openwop_seat_c."run_id")::pg_catalog.text OPERATOR(pg_catalog.=) run LIMIT 1), '');
 END
 $ow$;
 
@@ -2501,8 +2501,8 @@ BEGIN
                         IF (t COLLATE pg_catalog."C") OPERATOR(pg_catalog.<) 'tool.session.closed' THEN
                             IF t OPERATOR(pg_catalog.=) 'run.started' THEN
                                 IF NOT (NOT pg_catalog.jsonb_path_exists(d, 'lax $.**.type ? (@ == "agent.invocation.completed" || @ == "agent.invocation.started" || @ == "agent.memory.consolidated" || @ == "agent.promptResolved" || @ == "agent.reasoning.delta" || @ == "agent.toolCalled" || @ == "agent.toolReturned" || @ == "budget.threshold.crossed" || @ == "compensation.manual_intervention_required" || @ == "connector.auth_expired" || @ == "core.dispatch.fanOut" || @ == "core.dispatch.join" || @ == "core.workflowChain.confidence-escalated" || @ == "core.workflowChain.event" || @ == "deployment.canary.adjusted" || @ == "deployment.state.changed" || @ == "envelope.nlToFormat.engaged" || @ == "envelope.recovery.applied" || @ == "envelope.retry.attempted" || @ == "envelope.retry.exhausted" || @ == "model.capability.insufficient" || @ == "model.capability.substituted" || @ == "replay.divergedAtRefusal" || @ == "roster.run.initiated" || @ == "run.dead_lettered" || @ == "run.resuming" || @ == "runOrchestrator.decided" || @ == "tool.session.closed" || @ == "tool.session.opened" || @ == "trigger.delivery.attempted" || @ == "trigger.subscription.state.changed" || @ == "voice.barge_in" || @ == "voice.endpoint_candidate" || @ == "voice.speech_start" || @ == "voice.synthesis_chunk" || @ == "voice.turn_commit")') AND COALESCE(pg_catalog.jsonb_typeof(d OPERATOR(pg_catalog.->) 'engineVersion') OPERATOR(pg_catalog.<>) 'string', true) AND NOT d OPERATOR(pg_catalog.?) 'owner') THEN RETURN openwop_seat.project_live(t, p, run, seq, eid, node); END IF;
-                                tenant := openwop_seat.run_tenant(run);
-                                IF tenant IS NOT NULL THEN d := d OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('owner', pg_catalog.jsonb_build_object('tenant', tenant, 'subject', pg_catalog.jsonb_build_object('issuer', 'urn:openwop:legacy', 'subjectId', 'legacy', 'tenant', tenant, 'lane', 'api-key', 'kind', 'user'))); END IF;
+                                tenant := NULLIF((SELECT (openwop_seat_c."tenant_id")::pg_catalog.text FROM "public"."runs" openwop_seat_c WHERE (openwop_seat_c."run_id")::pg_catalog.text OPERATOR(pg_catalog.=) run LIMIT 1), '');
+                                IF tenant IS NOT NULL THEN d := d OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('owner', pg_catalog.jsonb_set(pg_catalog.jsonb_set('{"tenant": "", "subject": {"issuer": "urn:openwop:legacy", "subjectId": "legacy", "tenant": "", "lane": "api-key", "kind": "user"}}'::pg_catalog.jsonb, '{tenant}', pg_catalog.to_jsonb(tenant)), '{subject,tenant}', pg_catalog.to_jsonb(tenant))); END IF;
                                 u := (d OPERATOR(pg_catalog.-) '{"engineVersion","inputs","metadata","owner","tags","transport","workflowId"}'::pg_catalog.text[]);
                                 IF u OPERATOR(pg_catalog.<>) '{}'::pg_catalog.jsonb THEN
                                     IF NOT pg_catalog.jsonb_path_exists(u, '$.keyvalue() ? (@.key starts with "openwop-" || @.key starts with "x-" || @.key starts with "vendor.")') THEN
