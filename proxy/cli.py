@@ -150,6 +150,7 @@ def _add_backfill(commands) -> None:
                           help="write payloads that would not validate against their v2 definition (a required "
                                "key nothing in the row provides) as they read, instead of skipping their runs; "
                                "the summary counts them")
+    backfill.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH")
     backfill.add_argument("--batch", type=int, default=100, metavar="N",
                           help="run ids listed per step of --all and per progress update (default 100)")
     backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

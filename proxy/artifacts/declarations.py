@@ -326,7 +326,17 @@ def load_declarations(path: str | None, artifacts) -> Declarations:
             raw = f.read()
     except OSError as e:
         raise DeclarationsError(f"{path}: cannot read: {e.strerror or e}") from None
-    return parse_declarations(raw, path, artifacts)
+    # A running seat checks the database's digest against its file every few seconds: the file is read each
+    # time (so an edit is seen), checked once per content
+    key = (path, hashlib.sha256(raw).hexdigest(), getattr(artifacts, "digest", None))
+    if key not in _CHECKED:
+        if len(_CHECKED) >= 8:
+            _CHECKED.clear()
+        _CHECKED[key] = parse_declarations(raw, path, artifacts)
+    return _CHECKED[key]
+
+
+_CHECKED: dict[tuple, Declarations] = {}
 
 
 def parse_declarations(raw: bytes, path: str, artifacts) -> Declarations:
