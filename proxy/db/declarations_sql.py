@@ -20,7 +20,9 @@ The body is one SQL ``CASE`` expression over the parameters (no ``SET``, not
 that makes it, as long as the argument for ``p`` is cheap (a column, or a
 parameter): ``p`` is read more than once, and PostgreSQL does not inline a
 function whose argument used twice is an expensive expression (it then calls
-it, with the same result).  Every operator and function is schema-qualified.
+it, with the same result).  Every operator and function is schema-qualified, and every one is immutable
+(``jsonb_set``, not the stable ``jsonb_build_object``): PostgreSQL inlines an IMMUTABLE function only when its
+body is immutable too.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def _type_expr(d) -> str:
         applies = [f"{_has(a)} AND NOT {_has(b)}" for a, b in d.aliases]
         removed = ", ".join(f"CASE WHEN {c} THEN {quote_literal(a)} END" for c, (a, _) in zip(applies, d.aliases))
         added = " OPERATOR(pg_catalog.||) ".join(
-            f"CASE WHEN {c} THEN pg_catalog.jsonb_build_object({quote_literal(b)}, p OPERATOR(pg_catalog.->) "
-            f"{quote_literal(a)}) ELSE '{{}}'::jsonb END" for c, (a, b) in zip(applies, d.aliases))
+            f"CASE WHEN {c} THEN pg_catalog.jsonb_set('{{}}'::jsonb, {text_array_literal([b])}, "
+            f"p OPERATOR(pg_catalog.->) {quote_literal(a)}) ELSE '{{}}'::jsonb END" for c, (a, b) in zip(applies, d.aliases))
         moved = f"(p OPERATOR(pg_catalog.-) ARRAY[{removed}]::text[]) OPERATOR(pg_catalog.||) {added}"
     if d.legacy:
         moved = f"{_jsonb(dict(d.legacy))} OPERATOR(pg_catalog.||) ({moved})"

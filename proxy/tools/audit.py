@@ -53,6 +53,8 @@ from proxy.tools.common import (
     EXIT_USAGE,
     Progress,
     UsageError,
+    _check_json_path,
+    _write_json,
     bar,
     eras_of,
     events_from,
@@ -432,23 +434,6 @@ def declarations_lines(decl) -> list[str]:
     lines = [f"declarations: {decl.path} (version {decl.version or '-'}, digest {decl.digest})"]
     lines += [f"  {line}" for line in decl.listing()]
     return lines
-
-
-def _check_json_path(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--json {path}: no such directory {parent!r}")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--json {path}: the directory {parent!r} is not writable")
-    if os.path.isdir(path):
-        raise UsageError(f"--json {path}: is a directory")
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
 
 
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:

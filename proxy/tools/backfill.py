@@ -77,6 +77,8 @@ from proxy.tools.common import (
     MALFORMED,
     Progress,
     UsageError,
+    _check_json_path,
+    _write_json,
     bar,
     eras_of,
     events_from,
@@ -562,8 +564,6 @@ def cmd_backfill(config, args) -> int:
     if args.restore is not None and json_path is not None:
         return fail(EXIT_USAGE, "--json does not apply to --restore")
     if json_path is not None:
-        from proxy.tools.audit import _check_json_path
-
         try:
             _check_json_path(json_path)
         except UsageError as e:
@@ -622,8 +622,6 @@ def cmd_backfill(config, args) -> int:
         return EXIT_OK
     say(render(result, args.dry_run))
     if json_path is not None:
-        from proxy.tools.audit import _write_json
-
         try:
             _write_json(json_path, summary_json(result, args.dry_run, artifacts))
         except OSError as e:
