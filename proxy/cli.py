@@ -188,6 +188,14 @@ def cmd_check(config_path: str | None) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if config.host.declarations_file is not None:  # checked against the pinned artifacts, as serve checks it
+        from proxy.artifacts.declarations import DeclarationsError, load_declarations
+        from proxy.artifacts.load import load_artifacts
+
+        try:
+            load_declarations(config.host.declarations_file, load_artifacts())
+        except DeclarationsError as e:
+            raise ConfigError(f"host.declarations_file: {e}") from None
     print(config)
     return 0
 

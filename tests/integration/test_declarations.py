@@ -22,9 +22,10 @@ import pytest
 from harness import HOST_SCHEMA, render_config
 from proxy.artifacts.declarations import EMPTY, load_declarations
 from proxy.artifacts.load import load_artifacts
-from proxy.config import load_config
+from proxy.config import HostConfig, load_config
 from proxy.db.layout import DeclarationsMismatch
 from proxy.db.migrate import verify
+from proxy.db.reader_sql import declared_payload_sql
 from proxy.dev.devcluster import free_port
 from proxy.tools.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -127,10 +128,11 @@ def test_declared_v2_on_the_reference_hosts_shapes(pg, make_db):
     # idempotent: applying it to its own result changes nothing
     once = declared(pg, db, "run.completed", {"output": {"a": 1}, "durationMs": 3})
     assert declared(pg, db, "run.completed", once) == once
-    # PostgreSQL inlines it: the plan computes the CASE, and never calls the function
-    plan = "\n".join(r[0] for r in q(pg, db, "EXPLAIN (VERBOSE, COSTS OFF) SELECT openwop_seat.declared_v2(type, "
-                                               "payload) FROM events"))
-    assert "declared_v2" not in plan and "CASE" in plan, plan
+    # PostgreSQL inlines it: the plan computes the CASE, and never calls the function; also as the cutover
+    # tools call it, with the type mapped by the codemap
+    for call in ("openwop_seat.declared_v2(type, payload)", declared_payload_sql(HostConfig(), "events")):
+        plan = "\n".join(r[0] for r in q(pg, db, f"EXPLAIN (VERBOSE, COSTS OFF) SELECT {call} FROM events"))
+        assert "declared_v2" not in plan and "CASE" in plan, plan
     assert q(pg, db, "SELECT value FROM openwop_seat.meta WHERE key = 'declarations_digest'") == [(DECL.digest,)]
 
 

@@ -227,3 +227,16 @@ def test_the_generator_is_pure_and_refuses_a_bad_schema_name(artifacts):
     assert declarations_sql("openwop_seat", d) == declarations_sql("openwop_seat", d)
     with pytest.raises(ValueError):
         declarations_sql('x"; DROP', d)
+
+
+def test_openwop_seat_config_checks_the_declarations_file(tmp_path, capsys):
+    from proxy.cli import main
+
+    (tmp_path / "decl.toml").write_text('format = 1\n[types."node.started".legacy]\ntypeId = 7\n')
+    (tmp_path / "seat.toml").write_text('[host]\ndeclarations_file = "decl.toml"\n')
+    assert main(["config", "--config", str(tmp_path / "seat.toml")]) == 2
+    err = capsys.readouterr().err
+    assert f"host.declarations_file: {tmp_path / 'decl.toml'}:3: types.'node.started'.legacy.'typeId': expected " \
+           f"JSON type string, got integer 7" in err, err
+    (tmp_path / "decl.toml").write_text(EXAMPLE.read_text())
+    assert main(["config", "--config", str(tmp_path / "seat.toml")]) == 0
