@@ -62,7 +62,17 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.artifacts.payload_shapes import HATCH_PATTERN, _Compiler, _Parts, _Registry
+# The schema compiler's own reader (its registry, $ref resolution and allOf flattening), so that a legacy
+# value is checked against exactly the schemas the shapes were compiled from.
+from proxy.artifacts.payload_shapes import (
+    HATCH_PATTERN,
+    PAYLOADS_FILE,
+    SCHEMA_DIR,
+    _Compiler,
+    _escape,
+    _Parts,
+    _Registry,
+)
 from proxy.errors import SeatException
 
 FORMAT = 1
@@ -191,14 +201,10 @@ class _KeySchemas:
     """The schemas a top-level key of a v2 type's definition must satisfy, from the pinned files."""
 
     def __init__(self, directory: str):
-        from proxy.artifacts.payload_shapes import PAYLOADS_FILE, SCHEMA_DIR, _pointer_of
-
         self.registry = _Registry(os.path.join(directory, *SCHEMA_DIR.split("/")))
         self.compiler = _Compiler(self.registry)
         self.doc_uri = self.registry.uri_of_file(PAYLOADS_FILE)
         self.index = self.registry.docs[self.doc_uri][1]["_typeIndex"]["properties"]
-        self.pointer_of = _pointer_of
-        self.payloads_file = PAYLOADS_FILE
 
     def parts(self, loc, node) -> list[tuple[tuple[str, str], dict]]:
         loc, node, _ = self.compiler.follow(loc, node)
@@ -208,8 +214,6 @@ class _KeySchemas:
 
     def of_key(self, v2type: str, key: str) -> list[tuple[tuple[str, str], Any]]:
         entry = self.index[v2type]
-        from proxy.artifacts.payload_shapes import _escape
-
         loc = (self.doc_uri, f"/_typeIndex/properties/{_escape(v2type)}")
         out = []
         for part_loc, part in self.parts(loc, entry):
@@ -231,8 +235,6 @@ class _KeySchemas:
         return None
 
     def _check_part(self, loc, part: dict, value: Any, where: str) -> str | None:
-        from proxy.artifacts.payload_shapes import _escape
-
         t = part.get("type")
         if t is not None:
             types = t if isinstance(t, list) else [t]
