@@ -20,7 +20,9 @@ The body is one SQL ``CASE`` expression over the parameters (no ``SET``, not
 that makes it, as long as the argument for ``p`` is cheap (a column, or a
 parameter): ``p`` is read more than once, and PostgreSQL does not inline a
 function whose argument used twice is an expensive expression (it then calls
-it, with the same result).  Every operator and function is schema-qualified, and every one is immutable
+it, with the same result).  An inlined body is parsed under the *caller's* search_path, in which the
+caller's temporary schema comes first for type names: so every operator, function and type is
+schema-qualified (``pg_catalog.jsonb``, ``pg_catalog.text[]``), and every one is immutable
 (``jsonb_set``, not the stable ``jsonb_build_object``): PostgreSQL inlines an IMMUTABLE function only when its
 body is immutable too.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 
-from proxy.db.sql import quote_literal, text_array_literal
+from proxy.db.sql import quote_literal, text_array_const
 
 FUNCTION = "declared_v2"
 SIGNATURE = "declared_v2(text, jsonb)"
@@ -38,7 +40,7 @@ SIGNATURE = "declared_v2(text, jsonb)"
 
 def _jsonb(value) -> str:
     text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return f"{quote_literal(text)}::jsonb"
+    return f"{quote_literal(text)}::pg_catalog.jsonb"
 
 
 def _has(key: str) -> str:
@@ -49,21 +51,21 @@ def _type_expr(d) -> str:
     """The declarations of one type applied to ``p`` (an object): ``p`` itself when none of them applies."""
     sources = [a for a, _ in d.aliases]
     legacy = [k for k, _ in d.legacy]
-    keep = ["pg_catalog.jsonb_typeof(p) IS DISTINCT FROM 'object'"]
+    keep = ["COALESCE(pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.<>) 'object', true)"]
     nothing = []
     if sources:
-        nothing.append(f"NOT (p OPERATOR(pg_catalog.?|) {text_array_literal(sources)})")
+        nothing.append(f"NOT (p OPERATOR(pg_catalog.?|) {text_array_const(sources)})")
     if legacy:
-        nothing.append(f"p OPERATOR(pg_catalog.?&) {text_array_literal(legacy)}")
+        nothing.append(f"p OPERATOR(pg_catalog.?&) {text_array_const(legacy)}")
     keep.append(" AND ".join(nothing) if len(nothing) == 1 else "(" + " AND ".join(nothing) + ")")
     moved = "p"
     if d.aliases:
         applies = [f"{_has(a)} AND NOT {_has(b)}" for a, b in d.aliases]
         removed = ", ".join(f"CASE WHEN {c} THEN {quote_literal(a)} END" for c, (a, _) in zip(applies, d.aliases))
         added = " OPERATOR(pg_catalog.||) ".join(
-            f"CASE WHEN {c} THEN pg_catalog.jsonb_set('{{}}'::jsonb, {text_array_literal([b])}, "
-            f"p OPERATOR(pg_catalog.->) {quote_literal(a)}) ELSE '{{}}'::jsonb END" for c, (a, b) in zip(applies, d.aliases))
-        moved = f"(p OPERATOR(pg_catalog.-) ARRAY[{removed}]::text[]) OPERATOR(pg_catalog.||) {added}"
+            f"CASE WHEN {c} THEN pg_catalog.jsonb_set('{{}}'::pg_catalog.jsonb, {text_array_const([b])}, "
+            f"p OPERATOR(pg_catalog.->) {quote_literal(a)}) ELSE '{{}}'::pg_catalog.jsonb END" for c, (a, b) in zip(applies, d.aliases))
+        moved = f"(p OPERATOR(pg_catalog.-) ARRAY[{removed}]::pg_catalog.text[]) OPERATOR(pg_catalog.||) {added}"
     if d.legacy:
         moved = f"{_jsonb(dict(d.legacy))} OPERATOR(pg_catalog.||) ({moved})"
     return f"CASE WHEN {' OR '.join(keep)} THEN p\n         ELSE {moved} END"

@@ -165,7 +165,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     # it is created
     sql = (declarations_objects_sql(decl)
            + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
-           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns)
+           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns,
+                                      frozenset(decl.types))
               if columns is not None else "")
            + "".join(t.sql for t in triggers) + "\n")
     fingerprint = _objects_fingerprint(sql)

@@ -272,19 +272,21 @@ BEGIN
 END
 $ow$;
 
--- One era-2 row through the engine (project_row): the projected payload, or p when it is unchanged.
+-- One era-2 row through the engine (project_row), after the operator's declarations (declared_v2): the
+-- projected payload, or the declared payload when the engine leaves it unchanged.
 CREATE OR REPLACE FUNCTION {s}.project_live(t text, p jsonb, run text, seq bigint, eid text, node text)
 RETURNS jsonb LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
     r text;
+    dp jsonb := {s}.declared_v2(COALESCE({s}.renamed_types() ->> t, t), p);
 BEGIN
-    r := {s}.project_row(t, p, run, seq, eid, node,
+    r := {s}.project_row(t, dp, run, seq, eid, node,
                          CASE WHEN t OPERATOR(pg_catalog.=) 'run.started' THEN {s}.run_tenant(run) END);
-    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);  -- raised payload_unprojectable, or
+    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);  -- (project_row raised OW002 when unprojectable)
     IF r OPERATOR(pg_catalog.=) '' THEN
-        RETURN p;
+        RETURN dp;
     END IF;
     RETURN r::jsonb;
 END

@@ -78,8 +78,11 @@ class _Era:
             self.malformed = f"{col} IS NOT NULL AND {col} OPERATOR(pg_catalog.<>) 3"
 
 
-def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
-    """The DDL of the translated relations over the events table with these ``columns`` (attnum order)."""
+def relations_sql(artifacts, host: HostConfig, columns: list[Column],
+                  declared_types: frozenset[str] = frozenset()) -> str:
+    """The DDL of the translated relations over the events table with these ``columns`` (attnum order);
+    ``declared_types``: the v2 types the operator's declarations name (ADR 0010), whose compiled branches
+    apply ``declared_v2`` first."""
     names = [c.name for c in columns]
     for needed in (host.run_id_column, host.type_column, host.payload_column, "sequence"):
         if needed not in names:
@@ -176,7 +179,7 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
         tenant_sql = (f"(SELECT ({C}.{quote_ident(host.tenant_column)})::pg_catalog.text "
                       f"FROM {quote_relation(host.runs_table)} {C} "
                       f"WHERE ({C}.{quote_ident(host.run_id_column)})::pg_catalog.text {EQ} run LIMIT 1)")
-    compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql)
+    compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql, declared_types)
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
                     f"        RETURN COALESCE({jsonb_literal(backward)} OPERATOR(pg_catalog.->>) t, t);")

@@ -19,9 +19,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from proxy.artifacts.declarations import EMPTY
 from proxy.artifacts.load import load_artifacts
 from proxy.config import HostConfig
-from proxy.db.layout import STEPS
+from proxy.db.declarations_sql import declarations_sql
+from proxy.db.layout import SCHEMA, STEPS
 from proxy.db.relations import Column, relations_sql
 from proxy.db.writer_sql import EventsRef, artifact_objects_sql, writer_triggers
 
@@ -48,6 +50,8 @@ def render() -> str:
     parts = [HEADER.format(tag=artifacts.tag, digest=artifacts.digest)]
     for step in STEPS:
         parts.append(f"\n-- ==== layout step {step.version}: {step.description}\n{step.sql.strip()}\n")
+    parts.append("\n-- ==== the operator's declarations (none: the default configuration)\n")
+    parts.append(declarations_sql(SCHEMA, EMPTY))
     parts.append("\n-- ==== artifact objects (functions of the reader and writer rules)\n")
     parts.append(artifact_objects_sql(artifacts, host, "text", replace(host, runs_table="public.runs"), events))
     parts.append("\n-- ==== translated relations\n")

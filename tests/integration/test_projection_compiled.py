@@ -18,6 +18,7 @@ engine is counted with ``pg_stat_user_functions``.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -25,7 +26,15 @@ import pytest
 from hypothesis import given, settings
 from test_projection_property import KIND_TYPES, PROPERTY, rows
 
+from proxy.artifacts.declarations import load_declarations
+from proxy.artifacts.load import load_artifacts
+from proxy.config import HostConfig
+from proxy.db.declarations_sql import declarations_sql
+from proxy.db.relations import relations_sql
+from proxy.db.render import REFERENCE_COLUMNS
 from proxy.errors import ERRORS
+
+ARTIFACTS = load_artifacts()
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = [ROOT / "tests" / "fixtures" / name / "cases.json"
@@ -146,3 +155,58 @@ ENGINE_TRAP = """
 CREATE OR REPLACE FUNCTION openwop_seat.project_live(t text, p jsonb, run text, seq bigint, eid text, node text)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$ BEGIN RAISE EXCEPTION 'engine entered for %', t; END $$
 """
+
+
+# --- with the operator's declarations (ADR 0010) ------------------------------------------------------------------
+
+EXAMPLE = ROOT / "config" / "reference-host-declarations.toml"
+
+
+def install_with_declarations(c, decl) -> None:
+    """declared_v2 for ``decl`` and the translated relations compiled for its types, as migrate installs them
+    (inside the caller's transaction, which the test rolls back)."""
+    c.execute(declarations_sql("openwop_seat", decl))
+    host = HostConfig()
+    c.execute(relations_sql(ARTIFACTS, replace(host, events_table='"public"."events"', runs_table='"public"."runs"'),
+                            REFERENCE_COLUMNS, frozenset(decl.types)))
+
+
+def test_with_the_reference_declarations_the_host_shapes_read_as_valid_v2_and_as_the_engine_reads_them(pg):
+    decl = load_declarations(str(EXAMPLE), ARTIFACTS)
+    with psycopg.connect(pg.dsn(dbname="postgres")) as c:
+        install_with_declarations(c, decl)
+        got = {}
+        for t, payload, node in REFERENCE_HOST + [("artifact.created", {"artifactId": "a1", "artifactTypeId": "doc",
+                                                                          "versionId": 3}, "n3")]:
+            for run in RUNS.values():
+                compiled = outcome(c, "payload_v2", t, payload, run, node)
+                assert compiled == outcome(c, "project_live", t, payload, run, node), (t, payload, run)
+            got[t] = json.loads(compiled[1])
+        assert got["node.started"] == {"nodeId": "n1", "typeId": "legacy.unrecorded"}
+        assert got["run.completed"] == {"outputs": {"text": "HELLO SEAT"}}
+        assert got["artifact.created"] == {"artifactId": "a1", "artifactType": "doc", "version": 3}  # nodeId optional
+        # the view reads them so, in the statement a host sends
+        run = "decl-run-1"
+        c.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (run,))
+        for seq, (t, payload, node) in enumerate(REFERENCE_HOST[:5], 1):
+            c.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                      "VALUES (%s, %s, %s, %s, %s, %s::jsonb, now())", (f"{run}-{seq}", run, seq, t, node,
+                                                                        json.dumps(payload)))
+        rows = c.execute("SELECT type, payload::text FROM openwop_seat.events_m2 WHERE run_id = %s ORDER BY sequence",
+                         (run,)).fetchall()
+        assert [json.loads(p) for _, p in rows][1:5:3] == [got["node.started"], got["run.completed"]]
+        c.rollback()
+
+
+@settings(PROPERTY, max_examples=150)
+@given(rows(types=["run.completed", "node.started", "artifact.created"]))
+def test_with_declarations_the_compiled_projection_is_the_engine_on_generated_rows(pg, row):
+    t, _v2, payload, node, _tenant = row
+    if "output" not in payload and t == "run.completed":
+        payload = {**payload, "output": {"text": "x"}}
+    decl = load_declarations(str(EXAMPLE), ARTIFACTS)
+    with psycopg.connect(pg.dsn(dbname="postgres")) as c:
+        install_with_declarations(c, decl)
+        for run in RUNS.values():
+            assert outcome(c, "payload_v2", t, payload, run, node) == outcome(c, "project_live", t, payload, run, node)
+        c.rollback()

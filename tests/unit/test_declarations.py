@@ -217,9 +217,21 @@ def test_declared_v2_with_aliases_and_a_legacy_value_on_one_type(artifacts):
         outputs = {}
         """)
     sql = declarations_sql("openwop_seat", d)
-    assert ("CASE WHEN pg_catalog.jsonb_typeof(p) IS DISTINCT FROM 'object' OR (NOT (p OPERATOR(pg_catalog.?|) "
-            "'{\"output\"}'::text[]) AND p OPERATOR(pg_catalog.?&) '{\"outputs\"}'::text[]) THEN p") in sql
-    assert "ELSE '{\"outputs\":{}}'::jsonb OPERATOR(pg_catalog.||) ((p OPERATOR(pg_catalog.-) ARRAY[" in sql
+    assert ("CASE WHEN COALESCE(pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.<>) 'object', true) OR (NOT "
+            "(p OPERATOR(pg_catalog.?|) '{\"output\"}'::pg_catalog.text[]) AND p OPERATOR(pg_catalog.?&) "
+            "'{\"outputs\"}'::pg_catalog.text[]) THEN p") in sql
+    assert "ELSE '{\"outputs\":{}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) ((p OPERATOR(pg_catalog.-) ARRAY[" in sql
+
+
+def test_declared_v2_names_no_type_or_operator_without_its_schema(artifacts):
+    """Inlined into payload_v2, the body is parsed under the caller's search_path, where a temporary type of
+    the caller's named jsonb or text would come first: every type is pg_catalog's, every operator too."""
+    import re
+
+    sql = declarations_sql("openwop_seat", load_declarations(str(EXAMPLE), artifacts))
+    body = sql.split("$ow$")[1]
+    assert not re.search(r"::(?!pg_catalog\.)", body), body
+    assert " IS DISTINCT FROM " not in body and not re.search(r"[^)] = ", body)
 
 
 def test_a_key_holding_the_quote_tag_gets_another_tag(artifacts):

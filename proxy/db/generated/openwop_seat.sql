@@ -79,6 +79,15 @@ COMMENT ON TABLE openwop_seat.payloads_clean IS
     'written by mark_payloads_clean, and a write that breaks it removes the row in the same transaction';
 GRANT SELECT ON openwop_seat.payloads_clean TO PUBLIC;
 
+-- ==== the operator's declarations (none: the default configuration)
+
+CREATE OR REPLACE FUNCTION openwop_seat.declared_v2(t2 text, p jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ow$
+SELECT p
+$ow$;
+COMMENT ON FUNCTION openwop_seat.declared_v2(text, jsonb) IS 'openwop-seat declarations c86fc083644e8fdd9c3aa42d630802c53058c83aff3af48dbbdebfa8395c7064';
+
 -- ==== artifact objects (functions of the reader and writer rules)
 
 CREATE OR REPLACE FUNCTION openwop_seat.refuse_row(code text, t text, run text, seq bigint)
@@ -1429,19 +1438,21 @@ BEGIN
 END
 $ow$;
 
--- One era-2 row through the engine (project_row): the projected payload, or p when it is unchanged.
+-- One era-2 row through the engine (project_row), after the operator's declarations (declared_v2): the
+-- projected payload, or the declared payload when the engine leaves it unchanged.
 CREATE OR REPLACE FUNCTION openwop_seat.project_live(t text, p jsonb, run text, seq bigint, eid text, node text)
 RETURNS jsonb LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
     r text;
+    dp jsonb := openwop_seat.declared_v2(COALESCE(openwop_seat.renamed_types() ->> t, t), p);
 BEGIN
-    r := openwop_seat.project_row(t, p, run, seq, eid, node,
+    r := openwop_seat.project_row(t, dp, run, seq, eid, node,
                          CASE WHEN t OPERATOR(pg_catalog.=) 'run.started' THEN openwop_seat.run_tenant(run) END);
-    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\x1e', 1);  -- raised payload_unprojectable, or
+    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\x1e', 1);  -- (project_row raised OW002 when unprojectable)
     IF r OPERATOR(pg_catalog.=) '' THEN
-        RETURN p;
+        RETURN dp;
     END IF;
     RETURN r::jsonb;
 END
