@@ -1,6 +1,6 @@
 """Per-row cost of the payload projection in the database: the compiled ``payload_v2`` against the engine.
 
-    .venv/bin/python -m bench.projection_cost [--rows 20000] [--repeat 5]
+    .venv/bin/python -m bench.projection_cost [--rows 20000] [--repeat 5] [--declarations FILE]
 
 Starts a throwaway cluster, installs the seat's schema (``migrate``), and stores era-2 runs shaped as the
 unmodified reference host stores them (issue 22: ``run.started`` without owner, ``node.started {}``,
@@ -13,6 +13,8 @@ type. For each type it times, in one session, the best of ``--repeat`` runs of
   the compiled projection replaced, still the fallback and the tests' oracle);
 
 and prints µs per row above direct, and whether projection leaves the payload as stored or changes it.
+``--declarations FILE`` installs the operator's declarations (``[host] declarations_file``, ADR 0010), e.g.
+``config/reference-host-declarations.toml``.
 Nothing here asserts a figure; docs/performance.md quotes a run.
 """
 
@@ -90,15 +92,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.projection_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=20000, help="rows of each type (default 20000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure, best kept (default 5)")
+    parser.add_argument("--declarations", help="a declarations file to install (default: none)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = DevCluster(settings={"shared_buffers": "256MB"}).start()
     try:
         cluster.psql(HOST_SCHEMA)
         dsn = cluster.dsn()
+        host = {"dsn": dsn, "tenant_column": "tenant_id", "node_id_column": "node_id", "event_id_column": "event_id"}
+        if args.declarations:
+            host["declarations_file"] = os.path.abspath(args.declarations)
         config = parse_config({"proxy": {"listen": "127.0.0.1:1", "upstream": f"127.0.0.1:{cluster.port}"},
-                               "host": {"dsn": dsn, "tenant_column": "tenant_id", "node_id_column": "node_id",
-                                        "event_id_column": "event_id"}})
+                               "host": host})
         asyncio.run(migrate(dsn, config, load_artifacts(), out=lambda _line: None))
         results = asyncio.run(measure(cluster.port, args.rows, args.repeat))
     finally:

@@ -23,8 +23,9 @@ What a type's compiled branch does, in the engine's order (``project_v2``):
 and the guard sends to the engine every payload where the walk does more: a ``type`` key at any
 depth (nested type mapping), a declared key whose nested shape could change or refuse something
 (computed from the shape graph), ``engineVersion`` as a string, a stored ``owner``, an interrupt
-``kind`` outside the v2 enum, ``approval.requested`` in its v1 shape, unions, patterns other
-than the hatch.  A non-object payload is returned as stored, as the engine does.
+``kind`` outside the v2 enum, unions, patterns other than the hatch.  ``approval.requested`` in its
+v1 shape (RFC 0186 §A.3) has a compiled path of its own (:func:`approval_v1`).  A non-object
+payload is returned as stored, as the engine does.
 
 The dispatch on the stored type is a balanced tree of ``IF`` over ``t COLLATE "C"`` (seven
 comparisons for the pinned codemap, not a chain of 117), and every statement is a PL/pgSQL simple
@@ -41,7 +42,14 @@ from dataclasses import dataclass
 import orjson
 
 from proxy.artifacts.payload_shapes import HATCH_PATTERN, ObjectShape
-from proxy.db.projection_sql import INTERRUPT_KINDS, LEGACY_ISSUER, LEGACY_SUBJECT_ID, interrupt_kind_types
+from proxy.db.projection_sql import (
+    APPROVAL_RENAMES,
+    APPROVAL_TOP,
+    INTERRUPT_KINDS,
+    LEGACY_ISSUER,
+    LEGACY_SUBJECT_ID,
+    interrupt_kind_types,
+)
 from proxy.db.sql import jsonb_const, quote_literal, text_array_const
 
 # The hatch as jsonpath predicates over a key, equal to HATCH_PATTERN (``^(openwop-|x-|vendor\.)``).
@@ -109,6 +117,7 @@ class Branch:
     body: tuple[str, ...] = ()
     declared: bool = False  # the operator's declarations name this type: ``d := declared_v2(...)`` first
     needs_tenant: bool = False
+    pre: tuple[str, ...] = ()  # statements before the guard (a stored shape with a compiled path of its own)
 
 
 def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial: set[int], kind_types: set[str],
@@ -119,6 +128,7 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
     guard = [f"NOT pg_catalog.jsonb_path_exists(d, {quote_literal(renamed_path)})"]
     body: list[str] = []
     needs_tenant = False
+    pre: tuple[str, ...] = ()
     nontrivial = sorted({k for k, s in shape.nested.items() if id(s) not in trivial}
                         | {k for k, s in shape.items.items() if id(s) not in trivial}
                         | set(shape.discriminated))
@@ -144,6 +154,7 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
                      f"OPERATOR(pg_catalog.=) ANY ({text_array_const(INTERRUPT_KINDS)}), true)")
     elif v2 == "approval.requested":
         guard.append("(d OPERATOR(pg_catalog.?) 'data' OR d OPERATOR(pg_catalog.?) 'kind')")
+        pre = approval_v1(schema, shape, trivial, renamed_path)
     if nontrivial:
         guard.append(f"NOT (d OPERATOR(pg_catalog.?|) {text_array_const(nontrivial)})")
     if shape.closed:
@@ -152,10 +163,7 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
             # No undeclared key: nothing to do. None of them a hatch key: all boxed under the carrier (which is
             # not taken: it is a hatch key). All of them hatch keys: kept where they are. Both kinds: the
             # engine, which boxes around the hatch keys (and picks the second carrier when the first is taken).
-            kept = " OPERATOR(pg_catalog.||) ".join(
-                f"CASE WHEN d OPERATOR(pg_catalog.?) {quote_literal(k)} THEN pg_catalog.jsonb_build_object("
-                f"{quote_literal(k)}, d OPERATOR(pg_catalog.->) {quote_literal(k)}) ELSE '{{}}'::pg_catalog.jsonb END"
-                for k in shape.declared)
+            kept = _pick(shape.declared)
             body.append(f"u := {unknown};")
             body.append("IF u OPERATOR(pg_catalog.<>) '{}'::pg_catalog.jsonb THEN")
             body.append(f"    IF NOT pg_catalog.jsonb_path_exists(u, {quote_literal(HATCH_KEY_PATH)}) THEN")
@@ -172,7 +180,55 @@ def branch(schema: str, stored: str, v2: str, shape: ObjectShape | None, trivial
             body.append(f"IF {column} IS NOT NULL AND NOT d OPERATOR(pg_catalog.?) {quote_literal(key)} THEN "
                         f"d := d OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({quote_literal(key)}, "
                         f"{column}); END IF;")
-    return Branch(stored, v2, " AND ".join(guard), tuple(body), declared, needs_tenant)
+    return Branch(stored, v2, " AND ".join(guard), tuple(body), declared, needs_tenant, pre)
+
+
+def _pick(keys, seat=None) -> str:
+    """The object of those of ``keys`` that ``d`` holds (under ``seat[k]`` when given), as jsonb."""
+    seat = seat or {}
+    return " OPERATOR(pg_catalog.||) ".join(
+        f"CASE WHEN d OPERATOR(pg_catalog.?) {quote_literal(k)} THEN pg_catalog.jsonb_build_object("
+        f"{quote_literal(seat.get(k, k))}, d OPERATOR(pg_catalog.->) {quote_literal(k)}) "
+        f"ELSE '{{}}'::pg_catalog.jsonb END" for k in keys)
+
+
+def approval_v1(schema: str, shape: ObjectShape, trivial: set[int], renamed_path: str) -> tuple[str, ...]:
+    """``approval.requested`` stored in its v1 shape (no ``data``, no ``kind``): RFC 0186 §A.3 as the engine's
+    ``project_v2`` does it, for the payloads where nothing is refused and no nested walk changes anything.
+
+    ApprovalData's own keys and ``message`` (as ``description``) move into ``data``, ``timeout`` becomes
+    ``timeoutMs``, ``kind`` is ``approval``; the other keys stay where they are and must be declared by the
+    definition (else the engine refuses them). Two stored keys for one seat, an ApprovalData value the walk
+    would enter (a nested shape that is not trivial), a renamed nested type: the engine.
+    """
+    key, bound = shape.discriminated.get("data", (None, {}))
+    data_shape = bound.get("approval")
+    if key != "kind" or data_shape is None or data_shape.union or data_shape.unprojectable:
+        return ()
+    data_keys = [k for k in data_shape.declared]
+    moved = {**{k: k for k in data_keys}, **APPROVAL_RENAMES}  # stored key -> seat in data
+    top = dict(APPROVAL_TOP)  # stored key -> seat at the top
+    stays = [k for k in shape.declared if k not in ("data", "kind") and k not in moved and k not in top]
+    inner = sorted({k for k, s in data_shape.nested.items() if id(s) not in trivial}
+                   | {k for k, s in data_shape.items.items() if id(s) not in trivial} | set(data_shape.discriminated))
+    outer = sorted({k for k, s in shape.nested.items() if id(s) not in trivial and k in stays}
+                   | {k for k, s in shape.items.items() if id(s) not in trivial and k in stays})
+    allowed = sorted(set(moved) | set(top) | set(stays))
+    guard = [f"(d OPERATOR(pg_catalog.-) {text_array_const(allowed)}) OPERATOR(pg_catalog.=) '{{}}'::pg_catalog.jsonb",
+             f"NOT pg_catalog.jsonb_path_exists(d, {quote_literal(renamed_path)})"]
+    for stored, seat in {**APPROVAL_RENAMES, **top}.items():
+        guard.append(f"NOT (d OPERATOR(pg_catalog.?) {quote_literal(stored)} AND d OPERATOR(pg_catalog.?) "
+                     f"{quote_literal(seat)})")  # two stored keys for one seat: refused by the engine
+    if inner or outer:
+        guard.append(f"NOT (d OPERATOR(pg_catalog.?|) {text_array_const(inner + outer)})")
+    data = f"('{{}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) {_pick(moved, moved)})"
+    result = (f"(d OPERATOR(pg_catalog.-) {text_array_const(list(moved) + list(top))}) OPERATOR(pg_catalog.||) "
+              f"{_pick(top, top)} OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('kind', 'approval', "
+              f"'data', {data})")
+    return ("IF NOT d OPERATOR(pg_catalog.?) 'data' AND NOT d OPERATOR(pg_catalog.?) 'kind' THEN",
+            f"    IF NOT ({' AND '.join(guard)}) THEN {ENGINE.format(s=schema)} END IF;",
+            f"    RETURN {result};",
+            "END IF;")
 
 
 def branches(schema: str, artifacts, carrier: str, declared_types: frozenset[str] = frozenset()) -> list[Branch]:
@@ -194,6 +250,7 @@ def _leaf(b: Branch, s: str, indent: str, tenant_sql: str) -> list[str]:
     lines = []
     if b.declared:
         lines.append(f"{indent}d := {s}.declared_v2({quote_literal(b.v2)}, p);")
+    lines += [indent + stmt for stmt in b.pre]
     lines.append(f"{indent}IF NOT ({b.guard}) THEN {engine} END IF;")
     if b.needs_tenant:
         lines.append(f"{indent}tenant := NULLIF({tenant_sql}, '');")

@@ -24,7 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from hypothesis import given, settings
-from test_projection_property import KIND_TYPES, PROPERTY, rows
+from hypothesis import strategies as st
+from test_projection_property import KIND_TYPES, PROPERTY, RENAMED, rows, scalars
 
 from proxy.artifacts.declarations import load_declarations
 from proxy.artifacts.load import load_artifacts
@@ -210,3 +211,21 @@ def test_with_declarations_the_compiled_projection_is_the_engine_on_generated_ro
         for run in RUNS.values():
             assert outcome(c, "payload_v2", t, payload, run, node) == outcome(c, "project_live", t, payload, run, node)
         c.rollback()
+
+
+APPROVAL = ARTIFACTS.payload_shapes["approval.requested"]
+APPROVAL_V1_KEYS = sorted(set(APPROVAL.discriminated["data"][1]["approval"].declared)
+                          | {"message", "timeout", "timeoutMs", "description", "key", "resumeSchema", "zzextra",
+                             "x-note", "data", "kind"})
+approval_values = st.one_of(scalars, st.fixed_dictionaries({"type": st.sampled_from(RENAMED + ["node.started"])}),
+                            st.fixed_dictionaries({"kind": st.sampled_from(["user", "team"]), "id": scalars}),
+                            st.lists(st.sampled_from(["accept", "reject"]), max_size=2))
+
+
+@settings(PROPERTY, max_examples=300)
+@given(st.dictionaries(st.sampled_from(APPROVAL_V1_KEYS), approval_values, max_size=7))
+def test_approval_requested_in_its_v1_shape_reads_as_the_engine_reads_it(conn, payload):
+    """RFC 0186 §A.3 compiled: every mix of ApprovalData keys, message/description, timeout/timeoutMs, keys
+    with no seat, nested values (some the walk enters), and the v2 shape's own data/kind."""
+    for node in (None, "n1"):
+        same(conn, "approval.requested", payload, RUNS["acme"], node)
