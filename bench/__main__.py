@@ -170,6 +170,7 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
         page = workloads.page_script(scratch, seed.PAGE_RUNS, "page")
         era3 = workloads.page_script(scratch, seed.ERA3_RUNS, "era3-page")
         projection = workloads.page_script(scratch, seed.PROJECTION_RUNS, "projection-page")
+        host_mix = workloads.page_script(scratch, seed.HOST_MIX_RUNS, "host-mix-page")
         append = workloads.append_script(scratch)
         payload = json.dumps(seed.APPEND_PAYLOAD)
         pgbench_args = {
@@ -180,6 +181,7 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
             "era2_page_major1_text": lambda t: ["-f", str(page), "-M", "extended"],
             "translated_text": lambda t: ["-f", str(page), "-M", "extended"],
             "projection_page_text": lambda t: ["-f", str(projection), "-M", "extended"],
+            "host_mix_page_text": lambda t: ["-f", str(host_mix), "-M", "extended"],
             # the seat's sessions are claimed v2 writers: the v2 name; direct and PgBouncer are v1 writers
             "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended",
                                               "-D", f"type={names[seed.APPEND_V1] if t == 'seat' else seed.APPEND_V1}",

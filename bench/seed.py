@@ -10,6 +10,10 @@
 * :data:`PROJECTION_RUNS`: era-2 runs like the page runs, except that about one row in five has a
   payload that needs projection (``run.started`` without ``owner``, ``output.chunk`` without ``runId``,
   ``approval.requested`` in its v1 shape); not marked clean.
+* :data:`HOST_MIX_RUNS`: era-2 runs of the shapes the unmodified reference host stores (issue 22), in its
+  order, over and over: ``run.started`` without owner, ``node.started {}``, ``node.completed {outputs}``,
+  ``memory.written``, ``run.completed {output}``; four rows in five read changed by major 2 (the legacy
+  Subject, ``nodeId`` from the row, the singular ``output`` carried); not marked clean.
 * :data:`APPEND_RUNS`: era-2 runs to append into.
 
 :func:`check_translation` proves each of these readings before anything is measured.
@@ -38,6 +42,7 @@ PAGE_ROWS = 100
 PAGE_RUNS = range(1_000_001, 1_000_011)  # 10 era-2 runs of PAGE_ROWS renamed events each, payloads-clean
 ERA3_RUNS = range(1_100_001, 1_100_011)  # 10 era-3 runs: the same pages stored under their v2 names
 PROJECTION_RUNS = range(1_200_001, 1_200_011)  # 10 era-2 runs, about 1 row in 5 needing payload projection
+HOST_MIX_RUNS = range(1_300_001, 1_300_011)  # 10 era-2 runs of the reference host's shapes (issue 22)
 APPEND_RUNS = range(2_000_001, 2_001_001)  # 1,000 era-2 runs: 8 writers rarely wait for one another's lock
 TENANT = "acme"
 
@@ -122,6 +127,21 @@ def projection_event(seq: int) -> tuple[str, dict] | None:
     return None
 
 
+# The reference host's stored shapes (issue 22), (type, payload, node_id), in the order it writes them.
+HOST_SHAPES = (
+    ("run.started", {"workflowId": "openwop-app.uppercase"}, None),
+    ("node.started", {}, "uppercase"),
+    ("node.completed", {"outputs": {"text": "HELLO SEAT"}}, "uppercase"),
+    ("memory.written", {"tags": ["run", "uppercase"], "memoryId": "mem_5f2c9a", "memoryRef": "tenant-memory"},
+     None),
+    ("run.completed", {"output": {"text": "HELLO SEAT"}}, None),
+)
+
+
+def host_event(seq: int) -> tuple[str, dict, str | None]:
+    return HOST_SHAPES[(seq - 1) % len(HOST_SHAPES)]
+
+
 def node_of(seq: int) -> str:
     return f"n-{(seq - 1) // 25}"
 
@@ -164,7 +184,11 @@ def load(cluster, pgbench: str, scale: int) -> None:
             if run in PROJECTION_RUNS and projection_event(seq) is not None:
                 t, payload = projection_event(seq)
             rows.append((f"ev-{run}-{seq}", str(run), seq, t, node_of(seq), json.dumps(payload), None))
-    runs = [(str(r), TENANT) for r in (*PAGE_RUNS, *ERA3_RUNS, *PROJECTION_RUNS, *APPEND_RUNS)]
+    for run in HOST_MIX_RUNS:
+        for seq in range(1, PAGE_ROWS + 1):
+            t, payload, node = host_event(seq)
+            rows.append((f"ev-{run}-{seq}", str(run), seq, t, node, json.dumps(payload), None))
+    runs = [(str(r), TENANT) for r in (*PAGE_RUNS, *ERA3_RUNS, *PROJECTION_RUNS, *HOST_MIX_RUNS, *APPEND_RUNS)]
 
     async def insert() -> None:
         conn = await asyncpg.connect(host="127.0.0.1", port=cluster.port, user="postgres", database="postgres")
@@ -243,7 +267,7 @@ async def check_translation(seat_port: int, reference_port: int, cluster_port: i
             if len(plain) != PAGE_ROWS or through != plain:
                 raise SeedError(f"era-3 run {run}: the page through the seat differs from direct PostgreSQL's "
                                 f"({len(through)} / {len(plain)} rows)")
-        for run in PROJECTION_RUNS:
+        for run in (*PROJECTION_RUNS, *HOST_MIX_RUNS):
             through, plain = await seat.fetch(PAGE_SQL, str(run), 0), await direct.fetch(PAGE_SQL, str(run), 0)
             if len(through) != PAGE_ROWS or len(plain) != PAGE_ROWS:
                 raise SeedError(f"projection run {run}: a page of {len(through)} / {len(plain)} rows, not {PAGE_ROWS}")

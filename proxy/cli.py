@@ -150,6 +150,7 @@ def _add_backfill(commands) -> None:
                           help="write payloads that would not validate against their v2 definition (a required "
                                "key nothing in the row provides) as they read, instead of skipping their runs; "
                                "the summary counts them")
+    backfill.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH")
     backfill.add_argument("--batch", type=int, default=100, metavar="N",
                           help="run ids listed per step of --all and per progress update (default 100)")
     backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -187,6 +188,14 @@ def cmd_check(config_path: str | None) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if config.host.declarations_file is not None:  # checked against the pinned artifacts, as serve checks it
+        from proxy.artifacts.declarations import DeclarationsError, load_declarations
+        from proxy.artifacts.load import load_artifacts
+
+        try:
+            load_declarations(config.host.declarations_file, load_artifacts())
+        except DeclarationsError as e:
+            raise ConfigError(f"host.declarations_file: {e}") from None
     print(config)
     return 0
 

@@ -98,6 +98,10 @@ class HostConfig:
     # (docs/payload-projection.md, ADR 0007): a key the hatch admits; a vendor.<org> carrier needs <org>
     # registered in the pinned declaration.json (checked where the artifacts are loaded).
     payload_carrier: str = "x-v1"
+    # The operator's declarations of the host's own payload names (docs/payload-projection.md, ADR 0010): a TOML
+    # file of per-v2-type key aliases and legacy values, checked against the pinned artifacts where they are
+    # loaded; its digest is recorded by migrate and every replica must run the same (None: no declarations).
+    declarations_file: str | None = None
     # How often a running seat checks that the writer rule is in force (triggers, functions, digest); 0: only at
     # start, on /readyz and on SIGHUP.
     check_interval: float = 10.0
@@ -329,7 +333,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     host = _take(data.get("host", {}), "host",
                  {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
                   "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
-                  "check_interval",
+                  "check_interval", "declarations_file",
                   *_OPTIONAL_COLUMNS})
     host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
                    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
@@ -342,6 +346,9 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "claim_secret_file" in host:  # read (and checked) by schema.load_claim_secret, relative to the config file
         path = _string(host["claim_secret_file"], "host.claim_secret_file")
         host_kwargs["claim_secret_file"] = os.path.join(os.path.dirname(source), path) if source else path
+    if "declarations_file" in host:  # read and checked against the artifacts by proxy.artifacts.declarations
+        host_kwargs["declarations_file"] = _existing_file(
+            _string(host["declarations_file"], "host.declarations_file"), "host.declarations_file", source)
     if "check_interval" in host:
         host_kwargs["check_interval"] = _number(host["check_interval"], "host.check_interval", 0)
     if "maintenance_role" in host:

@@ -16,7 +16,11 @@ list, the registered vendor orgs, the bijection verdict) and from the
 configured era store, in one transaction together with recording the artifact
 digest and tag in ``meta``.  A proxy whose artifact digest differs from the
 recorded one refuses to serve (:class:`DigestMismatch`), so every replica reads
-one log one way.
+one log one way.  The operator's declarations of the host's own payload names
+(``[host] declarations_file``, ADR 0010) are installed the same way, as
+``declared_v2`` (:mod:`proxy.db.declarations_sql`), with their digest in
+``meta.declarations_digest``; a seat or tool configured with other declarations
+refuses the database too (:class:`DeclarationsMismatch`).
 
 The era of a run is read by the database itself, in the statement's own
 snapshot: the read path appends :func:`read_check_sql` over :func:`era_sql` to

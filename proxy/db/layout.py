@@ -88,6 +88,11 @@ class DigestMismatch(SchemaError):
     """The artifact digest recorded in the database differs from the running artifacts'."""
 
 
+class DeclarationsMismatch(DigestMismatch):
+    """The declarations digest recorded in the database differs from the configured declarations' (ADR 0010),
+    or the configured declarations file is unusable."""
+
+
 # --- layout steps ----------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from proxy.db.layout import (
     LOCK_KEY,
     SCHEMA,
     STEPS,
+    DeclarationsMismatch,
     DigestMismatch,
     SchemaError,
     SchemaGap,
@@ -42,6 +43,28 @@ from proxy.db.verify import (
 )
 from proxy.db.writer_sql import FUNCTIONS, artifact_objects_sql, writer_triggers
 
+# meta keys of the operator's declarations (ADR 0010): their digest, and the operator's version of the file
+DECLARATIONS_DIGEST = "declarations_digest"
+DECLARATIONS_VERSION = "declarations_version"
+
+
+def load_configured_declarations(config: Config, artifacts):
+    """The declarations ``[host] declarations_file`` names, checked against ``artifacts``; a bad file is
+    :class:`DeclarationsMismatch` (a SchemaError: whoever checks the database reports it as such)."""
+    from proxy.artifacts.declarations import DeclarationsError, declarations_for
+
+    try:
+        return declarations_for(config, artifacts)
+    except DeclarationsError as e:
+        raise DeclarationsMismatch(f"host.declarations_file: {e}") from None
+
+
+def declarations_objects_sql(decl) -> str:
+    """``declared_v2`` for ``decl`` and its grant: installed before the projection functions, which call it."""
+    from proxy.db.declarations_sql import SIGNATURE, declarations_sql
+
+    return declarations_sql(SCHEMA, decl) + f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{SIGNATURE} TO PUBLIC;\n"
+
 # --- migrate and verify --------------------------------------------------------------
 
 
@@ -60,9 +83,11 @@ async def _upsert_meta(conn, values: dict[str, str]) -> None:
 
 
 async def _functions_present(conn) -> bool:
+    from proxy.db.declarations_sql import SIGNATURE
+
     return await conn.fetchval(
         "SELECT pg_catalog.bool_and(pg_catalog.to_regprocedure(f) IS NOT NULL) FROM pg_catalog.unnest($1::text[]) f",
-        [f"{SCHEMA}.{f}" for f in FUNCTIONS])
+        [f"{SCHEMA}.{f}" for f in (*FUNCTIONS, SIGNATURE)])
 
 
 async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], Any] = print) -> list[str]:
@@ -74,11 +99,12 @@ async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], A
         out(line)
 
     secret = load_claim_secret(config)  # before connecting: a bad secret file changes nothing
+    decl = load_configured_declarations(config, artifacts)  # so is a bad declarations file
     conn = await connect(dsn)
     try:
         await conn.execute("SELECT pg_catalog.pg_advisory_lock($1)", LOCK_KEY)
         try:
-            await _migrate_locked(conn, config, artifacts, secret, say, out)
+            await _migrate_locked(conn, config, artifacts, secret, say, out, decl)
         finally:
             if not conn.is_closed():
                 await conn.execute("SELECT pg_catalog.pg_advisory_unlock($1)", LOCK_KEY)
@@ -90,8 +116,10 @@ async def migrate(dsn: str, config: Config, artifacts, *, out: Callable[[str], A
 
 
 async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, say: Callable[[str], None],
-                          note: Callable[[str], None]) -> None:
+                          note: Callable[[str], None], decl=None) -> None:
     """``say``: something done (returned by migrate); ``note``: printed only."""
+    if decl is None:
+        decl = load_configured_declarations(config, artifacts)
     current = await read_layout(conn)
     # Check the server and the host's tables before changing anything.
     version = int(await conn.fetchval("SELECT pg_catalog.current_setting('server_version_num')"))
@@ -137,8 +165,12 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     writer_host = await qualified_host(conn, config.host)
     columns = await relations.events_columns(conn, config.host) if "events" in tables else None
     seat_owner = await conn.fetchval("SELECT current_user::text")
-    sql = (artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
-           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns)
+    # declared_v2 first: the projection functions call it (ADR 0010), and a SQL function's body is checked when
+    # it is created
+    sql = (declarations_objects_sql(decl)
+           + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
+           + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns,
+                                      frozenset(decl.types))
               + net_sql.net_sql(events.table, [c.name for c in columns],
                                 (config.host.type_column, config.host.payload_column), seat_owner)
               if columns is not None else "")
@@ -158,6 +190,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         if tampered or not (meta.get("artifact_digest") == artifacts.digest
                 and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
+                and meta.get(DECLARATIONS_DIGEST) == decl.digest
                 and not missing and not stray
                 and (columns is None or not await relations.relation_problems(conn, config.host))
                 and (events is None or not net_sql.net_problems(await net_sql.net_state(conn, events.table),
@@ -171,7 +204,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             cleared = await conn.fetchval(f"WITH d AS (DELETE FROM {SCHEMA}.payloads_clean RETURNING 1) "
                                           f"SELECT count(*) FROM d")
             await _upsert_meta(conn, {"artifact_digest": artifacts.digest, "artifact_tag": artifacts.tag,
-                                      "objects_sha256": fingerprint})
+                                      "objects_sha256": fingerprint, DECLARATIONS_DIGEST: decl.digest,
+                                      DECLARATIONS_VERSION: decl.version or ""})
             installed = True
         now = await installed_fingerprint(conn)
         if meta.get("installed_sha256") != now:
@@ -187,6 +221,14 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             line += (f", replacing digest {old} (tag {meta.get('artifact_tag')}): seats still running the old "
                      f"artifacts now refuse to serve")
         say(line)
+        old_decl = meta.get(DECLARATIONS_DIGEST)
+        if old_decl != decl.digest and (old_decl is not None or not decl.empty):
+            what = (f"{len(decl.listing())} declarations from {decl.path} (version {decl.version or '-'})"
+                    if not decl.empty else "no declarations")
+            line = f"installed declarations digest {decl.digest}: {what}"
+            if old_decl is not None:
+                line += f", replacing digest {old_decl}: seats running other declarations now refuse to serve"
+            say(line)
         if cleared:
             say(f"cleared {cleared} payloads-clean marks (the generated checks changed; mark the runs again)")
     await _install_claim_secret(conn, secret, say, note)
@@ -289,10 +331,33 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
             f"openwop-seat runs digest {artifacts.digest} (tag {artifacts.tag}); every replica must read one log "
             f"one way: run seats whose artifacts match, or switch the database to these artifacts with "
             f"`openwop-seat migrate` (seats on the old artifacts then refuse to serve)")
+    check_declarations(meta, config, artifacts)
     if config.host.era_column is not None:
         await check_era_column(conn, config.host)
     await check_writer_rule(conn, config)
     await check_installed(conn, meta)
+
+
+def check_declarations(meta: dict[str, str], config: Config, artifacts):
+    """DeclarationsMismatch unless ``meta`` records the digest of the declarations ``config`` names; returns them.
+
+    Every replica applies the declarations ``migrate`` installed (``declared_v2``), whatever its own file says: a
+    replica whose file differs would claim declarations the database does not apply, so it refuses to serve."""
+    decl = load_configured_declarations(config, artifacts)
+    recorded = meta.get(DECLARATIONS_DIGEST)
+    if recorded is None:
+        raise DeclarationsMismatch(
+            f"{SCHEMA}.meta records no declarations digest (migrated by an earlier release, or a migrate did not "
+            f"finish): run `openwop-seat migrate` with this release and this configuration")
+    if recorded != decl.digest:
+        mine = (f"{decl.path} (version {decl.version or '-'}, digest {decl.digest})" if not decl.empty
+                else f"no declarations (digest {decl.digest})")
+        raise DeclarationsMismatch(
+            f"the database records declarations digest {recorded} (version "
+            f"{meta.get(DECLARATIONS_VERSION) or '-'}), but this openwop-seat's host.declarations_file is {mine}; "
+            f"every replica must read one log one way: run seats with the declarations the database records, or "
+            f"switch the database to these with `openwop-seat migrate` (seats on the old ones then refuse to serve)")
+    return decl
 
 
 def cmd_migrate(config: Config, dsn: str) -> int:

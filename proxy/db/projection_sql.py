@@ -5,9 +5,12 @@ for the same reasons the era check does (see :mod:`proxy.db`): a row that
 cannot be projected fails the statement exactly as a PostgreSQL error would
 (transaction, pipeline and ReadyForQuery as PostgreSQL leaves them), and the
 run's tenant, needed for the legacy Subject, is read in the statement's own
-snapshot.  The seat's Python only splices the projected bytes into the row.
+snapshot.  No row passes through the seat's Python.
 
-What is generated here is data plus one generic engine, not per-type code:
+What is generated here is data plus one generic engine, not per-type code.  The engine is the
+projection's definition; the major-2 view reads through the compiled projection
+(:mod:`proxy.db.projection_compiled`), which runs the engine only for the payloads its per-type
+branches do not cover, and the tests compare the two row by row.
 
 * ``payload_shapes()`` returns the compiled shape graph of
   :mod:`proxy.artifacts.payload_shapes` as one jsonb constant (types → shape ids; per shape:
@@ -27,13 +30,14 @@ What is generated here is data plus one generic engine, not per-type code:
   transformations the spec names, then the walk, then fills required
   ``nodeId``/``runId`` from the row's own columns; it reports the unseated
   keys, the number of boxed keys and the required keys still missing.
-* ``read_v2p(...)`` is the per-row entry point the classifier puts in the
-  hidden column, an inlined SQL expression: the era check of ``read_v2``, then
+* ``read_v2p(...)`` is the engine's whole-row entry, an inlined SQL
+  expression (its twin ``try_v2p`` is what ``audit`` and ``backfill`` read;
+  the property tests call it): the era check of ``read_v2``, then
   ``fast_v2`` (a generated per-type test that the payload needs nothing), and
   only otherwise ``project_row`` (plpgsql), which raises ``payload_unprojectable``
   or returns ``<era>[<projected jsonb>][\\x1e<boxed>\\x1e<type>\\x1e<missing,…>]`` as
   text; the part after the era is present when the payload changed or a
-  required key is missing (see :mod:`proxy.readpath.read_path`).
+  required key is missing (see :mod:`proxy.tools.audit`).
 
 Serialisation.  The projected payload is a jsonb value and reaches the client
 as PostgreSQL prints jsonb (``jsonb_out``): keys in jsonb's storage order
@@ -50,6 +54,7 @@ from __future__ import annotations
 import orjson
 
 from proxy.artifacts.payload_shapes import HATCH_PATTERN, ObjectShape, check_carrier
+from proxy.db.sql import quote_literal, text_array_literal
 
 CARRIER = "x-v1"  # the default carrier: the key, admitted by the hatch, that holds a hatched object's unseated keys
 SECOND_CARRIER_SUFFIX = ".seat"  # the carrier when the host itself wrote a key of the carrier's name (ADR 0007)
@@ -127,43 +132,35 @@ def interrupt_kind_types(shapes: dict[str, ObjectShape]) -> tuple[str, ...]:
                         if sh.ref in INTERRUPT_KIND_DEFS and sh.hatched and "kind" in sh.declared))
 
 
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _array(values) -> str:
-    return "ARRAY[" + ", ".join(_lit(v) for v in values) + "]::text[]" if values else "'{}'::text[]"
-
-
 def projection_sql(schema: str, artifacts, carrier: str = CARRIER) -> str:
     """The DDL of the projection functions (CREATE OR REPLACE; idempotent); ``carrier`` is checked with
     :func:`check_carrier` against the artifacts' org registry."""
     check_carrier(carrier, artifacts.vendor_orgs)
     carrier2 = second_carrier(carrier)
     shapes = artifacts.payload_shapes
-    kind_types = _array(interrupt_kind_types(shapes))
-    interrupt_kinds = _array(INTERRUPT_KINDS)
-    subject_kinds = _array(SUBJECT_KINDS)
-    key_class_lanes = _array(KEY_CLASS_LANES)
+    kind_types = text_array_literal(interrupt_kind_types(shapes))
+    interrupt_kinds = text_array_literal(INTERRUPT_KINDS)
+    subject_kinds = text_array_literal(SUBJECT_KINDS)
+    key_class_lanes = text_array_literal(KEY_CLASS_LANES)
     graph = shape_table(shapes)
     # One flat object, so each lookup is one `->` on the constant (a nested `-> 'shapes'` would copy the
     # whole shape table out for every row): "t:<type>" -> shape id, "<id>" -> shape.
     table = orjson.dumps({**{f"t:{t}": sid for t, sid in graph["types"].items()}, **graph["shapes"]}).decode()
     renamed = orjson.dumps({v1: artifacts.v1_to_v2[v1] for v1 in sorted(artifacts.renamed)}).decode()
-    hatch = _lit(HATCH_PATTERN)
-    renames = " ".join(f"WHEN k = {_lit(a)} THEN {_lit(b)}" for a, b in APPROVAL_RENAMES.items())
-    approval_keys = _array(approval_data_keys(shapes))
-    top_keys = _array(APPROVAL_TOP)
-    top = " ".join(f"WHEN {_lit(a)} THEN {_lit(b)}" for a, b in APPROVAL_TOP.items())
+    hatch = quote_literal(HATCH_PATTERN)
+    renames = " ".join(f"WHEN k = {quote_literal(a)} THEN {quote_literal(b)}" for a, b in APPROVAL_RENAMES.items())
+    approval_keys = text_array_literal(approval_data_keys(shapes))
+    top_keys = text_array_literal(APPROVAL_TOP)
+    top = " ".join(f"WHEN {quote_literal(a)} THEN {quote_literal(b)}" for a, b in APPROVAL_TOP.items())
     s = schema
     return f"""
 CREATE OR REPLACE FUNCTION {s}.payload_shapes() RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $ow$ SELECT {_lit(table)}::jsonb $ow$;
+AS $ow$ SELECT {quote_literal(table)}::jsonb $ow$;
 
 CREATE OR REPLACE FUNCTION {s}.renamed_types() RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $ow$ SELECT {_lit(renamed)}::jsonb $ow$;
+AS $ow$ SELECT {quote_literal(renamed)}::jsonb $ow$;
 
 -- A value under a `type` key, at any depth, that is a renamed v1 event type is mapped like the row's type.
 -- A key the hatch admits is carried opaquely (RFC 0185 §B): nothing under it is looked at, at any depth.
@@ -300,8 +297,8 @@ BEGIN
     IF box <> '{{}}'::jsonb THEN
         -- The carrier, or the second carrier when the host itself wrote a key of the carrier's name: the
         -- host's value is a hatch property, carried opaquely, never merged into (ADR 0007). Both taken: refuse.
-        carrier := CASE WHEN NOT v ? {_lit(carrier)} THEN {_lit(carrier)}
-                        WHEN NOT v ? {_lit(carrier2)} THEN {_lit(carrier2)} END;
+        carrier := CASE WHEN NOT v ? {quote_literal(carrier)} THEN {quote_literal(carrier)}
+                        WHEN NOT v ? {quote_literal(carrier2)} THEN {quote_literal(carrier2)} END;
         IF carrier IS NULL THEN
             FOR k IN SELECT jsonb_object_keys(box) LOOP
                 unseated := unseated || (path || k);
@@ -386,7 +383,7 @@ BEGIN
         IF o IS NULL THEN
             IF rt IS NOT NULL THEN
                 val := val || jsonb_build_object('owner', jsonb_build_object('tenant', rt,
-                    'subject', jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)}, 'subjectId', {_lit(LEGACY_SUBJECT_ID)},
+                    'subject', jsonb_build_object('issuer', {quote_literal(LEGACY_ISSUER)}, 'subjectId', {quote_literal(LEGACY_SUBJECT_ID)},
                                                   'tenant', rt, 'lane', 'api-key', 'kind', 'user')));
             END IF;  -- no tenant to stamp with: left as stored (ADR 0007)
         ELSIF jsonb_typeof(o) = 'object'
@@ -400,8 +397,8 @@ BEGIN
             IF NOT o ? 'subject' AND owner_tenant IS NOT NULL THEN
                 pk := o ->> 'principalKind';
                 sk := CASE WHEN pk = ANY ({subject_kinds}) THEN pk ELSE 'user' END;
-                subj := jsonb_build_object('issuer', {_lit(LEGACY_ISSUER)},
-                                           'subjectId', COALESCE(o ->> 'principal', {_lit(LEGACY_SUBJECT_ID)}),
+                subj := jsonb_build_object('issuer', {quote_literal(LEGACY_ISSUER)},
+                                           'subjectId', COALESCE(o ->> 'principal', {quote_literal(LEGACY_SUBJECT_ID)}),
                                            'tenant', owner_tenant,
                                            'lane', CASE sk WHEN 'anonymous' THEN 'anonymous' ELSE 'api-key' END,
                                            'kind', sk);
@@ -490,14 +487,14 @@ def _fast_condition(shape: ObjectShape, kind_enum: bool = False) -> str:
     parts = ["pg_catalog.jsonb_typeof(p) OPERATOR(pg_catalog.=) 'object'"]
     if kind_enum:
         parts.append(f"COALESCE((p OPERATOR(pg_catalog.->>) 'kind') OPERATOR(pg_catalog.=) "
-                     f"ANY ({_array(INTERRUPT_KINDS)}), NOT (p OPERATOR(pg_catalog.?) 'kind'))")
+                     f"ANY ({text_array_literal(INTERRUPT_KINDS)}), NOT (p OPERATOR(pg_catalog.?) 'kind'))")
     if shape.closed:
-        parts.append(f"(p OPERATOR(pg_catalog.-) {_array(shape.declared)}) OPERATOR(pg_catalog.=) '{{}}'::jsonb")
+        parts.append(f"(p OPERATOR(pg_catalog.-) {text_array_literal(shape.declared)}) OPERATOR(pg_catalog.=) '{{}}'::jsonb")
     nested = sorted(set(shape.nested) | set(shape.items) | set(shape.discriminated))
     if nested:
-        parts.append(f"NOT (p OPERATOR(pg_catalog.?|) {_array(nested)})")
+        parts.append(f"NOT (p OPERATOR(pg_catalog.?|) {text_array_literal(nested)})")
     if shape.required:
-        parts.append(f"p OPERATOR(pg_catalog.?&) {_array(sorted(shape.required))}")
+        parts.append(f"p OPERATOR(pg_catalog.?&) {text_array_literal(sorted(shape.required))}")
     parts.append("NOT pg_catalog.jsonb_path_exists(p, 'lax $.**.type')")
     return " AND ".join(parts)
 
@@ -520,11 +517,11 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True,
     that would fail (a caught exception would cost a subtransaction per row, and PL/pgSQL evaluates an
     expression that raised the slow way for the rest of the transaction).  ``fast_v2`` is generated once,
     with ``raising``."""
-    forward = "\n".join(f"        WHEN {_lit(v1)} THEN {_lit(artifacts.v1_to_v2[v1])}"
+    forward = "\n".join(f"        WHEN {quote_literal(v1)} THEN {quote_literal(artifacts.v1_to_v2[v1])}"
                          for v1 in sorted(artifacts.renamed)) or "        WHEN NULL THEN NULL"
     shapes = artifacts.payload_shapes
     kinds = set(interrupt_kind_types(shapes))
-    fast = "\n".join(f"    WHEN {_lit(v1)} THEN {_fast_condition(shapes[v2], v2 in kinds)}"
+    fast = "\n".join(f"    WHEN {quote_literal(v1)} THEN {_fast_condition(shapes[v2], v2 in kinds)}"
                       for v1, v2 in sorted(artifacts.v1_to_v2.items())
                       if v2 in shapes and v2 not in TRANSFORMED) or "    WHEN NULL THEN false"
     s = schema
@@ -536,7 +533,7 @@ def read_v2p_sql(schema: str, artifacts, sqlstate: str, *, raising: bool = True,
     if raising:
         project, entry, check = "project_row", "read_v2p", "read_v2"
         refuse = f"""RAISE EXCEPTION USING
-            ERRCODE = {_lit(sqlstate)},
+            ERRCODE = {quote_literal(sqlstate)},
             MESSAGE = 'payload_unprojectable: ' || sentence,
             DETAIL = {envelope},
             HINT = 'the row is stored untouched; see docs/payload-projection.md in the openwop-seat repository';"""
@@ -559,7 +556,7 @@ $ow$;
 END"""
     else:
         project, entry, check = "try_project_row", "try_v2p", "try_v2"
-        refuse = f"RETURN {_lit(refused_prefix)} || {envelope};"
+        refuse = f"RETURN {quote_literal(refused_prefix)} || {envelope};"
         fast_fn = ""
         # try_v2 is '3', '2' or a refusal; a refused row (rare) evaluates it a second time for its text
         body = f"""SELECT CASE {s}.{check}(era, t, run, seq)
@@ -596,8 +593,8 @@ BEGIN
     ELSIF cardinality(r.missing) = 0 THEN
         RETURN out;  -- unchanged and complete: the row keeps its bytes and counts nothing
     END IF;
-    out := out || {_lit(META_SEPARATOR)} || r.boxed || {_lit(META_SEPARATOR)} || t2
-           || {_lit(META_SEPARATOR)} || array_to_string(r.missing, ',');
+    out := out || {quote_literal(META_SEPARATOR)} || r.boxed || {quote_literal(META_SEPARATOR)} || t2
+           || {quote_literal(META_SEPARATOR)} || array_to_string(r.missing, ',');
     RETURN out;
 END
 $ow$;

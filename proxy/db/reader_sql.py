@@ -33,16 +33,31 @@ def era_sql(host: HostConfig, run_id_expr: str) -> str:
             f"FROM {quote_qualified(host.runs_table)} {a} WHERE {key} {EQ} ({run_id_expr})), 2::smallint)")
 
 
-def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str = "read_v2p") -> str:
+def read_project_sql(host: HostConfig, era_expr: str, alias: str, function: str = "read_v2p",
+                     payload: str | None = None) -> str:
     """The per-row check *and payload projection* of a major-2 read that outputs the payload column of the
     events table under ``alias`` (quoted): text, see :mod:`proxy.db.projection_sql`.
 
     ``function``: ``read_v2p`` (a refused row fails the statement), or ``try_v2p``, which takes the same
-    arguments and returns the refusal instead (the cutover tools)."""
+    arguments and returns the refusal instead (the cutover tools).  ``payload``: a jsonb expression projected
+    instead of the stored payload (the cutover tools pass the stored payload with the operator's declarations
+    applied, :func:`declared_payload_sql`)."""
     if function not in ("read_v2p", "try_v2p"):
         raise ValueError(f"read_project_sql: function must be read_v2p or try_v2p, got {function!r}")
     row, tail = _project_args(host, alias)
+    if payload is not None:
+        stored = f"({alias}.{quote_ident(host.payload_column)})::jsonb"
+        assert row.count(stored) == 1
+        row = row.replace(stored, f"({payload})")
     return f"{SCHEMA}.{function}({era_expr}, {row}, {tail})"
+
+
+def declared_payload_sql(host: HostConfig, alias: str) -> str:
+    """The stored payload of the row under ``alias`` with the operator's declarations applied for its v2 type
+    (``declared_v2``, ADR 0010; the type mapped by the codemap as the reader maps it): jsonb."""
+    t = f"({alias}.{quote_ident(host.type_column)})::text"
+    return (f"{SCHEMA}.declared_v2(COALESCE({SCHEMA}.renamed_types() OPERATOR(pg_catalog.->>) {t}, {t}), "
+            f"({alias}.{quote_ident(host.payload_column)})::jsonb)")
 
 
 def returned_project_sql(host: HostConfig, alias: str) -> str:

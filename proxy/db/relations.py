@@ -1,7 +1,7 @@
 """The translated relations: what a translated session reads in place of the host's events table.
 
-A session of major 2 (or 1) never reads the events table itself.  The rewriter
-(:mod:`proxy.rewrite`) replaces every read reference to it with
+A session of major 2 (or 1) never reads the events table itself.  The classifier
+(:mod:`proxy.readpath.classify`) replaces every read reference to it with
 ``openwop_seat.events_m2`` (``events_m1``), a view that ``migrate`` generates
 from the pinned artifacts and from the table's own columns.  The view yields
 the table's columns, in the table's order and under the same names, already
@@ -13,7 +13,8 @@ translated by the reader rule:
 * ``type`` is mapped through one jsonb constant (a binary search, not a chain
   of comparisons), a registered vendor type passes unchanged, and any other
   type raises ``event_type_unmapped`` through ``refuse_text``;
-* ``payload`` is projected by ``payload_v2`` (carry or fail), except where the
+* ``payload`` is projected by ``payload_v2`` (carry or fail; compiled per stored type,
+  :mod:`proxy.db.projection_compiled`), except where the
   run is stamped era 3 or is marked *payloads clean* (``payloads_clean``: every
   stored payload of the run is already v2-clean; kept by a trigger and by
   ``mark_payloads_clean``), where the stored bytes are the answer.
@@ -35,10 +36,11 @@ Everything here is generated SQL: the functions and views are (re)installed by
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from proxy.config import HostConfig
+from proxy.db.projection_compiled import compiled_sql
+from proxy.db.sql import jsonb_literal, quote_ident, quote_literal, quote_relation, text_array_literal
 
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"
@@ -52,34 +54,11 @@ class Column:
     type: str  # as format_type prints it
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _lit(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _qualified(name: str) -> str:
-    if name.startswith('"'):  # already quoted (qualified_tables)
-        return name
-    return ".".join(_ident(p) for p in name.split("."))
-
-
-def _text_array(values) -> str:
-    items = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in sorted(values))
-    return _lit("{" + items + "}") + "::text[]"
-
-
-def _jsonb(mapping: dict[str, str]) -> str:
-    return _lit(json.dumps(dict(sorted(mapping.items())), separators=(",", ":"), ensure_ascii=False)) + "::jsonb"
-
-
 def _vendor(t: str, orgs) -> str:
     if not orgs:
         return "false"
     return (f"(pg_catalog.strpos({t}, '.') OPERATOR(pg_catalog.>) 0 AND "
-            f"pg_catalog.split_part({t}, '.', 1) {EQ} ANY ({_text_array(orgs)}))")
+            f"pg_catalog.split_part({t}, '.', 1) {EQ} ANY ({text_array_literal(orgs)}))")
 
 
 class _Era:
@@ -92,15 +71,18 @@ class _Era:
             self.three = f"{X}.run_id IS NOT NULL"
             self.malformed = None
         else:
-            col = f"{X}.{_ident(host.era_column)}"
-            self.join = (f"LEFT JOIN {_qualified(host.runs_table)} {X} "
-                         f"ON {X}.{_ident(host.run_id_column)} {EQ} {run}")
+            col = f"{X}.{quote_ident(host.era_column)}"
+            self.join = (f"LEFT JOIN {quote_relation(host.runs_table)} {X} "
+                         f"ON {X}.{quote_ident(host.run_id_column)} {EQ} {run}")
             self.three = f"{col} {EQ} 3"
             self.malformed = f"{col} IS NOT NULL AND {col} OPERATOR(pg_catalog.<>) 3"
 
 
-def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
-    """The DDL of the translated relations over the events table with these ``columns`` (attnum order)."""
+def relations_sql(artifacts, host: HostConfig, columns: list[Column],
+                  declared_types: frozenset[str] = frozenset()) -> str:
+    """The DDL of the translated relations over the events table with these ``columns`` (attnum order);
+    ``declared_types``: the v2 types the operator's declarations name (ADR 0010), whose compiled branches
+    apply ``declared_v2`` first."""
     names = [c.name for c in columns]
     for needed in (host.run_id_column, host.type_column, host.payload_column, "sequence"):
         if needed not in names:
@@ -111,14 +93,14 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
     backward = artifacts.v2_to_v1  # None: the codemap is not a bijection
 
     def col(name: str | None, alias: str = E) -> str:
-        return f"({alias}.{_ident(name)})::text" if name else "NULL::text"
+        return f"({alias}.{quote_ident(name)})::text" if name else "NULL::text"
 
-    t, p = f"{E}.{_ident(host.type_column)}", f"{E}.{_ident(host.payload_column)}"
-    run, seq = f"{E}.{_ident(host.run_id_column)}", f"({E}.sequence)::bigint"
+    t, p = f"{E}.{quote_ident(host.type_column)}", f"{E}.{quote_ident(host.payload_column)}"
+    run, seq = f"{E}.{quote_ident(host.run_id_column)}", f"({E}.sequence)::bigint"
     run_text = col(host.run_id_column)
-    era = _Era(host, f"{E}.{_ident(host.run_id_column)}", types[host.run_id_column])
+    era = _Era(host, f"{E}.{quote_ident(host.run_id_column)}", types[host.run_id_column])
     malformed_era = (f"{SCHEMA}.refuse_text('event_row_malformed', NULL, {run_text}, NULL)")
-    type_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) {t} OR {_vendor(t, orgs)})"
+    type_ok = f"({jsonb_literal(forward)} OPERATOR(pg_catalog.?) {t} OR {_vendor(t, orgs)})"
     unreadable = (f"{SCHEMA}.refuse_text(CASE WHEN {t} IS NULL THEN 'event_row_malformed' "
                   f"ELSE 'event_type_unmapped' END, {t}, {run_text}, {seq})")
     malformed_arm = f"\n        WHEN {era.malformed} THEN {malformed_era}" if era.malformed else ""
@@ -129,7 +111,7 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
     # major 2
     type_m2 = cast(f"""CASE
         WHEN {era.three} THEN {t}{malformed_arm}
-        ELSE COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) {t},
+        ELSE COALESCE({jsonb_literal(forward)} OPERATOR(pg_catalog.->>) {t},
                       CASE WHEN {_vendor(t, orgs)} THEN {t} ELSE {unreadable} END)
     END""", host.type_column)
     payload_m2 = cast(f"""CASE
@@ -143,7 +125,7 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
     o = f"{C}_orig"
     original = f"{o}.run_id IS NOT NULL"
     if backward is not None:
-        era3_type = f"COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) {t}, {t})"
+        era3_type = f"COALESCE({jsonb_literal(backward)} OPERATOR(pg_catalog.->>) {t}, {t})"
         era3_payload = p
     else:
         era3_type = (f"{SCHEMA}.refuse_text('v1_representation_refused', {t}, {run_text}, {seq})")
@@ -165,18 +147,19 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column]) -> str:
 
     clean_join = (f"LEFT JOIN {SCHEMA}.payloads_clean {C}_clean ON {C}_clean.run_id {EQ} "
                   f"{run}{'' if types[host.run_id_column] == 'text' else '::text'}")
-    events = _qualified(host.events_table)
-    may_read = f"(SELECT pg_catalog.has_table_privilege({_lit(_qualified(host.events_table))}::regclass, 'SELECT'))"
+    events = quote_relation(host.events_table)
+    may_read = (f"(SELECT pg_catalog.has_table_privilege({quote_literal(quote_relation(host.events_table))}::regclass, "
+                f"'SELECT'))")
 
     def view(major: int) -> str:
         out = []
         for c in columns:
             if c.name == host.type_column:
-                out.append(f"{type_m2 if major == 2 else type_m1} AS {_ident(c.name)}")
+                out.append(f"{type_m2 if major == 2 else type_m1} AS {quote_ident(c.name)}")
             elif c.name == host.payload_column:
-                out.append(f"{payload_m2 if major == 2 else payload_m1} AS {_ident(c.name)}")
+                out.append(f"{payload_m2 if major == 2 else payload_m1} AS {quote_ident(c.name)}")
             else:
-                out.append(f"{E}.{_ident(c.name)}")
+                out.append(f"{E}.{quote_ident(c.name)}")
         joins = f"{era.join}\n{clean_join}" if major == 2 else f"{era.join}\n{original_join}"
         return f"""
 DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
@@ -190,15 +173,16 @@ COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
 GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
 """
 
-    tenant_fn = "NULL::text"
+    # qualified throughout, types included: payload_v2 runs without a pinned search_path
+    tenant_sql = "NULL::pg_catalog.text"
     if host.tenant_column:
-        tenant_fn = (f"CASE WHEN t {EQ} 'run.started' THEN (SELECT ({C}.{_ident(host.tenant_column)})::text "
-                     f"FROM {_qualified(host.runs_table)} {C} WHERE ({C}.{_ident(host.run_id_column)})::text "
-                     f"{EQ} run LIMIT 1) END")
-    fn_ok = f"({_jsonb(forward)} OPERATOR(pg_catalog.?) t OR {_vendor('t', orgs)})"
+        tenant_sql = (f"(SELECT ({C}.{quote_ident(host.tenant_column)})::pg_catalog.text "
+                      f"FROM {quote_relation(host.runs_table)} {C} "
+                      f"WHERE ({C}.{quote_ident(host.run_id_column)})::pg_catalog.text {EQ} run LIMIT 1)")
+    compiled = compiled_sql(SCHEMA, artifacts, host.payload_carrier, orgs, tenant_sql, declared_types)
     if backward is not None:
         m1_three = (f"IF t IS NULL THEN PERFORM {SCHEMA}.refuse_row('event_row_malformed', t, run, seq); END IF;\n"
-                    f"        RETURN COALESCE({_jsonb(backward)} OPERATOR(pg_catalog.->>) t, t);")
+                    f"        RETURN COALESCE({jsonb_literal(backward)} OPERATOR(pg_catalog.->>) t, t);")
         m1_payload = ""
     else:
         m1_three = (f"PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' "
@@ -216,31 +200,7 @@ BEGIN
 END
 $ow$;
 
-CREATE OR REPLACE FUNCTION {SCHEMA}.payload_v2(t text, p jsonb, run text, seq bigint, eid text, node text)
-RETURNS jsonb LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-DECLARE
-    r text;
-BEGIN
-    IF NOT {fn_ok} THEN
-        PERFORM {SCHEMA}.refuse_row(CASE WHEN t IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END,
-                                    t, run, seq);
-    END IF;
-    IF p IS NULL OR {SCHEMA}.fast_v2(t, p) THEN
-        RETURN p;
-    END IF;
-    -- the run's tenant, for run.started's legacy Subject (looked up here, not in the view: a sub-select there
-    -- is planned again in every unprepared statement)
-    r := {SCHEMA}.project_row(t, p, run, seq, eid, node, {tenant_fn});  -- raises payload_unprojectable
-    r := pg_catalog.split_part(pg_catalog.substr(r, 2), E'\\x1e', 1);
-    IF r {EQ} '' THEN
-        RETURN p;
-    END IF;
-    RETURN r::jsonb;
-END
-$ow$;
-
+{compiled}
 -- RETURNING of a write: the written row's type and payload by the era the append trigger saw (era_now, a
 -- fresh snapshot, passed in). STABLE, so that a column the RETURNING list does not name is not computed.
 CREATE OR REPLACE FUNCTION {SCHEMA}.type_m2(t text, era smallint, run text, seq bigint)
@@ -251,7 +211,7 @@ BEGIN
     IF era {EQ} 3 THEN
         RETURN t;
     END IF;
-    RETURN COALESCE({_jsonb(forward)} OPERATOR(pg_catalog.->>) t,
+    RETURN COALESCE({jsonb_literal(forward)} OPERATOR(pg_catalog.->>) t,
                     CASE WHEN {_vendor('t', orgs)} THEN t
                          ELSE {SCHEMA}.refuse_text(CASE WHEN t IS NULL THEN 'event_row_malformed'
                                                    ELSE 'event_type_unmapped' END, t, run, seq) END);
@@ -302,12 +262,12 @@ RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
-    v_run text := (NEW.{_ident(host.run_id_column)})::text;
-    v_t text := (NEW.{_ident(host.type_column)})::text;
-    v_p jsonb := (NEW.{_ident(host.payload_column)})::jsonb;
+    v_run text := (NEW.{quote_ident(host.run_id_column)})::text;
+    v_t text := (NEW.{quote_ident(host.type_column)})::text;
+    v_p jsonb := (NEW.{quote_ident(host.payload_column)})::jsonb;
 BEGIN
     IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
-       AND NOT (({_jsonb(forward)} OPERATOR(pg_catalog.?) v_t OR {_vendor('v_t', orgs)})
+       AND NOT (({jsonb_literal(forward)} OPERATOR(pg_catalog.?) v_t OR {_vendor('v_t', orgs)})
                 AND (v_p IS NULL OR {SCHEMA}.fast_v2(v_t, v_p))) THEN
         DELETE FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run;
     END IF;
@@ -353,7 +313,7 @@ async def qualified_tables(conn, host: HostConfig) -> HostConfig:
         name = await conn.fetchval(
             "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) "
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.oid = pg_catalog.to_regclass($1)", _qualified(getattr(host, key)))
+            "WHERE c.oid = pg_catalog.to_regclass($1)", quote_relation(getattr(host, key)))
         if name is not None:
             out[key] = name
     return replace(host, **out)
@@ -364,7 +324,7 @@ async def events_columns(conn, host: HostConfig) -> list[Column] | None:
     rows = await conn.fetch(
         "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type "
         "FROM pg_catalog.pg_attribute a WHERE a.attrelid = pg_catalog.to_regclass($1) "
-        "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", _qualified(host.events_table))
+        "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", quote_relation(host.events_table))
     return [Column(r["attname"], r["type"]) for r in rows] or None
 
 
@@ -380,7 +340,7 @@ ORDER BY a.attnum
 
 async def relation_problems(conn, host: HostConfig) -> list[str]:
     """Why the translated relations do not match the events table as it is now ([] when they do)."""
-    table = [tuple(r) for r in await conn.fetch(VIEW_COLUMNS, _qualified(host.events_table))]
+    table = [tuple(r) for r in await conn.fetch(VIEW_COLUMNS, quote_relation(host.events_table))]
     if not table:
         return [f"the events table {host.events_table!r} does not exist"]
     problems = []

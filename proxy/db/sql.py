@@ -21,6 +21,14 @@ def quote_qualified(name: str) -> str:
     return ".".join(quote_ident(p) for p in parts)
 
 
+def quote_relation(name: str) -> str:
+    """A relation name as the seat's catalog reads return it (already quoted, ``"s"."t"``), or
+    ``table`` / ``schema.table`` to quote part by part."""
+    if name.startswith('"'):
+        return name
+    return ".".join(quote_ident(p) for p in name.split("."))
+
+
 def quote_literal(value: str) -> str:
     """A SQL string literal that reads the same whatever standard_conforming_strings says."""
     if "\0" in value:
@@ -35,3 +43,24 @@ def text_array_literal(values) -> str:
     """A ``text[]`` constant holding ``values`` (sorted, so the generated SQL is deterministic)."""
     items = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in sorted(values))
     return quote_literal("{" + items + "}") + "::text[]"
+
+
+def text_array_const(values, *, sort: bool = True) -> str:
+    """A ``pg_catalog.text[]`` constant: for code that runs without a pinned search_path, where an
+    unqualified type name could resolve to a temporary type of the caller's."""
+    items = sorted(values) if sort else list(values)
+    body = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in items)
+    return quote_literal("{" + body + "}") + "::pg_catalog.text[]"
+
+
+def jsonb_literal(mapping: dict) -> str:
+    """A ``jsonb`` constant of ``mapping`` (keys sorted, compact, so the generated SQL is deterministic)."""
+    import json
+
+    return quote_literal(json.dumps(dict(sorted(mapping.items())), separators=(",", ":"), ensure_ascii=False)) \
+        + "::jsonb"
+
+
+def jsonb_const(value_json: str) -> str:
+    """A ``pg_catalog.jsonb`` constant from its JSON text (see :func:`text_array_const`)."""
+    return quote_literal(value_json) + "::pg_catalog.jsonb"

@@ -139,6 +139,35 @@ class SeatFacts:
     digest: str
     recorded: dict | None  # openwop_seat.meta, or None without the schema
     era_store: str
+    declarations: object = None  # proxy.artifacts.declarations.Declarations of [host] declarations_file
+
+
+def declarations_section(decl, recorded: dict | None) -> list[str]:
+    """The ADR's lines on the operator's declarations (ADR 0010): file, version, digest, and each declaration."""
+    if decl is None:
+        return []
+    have = (recorded or {}).get("declarations_digest")
+    if recorded is None:
+        state = "not recorded: no `openwop_seat` schema yet"
+    elif have == decl.digest:
+        state = "recorded in the database (matches)"
+    else:
+        state = f"the database records `{have}`: DIFFERS: TODO run `openwop-seat migrate` with this configuration"
+    lines = [
+        "## Decision: the host's own payload names (declarations)",
+        "",
+        "The spec leaves the projection of host-stored fields to the host and is silent on v2-required keys a v1 "
+        "host never stored. What this host declares, applied on the major-2 read of era-2 rows and by "
+        "`openwop-seat backfill`, never as a type mapping:",
+        "",
+        f"- file: {_code(decl.path) if decl.path else 'none (`host.declarations_file` is not set)'}"
+        + (f", version {_code(decl.version)}" if decl.version else ""),
+        f"- digest (sha256 of the canonical declarations): {_code(decl.digest)}, {state}",
+    ]
+    listing = decl.listing()
+    lines += [f"- {_code(line)}" for line in listing] or ["- no declarations: payloads are projected as stored"]
+    lines.append("")
+    return lines
 
 
 def render(facts: SeatFacts, rows: list[Row], today: datetime.date) -> str:
@@ -181,6 +210,7 @@ def render(facts: SeatFacts, rows: list[Row], today: datetime.date) -> str:
         "`openwop-seat migrate` installs; the writer rule runs in triggers on the host's tables. A reader "
         "that bypasses the seat reads rows as stored.",
         "",
+        *declarations_section(facts.declarations, facts.recorded),
         "## Decision: per-store disposition",
         "",
         "Dispositions (closed set, persistence.md §\"Per-store disposition\"):",
@@ -217,6 +247,7 @@ def render(facts: SeatFacts, rows: list[Row], today: datetime.date) -> str:
 
 async def draft(config: Config, dsn: str, today: datetime.date | None = None) -> str:
     """Read the catalogue and the seat's meta, and render the ADR."""
+    from proxy.artifacts.declarations import declarations_for
     from proxy.artifacts.load import load_artifacts
     from proxy.db.connect import connect
     from proxy.db.layout import SCHEMA, SchemaError
@@ -224,6 +255,7 @@ async def draft(config: Config, dsn: str, today: datetime.date | None = None) ->
     from proxy.db.verify import read_meta
 
     artifacts = load_artifacts()
+    declarations = declarations_for(config, artifacts)  # before connecting: a bad file is bad input
     host = config.host
     conn = await connect(dsn)
     try:
@@ -244,7 +276,7 @@ async def draft(config: Config, dsn: str, today: datetime.date | None = None) ->
                           f"check --config and --dsn")
     era_store = (f"`{SCHEMA}.run_era` (a row only for runs stamped era 3)" if host.era_column is None
                  else f"the column `{host.era_column}` of `{host.runs_table}` (NULL: era 2; 3: era 3)")
-    facts = SeatFacts(database, artifacts.tag, artifacts.digest, recorded, era_store)
+    facts = SeatFacts(database, artifacts.tag, artifacts.digest, recorded, era_store, declarations)
     return render(facts, disposition_rows(tables, events_oid, runs_oid), today or datetime.date.today())
 
 
@@ -257,8 +289,13 @@ def cmd_adr(config: Config, dsn: str, out_path: str | None) -> int:
         print(f"{name}: --out {out_path!r} exists: refusing to overwrite an ADR (remove it or choose another path)",
               file=sys.stderr)
         return 2
+    from proxy.artifacts.declarations import DeclarationsError
+
     try:
         text = asyncio.run(draft(config, dsn))
+    except DeclarationsError as e:
+        print(f"{name}: host.declarations_file: {e}", file=sys.stderr)
+        return 2
     except Exception as e:
         if (message := unavailable(e)) is None:
             raise

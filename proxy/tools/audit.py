@@ -18,8 +18,15 @@ Batches.  The events table is walked in run-id order, ``--batch`` runs at a
 time; each batch is one ``REPEATABLE READ READ ONLY`` transaction (the eras
 of its runs and their events are read in one snapshot) whose rows stream
 through a server-side cursor, so memory holds the counters and never the
-events.  Era-3 runs are counted and skipped: the reader rule passes their
-rows as stored.
+events.  Era-3 runs are not projected (the reader rule passes their rows as
+stored): their rows are only checked for required keys their stored payload
+lacks (``era3SchemaInvalid``: written so by ``backfill --allow-schema-invalid``
+or by a writer), which also makes the audit fail.
+
+Declarations.  With ``[host] declarations_file`` (ADR 0010) each era-2
+payload is projected with the operator's declarations applied first
+(``declared_v2``), as ``backfill`` writes it; the report lists them and
+counts the payloads they change.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import orjson
 
 from proxy.db.layout import SCHEMA
 from proxy.db.projection_sql import META_SEPARATOR
-from proxy.db.reader_sql import TRY_REFUSED, read_project_sql
+from proxy.db.reader_sql import TRY_REFUSED, declared_payload_sql, read_project_sql
 from proxy.db.sql import quote_ident, quote_literal
 from proxy.tools.common import (
     EXIT_INTERRUPTED,
@@ -46,6 +53,8 @@ from proxy.tools.common import (
     EXIT_USAGE,
     Progress,
     UsageError,
+    _check_json_path,
+    _write_json,
     bar,
     eras_of,
     events_from,
@@ -69,19 +78,25 @@ DEFAULT_SAMPLES = 5  # sample (run, sequence) pairs kept per failure kind
 CURSOR_PREFETCH = 2000
 
 
-def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False) -> str:
+def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False, declared: bool = False) -> str:
     """The events of the era-2 runs of one batch, each with what the reader rule makes of it.
 
     Parameters in order: the last run id of the previous batch (``lower``), the
     batch's last run id, the batch's runs that are not era 2 (``exclude``);
     ``null_runs``: the rows whose run id is NULL instead, no parameters.  Per
     row: run, sequence, stored type, ``try_v2p``'s text without the projected
-    payload (era, or era and counts, or the refusal), and whether the payload
-    was projected.
+    payload (era, or era and counts, or the refusal), whether the payload
+    was projected, and whether the operator's declarations changed it.
+
+    ``declared``: the payload is projected with the operator's declarations
+    applied first (``declared_v2``, ADR 0010), as ``backfill`` writes it.
     """
     e = "e"
     run = run_col(host, e)
-    check = read_project_sql(host, "2::smallint", e, function="try_v2p")
+    payload = declared_payload_sql(host, e) if declared else None
+    check = read_project_sql(host, "2::smallint", e, function="try_v2p", payload=payload)
+    changed = (f"({payload}) IS DISTINCT FROM ({e}.{quote_ident(host.payload_column)})::jsonb" if declared
+               else "false")
     sep = quote_literal(META_SEPARATOR)
     if null_runs:
         where = f"{run} IS NULL"
@@ -97,8 +112,33 @@ def scan_sql(host, *, lower: bool, exclude: bool, null_runs: bool = False) -> st
             f" AS t, CASE WHEN pg_catalog.left(x.v, 1) = {quote_literal(TRY_REFUSED)} THEN x.v "
             f"ELSE pg_catalog.left(x.v, 1) || COALESCE(pg_catalog.substr(x.v, "
             f"NULLIF(pg_catalog.strpos(x.v, {sep}), 0)), '') END AS v, "
-            f"(pg_catalog.length(x.v) > 1 AND pg_catalog.substr(x.v, 2, 1) <> {sep}) AS projected "
+            f"(pg_catalog.length(x.v) > 1 AND pg_catalog.substr(x.v, 2, 1) <> {sep}) AS projected, "
+            f"{changed} AS declared "
             f"FROM {events_from(host, e)} CROSS JOIN LATERAL (SELECT {check} AS v) x WHERE {where}")
+
+
+def era3_invalid_sql(host) -> str:
+    """The events of the given era-3 runs (``$1``, text[]) whose stored payload lacks a key its v2 definition
+    requires (``$2``: jsonb, v2 type -> its required keys): run, sequence, type, the missing keys (a,b).
+
+    Era-3 rows are read as stored (the reader rule does not project them), so a payload written without a
+    required key (``backfill --allow-schema-invalid``, or a writer) stays schema-invalid for every v2 reader."""
+    e = "e"
+    run = run_col(host, e)
+    t = f"({e}.{quote_ident(host.type_column)})::text"
+    p = f"({e}.{quote_ident(host.payload_column)})::jsonb"
+    return (f"SELECT ({run})::text AS run, ({e}.sequence)::bigint AS seq, {t} AS t, m.missing "
+            f"FROM {events_from(host, e)} CROSS JOIN LATERAL (SELECT pg_catalog.string_agg(k, ',' ORDER BY k) "
+            f"AS missing FROM pg_catalog.jsonb_array_elements_text($2::jsonb OPERATOR(pg_catalog.->) {t}) k "
+            f"WHERE NOT (pg_catalog.jsonb_typeof({p}) IS NOT DISTINCT FROM 'object' "
+            f"AND {p} OPERATOR(pg_catalog.?) k)) m "
+            f"WHERE ({run})::text = ANY ($1::text[]) AND m.missing IS NOT NULL")
+
+
+def required_keys(artifacts) -> str:
+    """``$2`` of :func:`era3_invalid_sql`: every v2 type's required keys, as JSON."""
+    return json.dumps({t: sorted(s.required) for t, s in artifacts.payload_shapes.items() if s.required},
+                      sort_keys=True)
 
 
 @dataclass
@@ -129,10 +169,26 @@ class Report:
     invalid_runs: set = field(default_factory=set)
     # era-3 runs backfill converted with --repair (None: the era store keeps no source)
     repaired_runs: int | None = None
+    declared: Counter = field(default_factory=Counter)  # v2 type -> era-2 payloads the declarations change
+    declarations: object = None  # proxy.artifacts.declarations.Declarations in force
+    v1_to_v2: dict = field(default_factory=dict)  # the codemap, to name a stored type by its v2 name
+    era3_invalid: dict = field(default_factory=dict)  # (v2 type, key) -> Failure: stored schema-invalid, era 3
+    era3_invalid_events: int = 0
+    era3_invalid_runs: set = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
-        return self.failing_events == 0 and self.invalid_events == 0
+        return self.failing_events == 0 and self.invalid_events == 0 and self.era3_invalid_events == 0
+
+    def account_era3(self, run: str, seq: int, t: str, missing: str) -> None:
+        """An era-3 event whose stored payload lacks required keys (``missing``: a,b)."""
+        self.era3_invalid_events += 1
+        self.era3_invalid_runs.add(run)
+        for key in missing.split(","):
+            f = self.era3_invalid.setdefault((t, key), Failure())
+            f.count += 1
+            if len(f.samples) < self.samples:
+                f.samples.append({"runId": run, "sequence": seq})
 
     def fail(self, code: str, t: str | None, key: str | None, run: str | None, seq: int | None) -> None:
         f = self.failures.setdefault((code, t, key), Failure())
@@ -140,7 +196,8 @@ class Report:
         if len(f.samples) < self.samples:
             f.samples.append({"runId": run, "sequence": seq})
 
-    def account(self, run: str | None, seq: int, t: str | None, v: str, projected: bool) -> None:
+    def account(self, run: str | None, seq: int, t: str | None, v: str, projected: bool,
+                declared: bool = False) -> None:
         self.events += 1
         self.types[t] += 1
         if v.startswith(TRY_REFUSED):
@@ -154,9 +211,15 @@ class Report:
             return
         cut = v.find(META_SEPARATOR)
         if cut < 0:
+            if declared:  # changed by the declarations only, then complete and left as it was by the walk
+                v2type = self.v1_to_v2.get(t, t)
+                self.declared[v2type] += 1
+                self.projected[v2type] += 1
             return
         boxed, v2type, missing = v[cut + 1:].split(META_SEPARATOR)
-        if projected:
+        if declared:
+            self.declared[v2type] += 1
+        if projected or declared:
             self.projected[v2type] += 1
         if boxed != "0":
             self.boxed[v2type] += int(boxed)
@@ -193,15 +256,23 @@ class Report:
         return {
             "ok": self.ok,
             "artifacts": {"tag": self.tag, "digest": self.digest},
+            "declarations": self.declarations.as_json() if self.declarations is not None else None,
             "runs": {"era2Scanned": self.era2_runs, "era3Skipped": self.era3_runs,
-                     "wouldFail": len(self.failing_runs), "schemaInvalid": len(self.invalid_runs)},
+                     "wouldFail": len(self.failing_runs), "schemaInvalid": len(self.invalid_runs),
+                     "era3SchemaInvalid": len(self.era3_invalid_runs)},
             "events": {"scanned": self.events, "wouldFail": self.failing_events,
-                       "schemaInvalid": self.invalid_events, "projected": sum(self.projected.values())},
+                       "schemaInvalid": self.invalid_events, "projected": sum(self.projected.values()),
+                       "declared": sum(self.declared.values()), "era3SchemaInvalid": self.era3_invalid_events},
             "failures": [{"code": code, "type": t, "key": key, "count": f.count, "samples": f.samples}
                          for (code, t, key), f in sorted(self.failures.items(), key=_failure_order)],
             "schemaInvalid": [{"type": t, "key": key, "reason": "required key missing", "count": f.count,
                                "samples": f.samples}
                               for (t, key), f in sorted(self.invalid.items(), key=lambda i: (-i[1].count, i[0]))],
+            "era3SchemaInvalid": [{"type": t, "key": key, "reason": "required key missing", "count": f.count,
+                                   "samples": f.samples}
+                                  for (t, key), f in sorted(self.era3_invalid.items(),
+                                                            key=lambda i: (-i[1].count, i[0]))],
+            "declaredByType": dict(sorted(self.declared.items())),
             "vendorTypesByOrg": self.vendor_types(artifacts),
             "vendorTypesOffGrammar": self.vendor_off_grammar(artifacts),
             "repairedRuns": self.repaired_runs,
@@ -219,10 +290,18 @@ def _failure_order(item) -> tuple:
 
 
 async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samples: int = DEFAULT_SAMPLES,
-                    progress: Progress | None = None) -> Report:
-    """Audit the database behind ``conn`` (already checked with :func:`proxy.tools.common.open_checked`)."""
+                    progress: Progress | None = None, declarations=None) -> Report:
+    """Audit the database behind ``conn`` (already checked with :func:`proxy.tools.common.open_checked`).
+
+    ``declarations``: the operator's declarations in force (the ones the database records; ADR 0010): era-2
+    payloads are projected with them applied, as ``backfill`` writes them."""
     host = config.host
     report = Report(artifacts.tag, artifacts.digest, samples)
+    report.declarations = declarations
+    report.v1_to_v2 = artifacts.v1_to_v2
+    declared = declarations is not None and not declarations.empty
+    required = required_keys(artifacts)
+    era3_sql = era3_invalid_sql(host)
     total = await conn.fetchval("SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_catalog.pg_class c "
                                 "WHERE c.oid = pg_catalog.to_regclass($1)", events_from(host, "").strip())
     last: str | None = None
@@ -246,17 +325,21 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
             if any(era is None for era in eras.values()):
                 await _malformed_runs(conn, host, report, [r for r, era in eras.items() if era is None])
             args = ((last,) if last is not None else ()) + (runs[-1],) + ((other,) if other else ())
-            sql = scan_sql(host, lower=last is not None, exclude=bool(other))
+            sql = scan_sql(host, lower=last is not None, exclude=bool(other), declared=declared)
             async for row in conn.cursor(sql, *args, prefetch=CURSOR_PREFETCH):
-                report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+                report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"], row["declared"])
+            era3 = [r for r, era in eras.items() if era == 3]
+            if era3:  # read as stored by every v2 reader: a payload without a required key stays invalid
+                async for row in conn.cursor(era3_sql, era3, required, prefetch=CURSOR_PREFETCH):
+                    report.account_era3(row["run"], row["seq"], row["t"], row["missing"])
         last = runs[-1]
         if progress is not None:
             progress.update(_progress_text(report, total))
     # Rows without a run id: the reader reads them as era 2 (no stamp can name them).
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True)
+        null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True, declared=declared)
         async for row in conn.cursor(null_runs, prefetch=CURSOR_PREFETCH):
-            report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"])
+            report.account(row["run"], row["seq"], row["t"], row["v"], row["projected"], row["declared"])
     if host.era_column is None:  # run_era says who stamped a run; an era column does not
         from proxy.tools.backfill import REPAIR_SOURCE
 
@@ -289,7 +372,9 @@ def _progress_text(report: Report, total: int | None) -> str:
 def render(report: Report, artifacts) -> str:
     """The human report printed on stdout."""
     j = report.as_json(artifacts)
-    lines = [f"openwop-seat audit: artifacts {report.tag} (digest {report.digest})",
+    lines = [f"openwop-seat audit: artifacts {report.tag} (digest {report.digest})"]
+    lines += declarations_lines(report.declarations)
+    lines += [
              f"runs: {report.era2_runs:,} era-2 runs scanned, {report.era3_runs:,} era-3 runs skipped",
              f"events: {report.events:,} scanned, {sum(report.projected.values()):,} payloads projected",
              f"would fail: {report.failing_events:,} events in {len(report.failing_runs):,} runs"]
@@ -302,6 +387,14 @@ def render(report: Report, artifacts) -> str:
     for f in j["schemaInvalid"]:
         where = ", ".join(f"{s['runId']}@{s['sequence']}" for s in f["samples"])
         lines.append(f"  type {f['type']}, {f['reason']} {f['key']}: {f['count']:,} events (e.g. {where})")
+    lines.append(f"schema-invalid payloads stored in era-3 runs (read as stored by every v2 reader): "
+                 f"{report.era3_invalid_events:,} events in {len(report.era3_invalid_runs):,} runs")
+    for f in j["era3SchemaInvalid"]:
+        where = ", ".join(f"{s['runId']}@{s['sequence']}" for s in f["samples"])
+        lines.append(f"  type {f['type']}, {f['reason']} {f['key']}: {f['count']:,} events (e.g. {where})")
+    if report.declared:
+        lines.append(f"payloads the declarations change: {sum(report.declared.values()):,} events ("
+                     + ", ".join(f"{t} {n:,}" for t, n in sorted(report.declared.items())) + ")")
     vendor = j["vendorTypesByOrg"]
     lines.append(f"vendor types passed by org: {sum(len(v) for v in vendor.values())} types")
     for org, types in vendor.items():
@@ -322,9 +415,9 @@ def render(report: Report, artifacts) -> str:
         lines.append("  " + ", ".join(never[i:i + 6]))
     if report.failing_events:
         result = "SOME EVENTS WOULD FAIL the reader rule"
-        if report.invalid_events:
+        if report.invalid_events or report.era3_invalid_events:
             result += "; some payloads would not validate"
-    elif report.invalid_events:
+    elif report.invalid_events or report.era3_invalid_events:
         result = "SOME PAYLOADS WOULD NOT VALIDATE (schema-invalid); nothing would fail the reader rule"
     else:
         result = "nothing would fail"
@@ -332,21 +425,15 @@ def render(report: Report, artifacts) -> str:
     return "\n".join(lines)
 
 
-def _check_json_path(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--json {path}: no such directory {parent!r}")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--json {path}: the directory {parent!r} is not writable")
-    if os.path.isdir(path):
-        raise UsageError(f"--json {path}: is a directory")
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
+def declarations_lines(decl) -> list[str]:
+    """The declarations in force, for a report: file, version, digest and one line per declaration."""
+    if decl is None:
+        return []
+    if decl.empty:
+        return [f"declarations: none (host.declarations_file not set; digest {decl.digest})"]
+    lines = [f"declarations: {decl.path} (version {decl.version or '-'}, digest {decl.digest})"]
+    lines += [f"  {line}" for line in decl.listing()]
+    return lines
 
 
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
@@ -372,13 +459,18 @@ def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int,
         conn = await open_checked(dsn, config, artifacts, "openwop-seat audit")
         try:
             return await run_audit(conn, config, artifacts, batch=batch, samples=samples,
-                                   progress=Progress("audit", enabled=progress))
+                                   progress=Progress("audit", enabled=progress), declarations=declarations)
         finally:
             await conn.close()
 
+    from proxy.artifacts.declarations import DeclarationsError, declarations_for
+
     try:
         artifacts = load_artifacts()
+        declarations = declarations_for(config, artifacts)
         report = asyncio.run(go())
+    except DeclarationsError as e:
+        return fail(EXIT_USAGE, f"host.declarations_file: {e}")
     except KeyboardInterrupt:
         return fail(EXIT_INTERRUPTED, "interrupted: no report")
     except Exception as e:

@@ -56,6 +56,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -63,7 +64,7 @@ import orjson
 
 from proxy.db.layout import REWRITE_SETTING, SCHEMA, SchemaError
 from proxy.db.projection_sql import META_SEPARATOR
-from proxy.db.reader_sql import TRY_REFUSED, read_project_sql
+from proxy.db.reader_sql import TRY_REFUSED, declared_payload_sql, read_project_sql
 from proxy.db.sql import quote_ident, quote_literal, quote_qualified
 from proxy.db.verify import writer_tables
 from proxy.db.writer_sql import host_append_lock_sql, stamp_run_sql
@@ -76,6 +77,8 @@ from proxy.tools.common import (
     MALFORMED,
     Progress,
     UsageError,
+    _check_json_path,
+    _write_json,
     bar,
     eras_of,
     events_from,
@@ -111,6 +114,10 @@ class Summary:
     repaired_runs: Counter = field(default_factory=Counter)  # (stored spelling, codemap type) -> runs
     repair_digest: str | None = None  # sha256 of the --repair file
     skipped: list = field(default_factory=list)  # (run, code or None, reason)
+    declared: Counter = field(default_factory=Counter)  # v2 type -> events whose payload the declarations change
+    declarations: object = None  # proxy.artifacts.declarations.Declarations in force (ADR 0010)
+    runs_asked: int = 0  # runs asked for (--runs) or with events (--all)
+    elapsed: float = 0.0  # seconds
 
     @property
     def ok(self) -> bool:
@@ -121,7 +128,7 @@ class Backfill:
     """The SQL of one configuration, and the conversion and restore of one run."""
 
     def __init__(self, conn, config, *, dry_run: bool = False, allow_invalid: bool = False,
-                 repairs: dict[str, str] | None = None):
+                 repairs: dict[str, str] | None = None, declarations=None):
         self.conn = conn
         self.host = host = config.host
         self.dry_run = dry_run
@@ -129,16 +136,23 @@ class Backfill:
         self.invalid = 0  # schema-invalid rows of the last run planned
         self.repairs = repairs or {}
         self.repaired: Counter = Counter()  # (stored, codemap type) -> rows of the last run planned
+        self.declared: Counter = Counter()  # v2 type -> rows of the last run planned the declarations change
         e = "e"
+        # With the operator's declarations (ADR 0010) each payload is projected with them applied first
+        # (declared_v2): the run is judged, and written, as a major-2 reader with the declarations reads it.
+        declared = declarations is not None and not declarations.empty
+        dpayload = declared_payload_sql(host, e) if declared else None
+        dcol = (f", CASE WHEN ({dpayload}) IS DISTINCT FROM ({e}.{quote_ident(host.payload_column)})::jsonb "
+                f"THEN ({dpayload})::text END AS declared" if declared else ", NULL::text AS declared")
         run = run_col(host, e)
         typ = f"{e}.{quote_ident(host.type_column)}"
         payload = f"{e}.{quote_ident(host.payload_column)}"
         self.host_lock = host_append_lock_sql(host)
         self.read = (f"SELECT ({e}.sequence)::bigint AS seq, ({typ})::text AS t, "
-                     f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v "
+                     f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v{dcol} "
                      f"FROM {events_from(host, e)} CROSS JOIN LATERAL "
-                     f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p')} AS v) x "
-                     f"WHERE {run} = $1 ORDER BY {e}.sequence")
+                     f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p', payload=dpayload)} "
+                     f"AS v) x WHERE {run} = $1 ORDER BY {e}.sequence")
         if self.repairs:
             # The rows as if stored under the codemap type the repair names; every other column as stored.
             col = quote_ident(host.type_column)
@@ -148,11 +162,11 @@ class Backfill:
                         f"FROM {quote_qualified(host.events_table)} o WHERE o.{quote_ident(host.run_id_column)} = $1)"
                         f" {e}")
             self.read = (f"SELECT ({e}.sequence)::bigint AS seq, ({typ})::text AS t, "
-                         f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v, "
+                         f"COALESCE({SCHEMA}.renamed_types() ->> ({typ})::text, ({typ})::text) AS t2, x.v{dcol}, "
                          f"{e}.openwop_seat_stored_type AS stored "
                          f"FROM {repaired} CROSS JOIN LATERAL "
-                         f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p')} AS v) x "
-                         f"ORDER BY {e}.sequence")
+                         f"(SELECT {read_project_sql(host, '2::smallint', e, function='try_v2p', payload=dpayload)}"
+                         f" AS v) x ORDER BY {e}.sequence")
         self.preserve = (f"INSERT INTO {ORIGINALS} (run_id, sequence, type, payload, original) "
                          f"SELECT ({run})::text, {e}.sequence, ({typ})::text, ({payload})::text, ({e})::text "
                          f"FROM {events_from(host, e)} WHERE {run} = $1")
@@ -225,10 +239,12 @@ class Backfill:
                        f"sequence {refused[0]['seq']}: {first.get('error')}: {first.get('message')}",
                        first.get("error"))
         invalid = []  # (sequence, v2 type, missing keys)
+        self.declared = Counter(r["t2"] for r in rows if r["declared"] is not None)
         for r in rows:
             v = r["v"]
             cut = v.find(META_SEPARATOR)
-            projected = v[1:cut] if cut >= 0 else v[1:]
+            # the projection of the declared payload; the declared payload itself when the walk left it as it was
+            projected = (v[1:cut] if cut >= 0 else v[1:]) or r["declared"]
             if cut >= 0:
                 _, v2type, missing = v[cut + 1:].split(META_SEPARATOR)
                 if missing:
@@ -334,9 +350,13 @@ async def _runs_all(conn, host, batch: int):
 
 async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, batch: int,
                        progress: Progress | None = None, out=print, allow_invalid: bool = False,
-                       repairs: dict[str, str] | None = None) -> Summary:
-    """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.tools.common.open_checked`."""
+                       repairs: dict[str, str] | None = None, declarations=None) -> Summary:
+    """Convert ``runs`` (None: every run with events); ``conn`` checked with :func:`proxy.tools.common.open_checked`.
+
+    ``declarations``: the operator's declarations in force (the ones the database records, ADR 0010)."""
     import asyncpg
+
+    started = time.monotonic()
 
     host = config.host
     if not dry_run:
@@ -352,9 +372,10 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
     else:
         total = await conn.fetchval(f"SELECT count(DISTINCT {run_col(host)}) FROM {events_from(host)}")
         pages = _runs_all(conn, host, batch)
-    b = Backfill(conn, config, dry_run=dry_run, allow_invalid=allow_invalid, repairs=repairs)
+    b = Backfill(conn, config, dry_run=dry_run, allow_invalid=allow_invalid, repairs=repairs,
+                 declarations=declarations)
     await b.prepare()
-    s = Summary()
+    s = Summary(declarations=declarations, runs_asked=total)
     done = 0
     verb = "would convert" if dry_run else "converted"
     async for page in pages:
@@ -390,13 +411,29 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
                 s.invalid_written += b.invalid
                 s.repaired.update(b.repaired)
                 s.repaired_runs.update(b.repaired.keys())
+                s.declared.update(b.declared)
             if progress is not None:
                 progress.update(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
-                                f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
+                                f"{s.already:,} already era 3, {len(s.skipped):,} skipped"
+                                f"{rate_eta(done, total, time.monotonic() - started)}")
+    s.elapsed = time.monotonic() - started
     if progress is not None:
         progress.done(f"{bar(done, total)}{done:,} of {total:,} runs: {s.converted:,} {verb}, "
-                      f"{s.already:,} already era 3, {len(s.skipped):,} skipped")
+                      f"{s.already:,} already era 3, {len(s.skipped):,} skipped"
+                      f"{rate_eta(done, total, s.elapsed)}")
     return s
+
+
+def rate_eta(done: int, total: int, elapsed: float) -> str:
+    """``, 12.5 runs/s, ETA 0:01:20`` for a progress line (the rate over the whole run so far); the ETA is
+    0:00:00 once done and unknown (``ETA ?``) before the first run."""
+    if done <= 0 or elapsed <= 0:
+        return ", ETA ?"
+    rate = done / elapsed
+    left = max(total - done, 0) / rate
+    h, rest = divmod(int(round(left)), 3600)
+    m, sec = divmod(rest, 60)
+    return f", {rate:,.1f} runs/s, ETA {h}:{m:02d}:{sec:02d}"
 
 
 async def _pages(runs: list[str], batch: int):
@@ -412,6 +449,11 @@ def render(s: Summary, dry_run: bool) -> str:
         head = (f"converted {s.converted:,} runs to era 3 ({s.events_rewritten:,} events rewritten, "
                 f"{s.events_preserved:,} preserved in {ORIGINALS})")
     lines = [head]
+    if s.declarations is not None and not s.declarations.empty:
+        total = sum(s.declared.values())
+        lines.append(f"declarations {s.declarations.path} (version {s.declarations.version or '-'}, digest "
+                     f"{s.declarations.digest}): {total:,} payloads {'would be ' if dry_run else ''}changed by them"
+                     + (" (" + ", ".join(f"{t} {n:,}" for t, n in sorted(s.declared.items())) + ")" if total else ""))
     if s.invalid_written:
         lines.append(f"schema-invalid payloads {'that would be ' if dry_run else ''}written "
                      f"(--allow-schema-invalid): {s.invalid_written:,} events")
@@ -429,6 +471,32 @@ def render(s: Summary, dry_run: bool) -> str:
     for code, n in sorted(by_code.items()):
         lines.append(f"  {code}: {n:,} runs")
     return "\n".join(lines)
+
+
+def summary_json(s: Summary, dry_run: bool, artifacts) -> dict:
+    """The summary as ``--json PATH`` writes it."""
+    by_code: dict[str, int] = {}
+    for _, code, _ in s.skipped:
+        by_code[code or "other"] = by_code.get(code or "other", 0) + 1
+    return {
+        "ok": s.ok,
+        "dryRun": dry_run,
+        "artifacts": {"tag": artifacts.tag, "digest": artifacts.digest},
+        "declarations": s.declarations.as_json() if s.declarations is not None else None,
+        "runs": {"asked": s.runs_asked, "converted": s.converted, "alreadyEra3": s.already,
+                 "skipped": len(s.skipped)},
+        "events": {"rewritten": s.events_rewritten, "preserved": s.events_preserved,
+                   "schemaInvalidWritten": s.invalid_written, "declared": sum(s.declared.values())},
+        "declaredByType": dict(sorted(s.declared.items())),
+        "skippedByCode": dict(sorted(by_code.items())),
+        "skipped": [{"runId": run, "code": code, "reason": reason} for run, code, reason in s.skipped],
+        "repairs": None if s.repair_digest is None else {
+            "fileSha256": s.repair_digest,
+            "repaired": [{"stored": stored, "type": target, "events": n, "runs": s.repaired_runs[stored, target]}
+                         for (stored, target), n in sorted(s.repaired.items())]},
+        "elapsedSeconds": round(s.elapsed, 3),
+        "runsPerSecond": round((s.converted + s.already + len(s.skipped)) / s.elapsed, 3) if s.elapsed > 0 else None,
+    }
 
 
 def load_repairs(path: str, artifacts) -> tuple[dict[str, str], str]:
@@ -492,6 +560,14 @@ def cmd_backfill(config, args) -> int:
         return fail(EXIT_USAGE, "--allow-schema-invalid does not apply to --restore")
     if args.restore is not None and args.repair is not None:
         return fail(EXIT_USAGE, "--repair does not apply to --restore (it puts the stored spellings back anyway)")
+    json_path = getattr(args, "json", None)
+    if args.restore is not None and json_path is not None:
+        return fail(EXIT_USAGE, "--json does not apply to --restore")
+    if json_path is not None:
+        try:
+            _check_json_path(json_path)
+        except UsageError as e:
+            return fail(EXIT_USAGE, str(e))
     runs = None
     if args.runs is not None:
         runs = list(dict.fromkeys(args.runs))  # each run once, in the order given
@@ -514,15 +590,21 @@ def cmd_backfill(config, args) -> int:
                 return await b.restore(args.restore)
             summary = await run_backfill(conn, config, runs=runs, dry_run=args.dry_run, batch=args.batch,
                                          progress=Progress("backfill", enabled=not args.no_progress), out=say,
-                                         allow_invalid=args.allow_schema_invalid, repairs=repairs)
+                                         allow_invalid=args.allow_schema_invalid, repairs=repairs,
+                                         declarations=declarations)
             summary.repair_digest = digest
             return summary
         finally:
             await conn.close()
 
+    from proxy.artifacts.declarations import DeclarationsError, declarations_for
+
     try:
         artifacts = load_artifacts()
+        declarations = declarations_for(config, artifacts)  # the database must record these (open_checked)
         result = asyncio.run(go())
+    except DeclarationsError as e:
+        return fail(EXIT_USAGE, f"host.declarations_file: {e}")
     except UsageError as e:
         return fail(EXIT_USAGE, str(e))
     except Skip as e:
@@ -539,4 +621,9 @@ def cmd_backfill(config, args) -> int:
         say(f"restored run {args.restore}: {changed} of its {n} events put back from {ORIGINALS}; era 2 again")
         return EXIT_OK
     say(render(result, args.dry_run))
+    if json_path is not None:
+        try:
+            _write_json(json_path, summary_json(result, args.dry_run, artifacts))
+        except OSError as e:
+            return fail(EXIT_UNAVAILABLE, f"cannot write --json {json_path}: {e}")
     return EXIT_OK if result.ok else EXIT_REFUSED

@@ -11,9 +11,12 @@ seat would.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
+
+import orjson
 
 from proxy.artifacts._json import ArtifactError
 from proxy.config import HostConfig
@@ -149,3 +152,23 @@ def bar(done: int, total: int | None, width: int = 24) -> str:
     frac = min(done / total, 1.0)
     filled = int(frac * width)
     return "[" + "#" * filled + "-" * (width - filled) + f"] {frac * 100:3.0f}% "
+
+
+# --- --json PATH (audit's report, backfill's summary) ---------------------------------------------------
+
+
+def _check_json_path(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--json {path}: no such directory {parent!r}")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {path}: the directory {parent!r} is not writable")
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path}: is a directory")
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)

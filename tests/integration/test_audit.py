@@ -85,7 +85,7 @@ def test_audit_reports_exactly_what_would_fail(pg, audit_db, tmp_path):
     r = json.loads(report.read_text())
     assert r["ok"] is False
     assert r["artifacts"] == {"tag": A.tag, "digest": A.digest}
-    assert r["runs"] == {"era2Scanned": 7, "era3Skipped": 1, "wouldFail": 2, "schemaInvalid": 1}
+    assert r["runs"] == {"era2Scanned": 7, "era3Skipped": 1, "wouldFail": 2, "schemaInvalid": 1, "era3SchemaInvalid": 0}
     assert r["events"]["scanned"] == len(EVENTS) - 1 and r["events"]["wouldFail"] == 2
     assert r["events"]["schemaInvalid"] == 1
     assert r["failures"] == [
@@ -132,7 +132,8 @@ def test_audit_exits_1_for_schema_invalid_payloads_alone(pg, audit_db, tmp_path)
         assert out.returncode == EXIT_REFUSED, out.stdout + out.stderr
         r = json.loads(report.read_text())
         assert r["ok"] is False and r["failures"] == [] and r["events"]["wouldFail"] == 0
-        assert r["runs"] == {"era2Scanned": 6, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 1}
+        assert r["runs"] == {"era2Scanned": 6, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 1,
+                            "era3SchemaInvalid": 0}
         assert [(i["type"], i["key"], i["count"]) for i in r["schemaInvalid"]] == [("run.completed", "outputs", 1)]
         assert out.stdout.rstrip().endswith("result: SOME PAYLOADS WOULD NOT VALIDATE (schema-invalid); nothing "
                                             "would fail the reader rule")
@@ -150,7 +151,8 @@ def test_audit_exits_0_when_nothing_would_fail(pg, audit_db, tmp_path):
         assert r["ok"] is True and r["failures"] == [] and r["events"]["wouldFail"] == 0
         assert r["schemaInvalid"] == [] and r["events"]["schemaInvalid"] == 0
         # a-payload and a-invalid had one event each
-        assert r["runs"] == {"era2Scanned": 5, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 0}
+        assert r["runs"] == {"era2Scanned": 5, "era3Skipped": 1, "wouldFail": 0, "schemaInvalid": 0,
+                            "era3SchemaInvalid": 0}
         assert r["vendorTypesOffGrammar"] == {"example.Bad_Type": 1}  # flagged, not failed
         assert out.stdout.rstrip().endswith("result: nothing would fail")
         assert out.stderr == ""  # --no-progress
@@ -222,7 +224,8 @@ def test_era_column_store_malformed_stamp_is_reported_and_never_converted(pg, tm
                                      str(report)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert out.returncode == EXIT_REFUSED, out.stderr
         r = json.loads(report.read_text())
-        assert r["runs"] == {"era2Scanned": 1, "era3Skipped": 1, "wouldFail": 1, "schemaInvalid": 0}
+        assert r["runs"] == {"era2Scanned": 1, "era3Skipped": 1, "wouldFail": 1, "schemaInvalid": 0,
+                            "era3SchemaInvalid": 0}
         assert r["events"]["scanned"] == 3 and r["events"]["wouldFail"] == 2
         assert r["failures"] == [{"code": "event_row_malformed", "type": None, "key": None, "count": 2,
                                   "samples": [{"runId": "m-bad", "sequence": 0}, {"runId": "m-bad", "sequence": 1}]}]

@@ -85,12 +85,14 @@ def test_audit_reports_each_class_on_the_reference_hosts_runs(pg, tmp_path):
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
         assert out.returncode == EXIT_REFUSED, out.stdout + out.stderr
         r = json.loads(report.read_text())
-        assert r["runs"] == {"era2Scanned": 3, "era3Skipped": 0, "wouldFail": 3, "schemaInvalid": 3}
+        assert r["runs"] == {"era2Scanned": 3, "era3Skipped": 0, "wouldFail": 3, "schemaInvalid": 3,
+                            "era3SchemaInvalid": 0}
         assert [(f["code"], f["type"], f["count"]) for f in r["failures"]] == [
             ("event_type_unmapped", "node.interrupt.resolved", 3)]
         assert [(i["type"], i["key"], i["count"]) for i in r["schemaInvalid"]] == [
             ("node.started", "typeId", 3), ("run.completed", "outputs", 3)]
-        assert r["events"] == {"scanned": 18, "wouldFail": 3, "schemaInvalid": 6, "projected": 6}
+        assert r["events"] == {"scanned": 18, "wouldFail": 3, "schemaInvalid": 6, "projected": 6,
+                               "declared": 0, "era3SchemaInvalid": 0}
         assert r["repairedRuns"] == 0
         # after a repairing backfill of one run the audit counts it, and reads the other two as before
         path = tmp_path / "repair.json"

@@ -1,0 +1,39 @@
+"""backfill's progress line (rate and ETA) and its JSON summary, as pure functions (no database)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from proxy.artifacts.declarations import EMPTY
+from proxy.artifacts.load import load_artifacts
+from proxy.tools.backfill import Summary, rate_eta, summary_json
+
+
+def test_rate_and_eta():
+    assert rate_eta(0, 100, 0.0) == ", ETA ?"
+    assert rate_eta(0, 100, 3.0) == ", ETA ?"
+    assert rate_eta(10, 100, 2.0) == ", 5.0 runs/s, ETA 0:00:18"
+    assert rate_eta(100, 100, 8.0) == ", 12.5 runs/s, ETA 0:00:00"
+    assert rate_eta(1, 5_000, 1.0) == ", 1.0 runs/s, ETA 1:23:19"
+    assert rate_eta(3_000, 1_000_000, 2.0) == ", 1,500.0 runs/s, ETA 0:11:05"
+
+
+def test_summary_json():
+    a = load_artifacts()
+    s = Summary(converted=3, events_rewritten=7, events_preserved=15, already=1, declarations=EMPTY, runs_asked=5,
+                elapsed=2.0, declared=Counter({"node.started": 3}))
+    s.skipped.append(("run-9", "schema_invalid", "why"))
+    s.repair_digest = "ab" * 32
+    s.repaired[("node.interrupt.resolved", "interrupt.resolved")] = 2
+    s.repaired_runs[("node.interrupt.resolved", "interrupt.resolved")] = 1
+    j = summary_json(s, False, a)
+    assert j == {
+        "ok": False, "dryRun": False, "artifacts": {"tag": a.tag, "digest": a.digest},
+        "declarations": {"file": None, "version": None, "digest": EMPTY.digest, "types": {}},
+        "runs": {"asked": 5, "converted": 3, "alreadyEra3": 1, "skipped": 1},
+        "events": {"rewritten": 7, "preserved": 15, "schemaInvalidWritten": 0, "declared": 3},
+        "declaredByType": {"node.started": 3}, "skippedByCode": {"schema_invalid": 1},
+        "skipped": [{"runId": "run-9", "code": "schema_invalid", "reason": "why"}],
+        "repairs": {"fileSha256": "ab" * 32, "repaired": [
+            {"stored": "node.interrupt.resolved", "type": "interrupt.resolved", "events": 2, "runs": 1}]},
+        "elapsedSeconds": 2.0, "runsPerSecond": 2.5}
