@@ -250,6 +250,7 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             "pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(c.relowner)) AS owner, "
             "pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') AS owns, "
             "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS reads, "
+            "pg_catalog.has_table_privilege(c.oid, 'DELETE') AS deletes, "
             "pg_catalog.has_table_privilege(c.oid, 'TRIGGER') AS triggers "
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(table))
@@ -260,6 +261,9 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             if not row["reads"]:
                 out.append(("stamp_run reads a run's events before it stamps the run era 3",
                             f"GRANT SELECT ON {row['t']} TO {me};"))
+            if not row["deletes"]:
+                out.append(("a translated session's DELETE by run_id runs through openwop_seat.events_delete, as "
+                            "its owner", f"GRANT DELETE ON {row['t']} TO {me};"))
         if not row["owns"] and not row["triggers"]:
             out.append((f"the writer rule's triggers on {row['t']}", f"GRANT TRIGGER ON {row['t']} TO {me};"))
     return out

@@ -40,6 +40,7 @@ PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
 KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
+DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (proxy/db/net_sql.py)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
@@ -406,6 +407,17 @@ class Classifier:
                 if items:
                     translate = self._reads_translated(n, items)
                     setattr(n, field, tuple(from_item(i, translate) for i in items))
+            if isinstance(n, ast.DeleteStmt) and self._is_events(n.relation) \
+                    and not (n.returningClause is not None and n.returningClause.exprs) \
+                    and not self._reads_translated(n, [n.relation]):
+                # The host deletes a run's events by run_id (host-traffic.md). PostgreSQL applies the table's
+                # SELECT policy to the rows a DELETE's WHERE reads, and the net cannot tell that from a read
+                # of stored rows; a DELETE that reads neither type nor payload deletes through events_delete,
+                # the seat's join-free view of the keys, checked against the reader's own DELETE privilege.
+                target = self._relation(n.relation)
+                target.relname = DELETE_VIEW
+                n.relation = target
+                changed = True
         return changed
 
     def _unqualify_columns(self, stmt) -> None:

@@ -575,6 +575,47 @@ def test_a_write_that_reads_stored_rows_meets_the_net(net_seat, logs):
         assert conn.execute("UPDATE events SET node_id = node_id WHERE run_id = %s", (logs[2],)).rowcount > 0
 
 
+def test_the_hosts_deletes_by_run_id_pass_the_net_and_one_reading_type_does_not(net_seat, pg):
+    """host-traffic.md: the host deletes a run's events by ``run_id = $1`` or ``run_id = ANY($1::text[])``.
+    PostgreSQL applies the SELECT policy to the rows such a DELETE reads; the seat sends it to
+    ``openwop_seat.events_delete`` (its owner passes the net), so it deletes as on PostgreSQL. A DELETE whose
+    WHERE reads ``type`` is refused (by the classifier, else by the net on the table); a role without DELETE
+    on the table deletes nothing through the view."""
+    runs = [f"net-del-{major}-{i}" for major in (2, 1) for i in range(3)]
+
+    def seed():
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            for run in runs:
+                conn.execute("INSERT INTO events VALUES (%s, %s, 1, 'run.resuming', NULL, '{}'::jsonb, now(), NULL)",
+                             (f"{run}-1", run))
+
+    def left(run_ids) -> int:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM events WHERE run_id = ANY(%s)", (run_ids,)).fetchone()[0]
+
+    pg.psql(f"REVOKE DELETE ON events FROM PUBLIC; GRANT DELETE ON events TO {NET_USER}")
+    try:
+        seed()
+        for major in (2, 1):
+            one, two, three = [r for r in runs if r.startswith(f"net-del-{major}-")]
+            with net_connect(net_seat, major) as conn:
+                with pytest.raises(psycopg.Error) as info:
+                    conn.execute("DELETE FROM events WHERE run_id = %s AND type = 'run.resuming'", (one,))
+                assert info.value.sqlstate in ("OW004", "OW008"), info.value  # the classifier or the net
+                assert conn.execute("DELETE FROM events WHERE run_id = %s", (one,)).rowcount == 1
+                assert conn.execute("DELETE FROM events WHERE run_id = ANY(%s::text[])", ([two, three],)).rowcount == 2
+            assert left([one, two, three]) == 0
+        pg.psql(f"REVOKE DELETE ON events FROM {NET_USER}")
+        seed()
+        with net_connect(net_seat, 2) as conn:
+            assert conn.execute("DELETE FROM events WHERE run_id = ANY(%s::text[])", (runs,)).rowcount == 0
+        assert left(runs) == len(runs)
+    finally:
+        pg.psql(f"REVOKE DELETE ON events FROM {NET_USER}; GRANT DELETE ON events TO PUBLIC")
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("DELETE FROM events WHERE run_id = ANY(%s)", (runs,))
+
+
 @pytest.mark.parametrize("major", [2, 1])
 def test_with_the_net_off_the_same_statements_leak(net_seat, pg, logs, net_objects, major):
     """The proof that the net, not the classifier, holds: row-level security disabled, the statements above

@@ -92,7 +92,7 @@ def test_a_named_translated_parse_is_sent_with_the_rewritten_text_and_the_path_s
 def test_a_statement_that_reads_no_event_rows_is_sent_as_is():
     rp = new_read_path()
     assert extended(rp, "SELECT * FROM runs WHERE run_id = $1") == [None] * 5
-    assert rp.on_client(ord("Q"), b"DELETE FROM events WHERE run_id = '1'\x00") is None
+    assert rp.on_client(ord("Q"), b"DELETE FROM runs WHERE run_id = '1'\x00") is None
 
 
 def test_a_simple_query_is_rewritten_in_place():
