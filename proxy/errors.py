@@ -43,6 +43,9 @@ ERRORS = {e.code: e for e in (
     ErrorCode("result_untranslatable", "OW007", 500, False,
               "a result carries event columns without the seat's era column (a view over events, or a "
               "statement shape the seat does not know); the session is closed rather than relay it"),
+    ErrorCode("client_encoding_refused", "OW008", 500, False,
+              "a translated session in a client_encoding whose characters may contain a backslash or a quote "
+              "(SJIS, BIG5, GBK, GB18030, JOHAB, UHC): the seat would not parse its statements as PostgreSQL does"),
 )}
 
 BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}

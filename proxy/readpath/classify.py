@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from proxy.config import HostConfig
 from proxy.errors import SeatException
+from proxy.readpath import encoding
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
@@ -143,7 +144,7 @@ class Classifier:
         if not self._worth_parsing(sql):
             # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
             # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
-            plan = Plan((StatementPlan(PASS, sql),), sql)
+            plan = _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
             if len(self._passed) >= PASSED_TEXTS:
                 self._passed.clear()
             self._passed[sql] = plan
@@ -200,6 +201,9 @@ class Classifier:
 
         try:
             raw_stmts = parse_sql(sql)
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 (a single-byte client_encoding): analysed as latin-1 (proxy/readpath/encoding.py)
+            return encoding.from_latin1(self._classify(encoding.to_latin1(sql)))
         except ParseError as e:
             # Fail closed: a statement naming the events table that we cannot read is not passed on.
             refusal = StatementPlan(REFUSE, sql, "unparsable statement",
@@ -222,6 +226,9 @@ class Classifier:
         spoof = _seat_setting(stmt)
         if spoof:
             return StatementPlan(REFUSE, text, "openwop_seat setting", spoof)
+        why = encoding.setting_refusal(stmt)  # the session's client_encoding (proxy/readpath/encoding.py)
+        if why:
+            return StatementPlan(REFUSE, text, encoding.ERROR_CODE, why)
         try:
             self._seat_relations(stmt)
             self._server_side_sql(stmt, text)
@@ -613,6 +620,18 @@ _init_kinds()
 def _cost(sql: str, plan: Plan) -> int:
     """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
     return 2 * len(sql) + (len(plan.text) if plan.changed else 0) + 600  # the texts and the Python objects
+
+
+def _encoding_plan(sql: str) -> Plan | None:
+    """A statement the prefilter passes may still set a client_encoding the seat cannot parse in
+    (proxy/readpath/encoding.py): the plan that refuses it, or None."""
+    pieces = encoding.statement_refusals(sql)
+    if pieces is None:
+        return None
+    plans = tuple(StatementPlan(REFUSE, text, encoding.ERROR_CODE, why) if why else StatementPlan(PASS, text)
+                  for text, why in pieces)
+    refused = next(p for p in plans if p.action == REFUSE)
+    return Plan(plans, "; ".join(p.sql for p in plans), False, refused, True)
 
 
 def _seat_setting(stmt) -> str:

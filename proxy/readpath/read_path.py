@@ -44,6 +44,7 @@ from time import perf_counter
 import orjson
 
 from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
+from proxy.readpath import encoding
 from proxy.readpath.classify import PASS, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
 from proxy.wire.codec import ProtocolViolation
@@ -341,7 +342,7 @@ class ReadPath:
             for st in plan.statements:
                 counts[self._class_of(st), "simple"] += 1
             self.quiet_sent.append(perf_counter())
-            return True, (messages.query(plan.text) if plan.changed else None)
+            return True, (_query(plan.text) if plan.changed else None)
         elif t == FUNCTION_CALL:  # 'F' FunctionCall: a function by OID, out of the seat's sight
             return self._unquiet()
         else:  # Flush, Terminate, COPY traffic: nothing owed
@@ -436,7 +437,7 @@ class ReadPath:
             counts[self._class_of(st), "simple"] += 1
         if plan.refused is None:
             self._push(entry, watch=False)
-            return messages.query(plan.text) if plan.changed else None
+            return _query(plan.text) if plan.changed else None
         texts = []
         for i, st in enumerate(plan.statements):
             if st.action == REFUSE and entry.poison_index < 0:
@@ -446,7 +447,7 @@ class ReadPath:
             else:
                 texts.append(st.sql)
         self._push(entry, watch=True)
-        return messages.query("; ".join(texts))
+        return _query("; ".join(texts))
 
     def _parse(self, body: bytes) -> bytes | None:
         name_end = body.index(b"\x00")
@@ -625,7 +626,8 @@ class ReadPath:
         return None
 
     def _refusal_error(self, refusal) -> bytes:
-        code = ERRORS["statement_untranslatable"]
+        # a statement setting a client_encoding the seat cannot parse in has its own code (readpath/encoding.py)
+        code = ERRORS[encoding.ERROR_CODE if refusal.kind == encoding.ERROR_CODE else "statement_untranslatable"]
         self.refusals.append(refusal.kind)
         if self.on_refusal is not None:
             self.on_refusal(code.sqlstate, refusal.kind)
@@ -654,6 +656,11 @@ def _error_field_list(body: bytes) -> list[tuple[str, str]]:
         if part:
             out.append((chr(part[0]), part[1:].decode("utf-8", "surrogateescape")))
     return out
+
+
+def _query(text: str) -> bytes:
+    """A Query of text the read path decoded (bytes that are not UTF-8 go back as they came)."""
+    return messages.message(b"Q", text.encode("utf-8", "surrogateescape") + b"\x00")
 
 
 def _forgets_prepared(sql: str) -> bool:

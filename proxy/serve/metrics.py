@@ -225,7 +225,8 @@ class SeatCollector:
             for sqlstate, n in source.items():
                 if sqlstate in BY_SQLSTATE:
                     codes[sqlstate] += n
-        codes[BY_SQLSTATE_OW004] += sum(refused.values())
+        for kind, n in refused.items():  # statements setting a client-only encoding have their own code (OW008)
+            codes[ERRORS[kind].sqlstate if kind in ERRORS else BY_SQLSTATE_OW004] += n
         c = CounterMetricFamily("openwop_seat_refusals", "OpenWOP refusals relayed or raised, by code",
                                 labels=["code", "sqlstate"])
         for sqlstate, n in sorted(codes.items()):

@@ -32,7 +32,8 @@ from typing import Callable, NamedTuple
 
 from proxy.db.claims import claim_proof
 from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
-from proxy.errors import BY_SQLSTATE
+from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
@@ -153,8 +154,9 @@ class Relay:
         self.server_framer = Framer(HOLD_ALL)
         self._whole = True  # authenticating or claiming: the server's messages are read whole
         self.identity = identity
-        # With an identity to follow, ParameterStatus is held: nothing after an identity change may go out.
-        held = frozenset(b"S") if identity is not None else frozenset()
+        # With an identity to follow, or a read path (whose client_encoding is checked), ParameterStatus is held:
+        # nothing after a change that ends the session may go out.
+        held = frozenset(b"S") if identity is not None or reader is not None else frozenset()
         raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if reader is None else frozenset())
         self._raw_table = verbs(copy=raw_copied, hold=held)
         self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD | held)
@@ -307,8 +309,23 @@ class Relay:
             if self.state.txn_status != b"I" and body[:1] == b"I":  # rarely true: one comparison per statement
                 self.transactions += 1
         self.state.on_backend(t, body)
-        if t == PARAMETER_STATUS and self.identity is not None and self.ending is None:
-            self._check_identity(body)
+        if t == PARAMETER_STATUS and self.ending is None:
+            if self.reader is not None:
+                self._check_encoding(body)
+            if self.identity is not None and self.ending is None:
+                self._check_identity(body)
+
+    def _check_encoding(self, body: bytes) -> None:
+        """PostgreSQL reports the session's client_encoding (at login and whenever it changes, however it was
+        changed): a translated session in an encoding the seat does not parse as PostgreSQL does ends here."""
+        name, value = messages.parse_parameter_status(body)
+        if name != "client_encoding":
+            return
+        why = encoding.refusal(value)
+        if why is not None:
+            code = ERRORS[encoding.ERROR_CODE]
+            self.ending = Ending(code.sqlstate, f"{code.code}: the server reports {why}",
+                                 f"client_encoding {value}", encoding.ERROR_CODE)
 
     def _check_identity(self, body: bytes) -> None:
         name, value = messages.parse_parameter_status(body)

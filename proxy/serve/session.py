@@ -17,7 +17,8 @@ import time
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from proxy.errors import BY_SQLSTATE
+from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
 from proxy.serve.relay import Claim, Ending, Identity, Relay
@@ -36,7 +37,7 @@ from proxy.wire.state import Phase, SessionState
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
-                   "57P03": "writer_rule_not_in_force"}
+                   "57P03": "writer_rule_not_in_force", "OW008": "client_encoding"}
 
 if TYPE_CHECKING:
     from proxy.serve.context import SeatView
@@ -211,6 +212,14 @@ class Session:
             asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
         reader = self.server.read_path_for(self.params, self.major)
+        if reader is not None:
+            # A translated session is parsed in UTF-8 (proxy/readpath/encoding.py): no client-only encoding.
+            encodings = [v for n, v in parsed.settings if n.lower() == "client_encoding"]
+            why = encoding.refusal(encodings[-1]) if encodings else None
+            if why is not None:
+                code = ERRORS[encoding.ERROR_CODE]
+                self._fail_client(code.sqlstate, f"{code.code}: {why}", reason=f"client_encoding {encodings[-1]}")
+                return
         if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
             # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
             why = await self.server.writer_rule_refusal()
@@ -330,7 +339,8 @@ class Session:
             log.warning("session %s: client protocol violation: %s", self.id, ending.message)
         elif ending.kind == "server_violation":
             log.error("session %s: %s", self.id, ending.message)
-        elif ending.kind in ("result_untranslatable", "claim_failed", "identity_changed", "pooler_behind"):
+        elif ending.kind in ("result_untranslatable", "claim_failed", "identity_changed", "pooler_behind",
+                             "client_encoding_refused"):
             log.error("session %s: %s", self.id, ending.message)
         self._fail_client(ending.sqlstate, ending.message, reason=ending.reason)
 
