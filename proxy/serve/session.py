@@ -39,6 +39,10 @@ REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", 
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
                    "57P03": "writer_rule_not_in_force", "OW008": "client_encoding"}
 
+# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
+# read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
+OWED_BYTES = 64
+
 if TYPE_CHECKING:
     from proxy.serve.context import SeatView
 
@@ -74,6 +78,11 @@ class Session:
         self._claim_timer: asyncio.TimerHandle | None = None
         self._claim_open = False  # the session is to be claimed and the claim is not over yet
         self._reading_paused = False  # the client is not read while the seat's claim is in flight
+        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left.
+        self._client_holds: set[str] = set()
+        # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
+        # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
+        self._max_owed = max(self.config.buffer_limit // OWED_BYTES, 64)
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
@@ -260,7 +269,7 @@ class Session:
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         # Backpressure: a full write buffer on one side pauses reading on the other.
         self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: _set_reading(self.client, not paused)
+        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
         up.write(startup.raw)
         self.startup_bytes = len(startup.raw)
         up.sink = self._from_upstream
@@ -286,6 +295,10 @@ class Session:
         self._last_client = time.monotonic()
         if out:
             self.upstream.write(out)
+        if relay.owed > self._max_owed:
+            # A client that sends faster than it reads its answers (pipelined Syncs it never reads): each owed answer
+            # costs the seat bookkeeping, so it is not read further until the server's answers catch up.
+            self._hold_client("owed", True)
         if relay.ending is not None:
             self._end(relay.ending)
         self._seat_client.observe(perf_counter() - start)
@@ -298,6 +311,8 @@ class Session:
             self.client.write(to_client)
         if to_server:
             self.upstream.write(to_server)
+        if "owed" in self._client_holds and relay.owed <= self._max_owed // 2:
+            self._hold_client("owed", False)
         if relay.readies != self._readies:
             self._readies = relay.readies
             self._ready_at = time.monotonic()
@@ -313,7 +328,7 @@ class Session:
         """The claim started (stop reading the client: its kernel buffer holds what it sends), or ended."""
         if relay.claiming and not self._reading_paused:
             self._reading_paused = True
-            _set_reading(self.client, False)
+            self._hold_client("claim", True)
             return
         if relay.awaiting_ready:
             return
@@ -323,7 +338,7 @@ class Session:
             self._claim_timer = None
         if self._reading_paused:
             self._reading_paused = False
-            _set_reading(self.client, True)
+            self._hold_client("claim", False)
         if self._ending is not None:
             self._ending_check()
         if relay.privileged:
@@ -333,6 +348,17 @@ class Session:
                 role="superuser" if superuser else "owner of openwop_seat",
                 why="this role can bypass the writer rule's guard; connect the host as a plain role")})
             relay.privileged = ""
+
+    def _hold_client(self, reason: str, on: bool) -> None:
+        """Stop reading the client for ``reason`` (or no longer for it): it is read while no reason holds it."""
+        holds = self._client_holds
+        before = bool(holds)
+        if on:
+            holds.add(reason)
+        else:
+            holds.discard(reason)
+        if bool(holds) != before:
+            _set_reading(self.client, not holds)
 
     def _end(self, ending: Ending) -> None:
         if ending.kind == "client_violation":
