@@ -91,6 +91,13 @@ class SeatCollector:
         for result in ("ok", "broken", "error"):
             c.add_metric([result], stats.writer_rule_checks[result])
         yield c
+        catalog = getattr(server, "catalog", None)
+        if catalog is not None:
+            c = CounterMetricFamily("openwop_seat_catalog_connections_opened",
+                                    "Connections this seat process opened to the host database for its own checks "
+                                    "(one, kept; another only after one failed)")
+            c.add_metric([], catalog.opened)
+            yield c
         c = CounterMetricFamily("openwop_seat_session_errors", "Sessions ended by the seat with an error",
                                 labels=["sqlstate"])
         for sqlstate, n in sorted(stats.refusals.items()):
@@ -274,7 +281,7 @@ class MetricsHTTP:
         if server.config.translates and server.config.host.dsn:
             from proxy.serve.dbcounters import DatabaseCounters
 
-            self.db_counters = DatabaseCounters(server.config)
+            self.db_counters = DatabaseCounters(server.config, getattr(server, "catalog", None))
             self.registry.register(self.db_counters)
         self._listener: asyncio.AbstractServer | None = None
 
