@@ -46,6 +46,12 @@ WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write bec
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
 PASSED_TEXTS = 1024
+# The texts the prefilter passed are kept only while short, and at most this many bytes of them: a long text costs
+# as much to look up (hashing it) as to test again, and must not stay after the session that sent it (issue 23).
+PASSED_MAX_TEXT = 16 << 10
+PASSED_BYTES = 4 << 20
+# A plan for a text longer than this is dropped from the cache when the session that made it ends (ReadPath.close).
+LARGE_TEXT = PASSED_MAX_TEXT
 
 
 # NamedTuples, not frozen dataclasses: a plan is made for every new statement text, and a frozen
@@ -121,6 +127,7 @@ class Classifier:
         self.bytes = 0
         self.hits = self.misses = 0
         self._passed: dict[str, Plan] = {}  # texts the prefilter passes (see classify)
+        self._passed_bytes = 0  # their length in characters (PASSED_BYTES)
         schema, _, table = host.events_table.rpartition(".")
         self._schema = schema or None
         self._table = table
@@ -145,9 +152,12 @@ class Classifier:
             # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
             # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
             plan = _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
-            if len(self._passed) >= PASSED_TEXTS:
-                self._passed.clear()
-            self._passed[sql] = plan
+            if len(sql) <= PASSED_MAX_TEXT:
+                if len(self._passed) >= PASSED_TEXTS or self._passed_bytes + len(sql) > PASSED_BYTES:
+                    self._passed.clear()
+                    self._passed_bytes = 0
+                self._passed[sql] = plan
+                self._passed_bytes += len(sql)
             return plan
         self.misses += 1
         plan = self._classify(sql)
@@ -163,6 +173,21 @@ class Classifier:
     @property
     def size(self) -> int:
         return len(self._cache)
+
+    @property
+    def passed_bytes(self) -> int:
+        return self._passed_bytes
+
+    @property
+    def passed_entries(self) -> int:
+        return len(self._passed)
+
+    def forget(self, texts) -> None:
+        """Drop the plans of these texts (a session's long statements, when it ends: ReadPath.close)."""
+        for sql in texts:
+            plan = self._cache.pop(sql, None)
+            if plan is not None:
+                self.bytes -= _cost(sql, plan)
 
     def mentions_events(self, sql: str) -> bool:
         low = sql.lower()
@@ -184,6 +209,7 @@ class Classifier:
             self.functions = names
             self._cache.clear()
             self._passed.clear()
+            self._passed_bytes = 0
             self.bytes = 0
 
     # -- internals

@@ -45,7 +45,7 @@ import orjson
 
 from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
 from proxy.readpath import encoding
-from proxy.readpath.classify import PASS, REFUSE, Classifier, Plan, StatementPlan
+from proxy.readpath.classify import LARGE_TEXT, PASS, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.types import (
@@ -205,6 +205,13 @@ class ReadPath:
         self.statement_seconds = None  # a metrics.Histogram, or None
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
+        self.large_texts: list[str] = []  # long statements this session had planned (and cached): see close
+
+    def close(self) -> None:
+        """The session ended: the plans of its long statements leave the shared cache with it."""
+        if self.large_texts:
+            self.classifier.forget(self.large_texts)
+            self.large_texts = []
 
     def attach(self, stats, on_refusal=None) -> None:
         """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
@@ -219,8 +226,11 @@ class ReadPath:
         misses = classifier.misses
         start = perf_counter()
         plan = classifier.classify(sql)
-        if classifier.misses != misses and self.parse_seconds is not None:
-            self.parse_seconds.observe(perf_counter() - start)
+        if classifier.misses != misses:
+            if self.parse_seconds is not None:
+                self.parse_seconds.observe(perf_counter() - start)
+            if len(sql) > LARGE_TEXT:  # its plan is this session's share of the cache: dropped when it ends
+                self.large_texts.append(sql)
         if plan.translated and self.watch.stale:
             refusal = StatementPlan(REFUSE, sql, "translated relations stale",
                                     f"the seat's translated relations no longer match the events table "

@@ -516,6 +516,7 @@ class Session:
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.statements_refused.update(self.reader.refusals)
+            self.reader.close()
         if self.relay is not None and self.relay.transactions:
             self.server.stats.pair_transactions[self.label_pair] += self.relay.transactions
         if self._claim_timer is not None:
