@@ -50,6 +50,7 @@ PASSED_TEXTS = 1024
 # as much to look up (hashing it) as to test again, and must not stay after the session that sent it (issue 23).
 PASSED_MAX_TEXT = 16 << 10
 PASSED_BYTES = 4 << 20
+ANALYSED_KEPT = 16  # plans made off the event loop and not yet taken by their session (see Classifier.analysed)
 # A plan for a text longer than this is dropped from the cache when the session that made it ends (ReadPath.close).
 LARGE_TEXT = PASSED_MAX_TEXT
 
@@ -128,6 +129,8 @@ class Classifier:
         self.hits = self.misses = 0
         self._passed: dict[str, Plan] = {}  # texts the prefilter passes (see classify)
         self._passed_bytes = 0  # their length in characters (PASSED_BYTES)
+        self._analysed: dict[str, Plan] = {}  # plans made off the event loop, until classify() takes them
+        self.generation = 0  # bumped by set_functions: a plan analysed before is not used
         schema, _, table = host.events_table.rpartition(".")
         self._schema = schema or None
         self._table = table
@@ -148,10 +151,11 @@ class Classifier:
         plan = self._passed.get(sql)
         if plan is not None:
             return plan
+        analysed = self._analysed.pop(sql, None) if self._analysed else None  # made off the event loop (analyse)
         if not self._worth_parsing(sql):
             # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
             # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
-            plan = _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
+            plan = analysed or _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
             if len(sql) <= PASSED_MAX_TEXT:
                 if len(self._passed) >= PASSED_TEXTS or self._passed_bytes + len(sql) > PASSED_BYTES:
                     self._passed.clear()
@@ -160,7 +164,7 @@ class Classifier:
                 self._passed_bytes += len(sql)
             return plan
         self.misses += 1
-        plan = self._classify(sql)
+        plan = analysed or self._classify(sql)
         cost = _cost(sql, plan)
         if cost <= self.cache_bytes:
             self._cache[sql] = plan
@@ -169,6 +173,34 @@ class Classifier:
                 old_sql, old = self._cache.popitem(last=False)
                 self.bytes -= _cost(old_sql, old)
         return plan
+
+    # -- analysis off the event loop (issue 23): a long statement is parsed in a worker thread while other sessions
+    # are served; its plan is handed back to the next classify() of the same text.
+
+    def needs_analysis(self, sql: str) -> bool:
+        """Would classify() parse this text (no plan for it yet)?"""
+        return (sql not in self._cache and sql not in self._passed and sql not in self._analysed
+                and (self._worth_parsing(sql) or encoding.might_set(sql.lower())))
+
+    def analyse(self, sql: str) -> tuple[Plan, int]:
+        """The plan classify() would make for ``sql`` on a cache miss, and the generation it was made in. Safe to
+        call from another thread: it works on a shallow copy (the rewrite keeps per-statement state on the
+        instance) and reads only what set_functions replaces whole."""
+        import copy
+
+        worker = copy.copy(self)
+        generation = self.generation
+        if worker._worth_parsing(sql):
+            return worker._classify(sql), generation
+        return _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql), generation
+
+    def analysed(self, sql: str, plan: Plan, generation: int) -> None:
+        """Hand an analyse() result to the next classify() of ``sql`` (dropped if the functions changed since)."""
+        if generation != self.generation:
+            return
+        if len(self._analysed) >= ANALYSED_KEPT:  # results whose session ended before it used them
+            self._analysed.clear()
+        self._analysed[sql] = plan
 
     @property
     def size(self) -> int:
@@ -207,6 +239,8 @@ class Classifier:
         names = frozenset(n.lower() for n in names)
         if names != self.functions:
             self.functions = names
+            self.generation += 1
+            self._analysed.clear()
             self._cache.clear()
             self._passed.clear()
             self._passed_bytes = 0

@@ -119,6 +119,11 @@ def _walk(node):
                     stack.append(child)
 
 
+def might_set(low: str) -> bool:
+    """Could lower-cased statement text set client_encoding (the prefilter before a parse)?"""
+    return "encoding" in low or "names" in low or "set_config" in low
+
+
 def statement_refusals(sql: str) -> list[tuple[str, str]] | None:
     """For statement text the classifier does not parse otherwise: None when it sets no client_encoding a
     translated session cannot use, else each statement's text and why it is refused ('' for none).
@@ -126,8 +131,7 @@ def statement_refusals(sql: str) -> list[tuple[str, str]] | None:
     Bytes that are not UTF-8 (kept by the read path as lone surrogates) are read as a letter, as PostgreSQL
     reads a high byte of a single-byte server encoding outside a literal. Text that does not parse is left to
     PostgreSQL (it fails there too, in an encoding the seat checked)."""
-    low = sql.lower()
-    if "encoding" not in low and "names" not in low and "set_config" not in low:
+    if not might_set(sql.lower()):
         return None
     from pglast import parse_sql
 

@@ -78,6 +78,9 @@ _I32 = struct.Struct("!i")
 # A statement that always fails at parse analysis, on any server, whatever the client bound.
 POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
 PREPARED_PREFIX = "openwop_seat_"
+# A statement text at least this long (bytes) that has no plan yet is parsed off the event loop (a worker thread),
+# so that other sessions are served meanwhile (issue 23: a 0.96 MiB statement stalled a worker for seconds).
+ANALYSE_OFF_LOOP = 8 << 10
 MAX_PREPARED = 256  # server-side statements the seat keeps per session (then it stops adding)
 
 # Statement classes for the metrics: a statement the classifier left alone counts as an event write when it
@@ -206,6 +209,22 @@ class ReadPath:
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
         self.large_texts: list[str] = []  # long statements this session had planned (and cached): see close
+
+    def analysis_needed(self, t: int, body: bytes) -> str | None:
+        """The text of a Query or Parse long enough (ANALYSE_OFF_LOOP bytes) to be parsed off the event loop and
+        not planned yet, or None: the caller has Classifier.analyse() run in a worker thread, hands the plan back
+        with Classifier.analysed(), and only then passes the message to on_client."""
+        if len(body) < ANALYSE_OFF_LOOP or (t != QUERY and t != PARSE):
+            return None
+        try:
+            if t == QUERY:
+                sql = body[:-1].decode("utf-8", "surrogateescape")
+            else:
+                name_end = body.index(b"\x00")
+                sql = body[name_end + 1:body.index(b"\x00", name_end + 1)].decode("utf-8", "surrogateescape")
+        except ValueError:
+            return None  # malformed: on_client says so
+        return sql if self.classifier.needs_analysis(sql) else None
 
     def close(self) -> None:
         """The session ended: the plans of its long statements leave the shared cache with it."""

@@ -34,7 +34,7 @@ from proxy.db.claims import claim_proof
 from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
 from proxy.errors import BY_SQLSTATE, ERRORS
 from proxy.readpath import encoding
-from proxy.readpath.read_path import ReadPath, ReadPathError
+from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
 from proxy.wire.codec import FRONTEND_TYPES, ProtocolViolation
@@ -118,11 +118,11 @@ class Relay:
 
     # slots: a seat holds one relay per connection, idle ones included (make bench's idle_memory)
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
-                 "_client_table", "_count_answered", "_held_bytes", "_held_ready", "_owns_schema", "_pre_ready",
-                 "_quiet_table", "_raw_sent", "_raw_table", "_whole", "awaiting_ready", "bytes_in", "bytes_out",
-                 "claiming", "client_framer", "client_tls", "ending", "identity", "on_refusal", "privileged",
-                 "queries_sent", "raw_extended", "raw_simple", "reader", "readies", "server_framer", "state",
-                 "stats", "transactions")
+                 "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
+                 "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
+                 "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
+                 "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
+                 "server_framer", "state", "stats", "transactions")
 
     def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
                  client_tls: bool = False, count_answered: bool = False, identity: Identity | None = None,
@@ -175,6 +175,9 @@ class Relay:
         self._held_bytes = 0  # bytes held from the client until its claim is done
         self._pre_ready = bytearray()  # …of which an incomplete message
         self._backlog: list[bytes] = []
+        # A statement to parse off the event loop (its text), and the client's framed messages from it on.
+        self.analysis: str | None = None
+        self._deferred: list = []
 
     # ------------------------------------------------------------------ boundaries
 
@@ -205,6 +208,10 @@ class Relay:
             return b""
         if self.awaiting_ready:
             return self._before_ready(data)
+        if self._deferred:  # a statement is being analysed: what follows it waits, in order
+            self.bytes_in += len(data)
+            self._deferred += self.client_framer.feed(data)
+            return b""
         if len(data) > SLICE and self.reader is not None:
             return self._sliced(self.from_client, data)
         self.bytes_in += len(data)
@@ -213,7 +220,19 @@ class Relay:
             out = self._client_raw(items, data)
         else:
             out = self._client_read(items)
-        if self.client_framer.violation is not None:
+        if self.client_framer.violation is not None and not self._deferred:
+            self._client_violation(self.client_framer.violation)
+        return out
+
+    def analysed(self) -> bytes:
+        """The statement :attr:`analysis` named has its plan (``Classifier.analysed``): the client's messages from
+        it on are relayed now, up to the next one to analyse, if any. Returns what to send to the server."""
+        items, self._deferred = self._deferred, []
+        self.analysis = None
+        if self.ending is not None:
+            return b""
+        out = self._client_read(items)
+        if self.client_framer.violation is not None and not self._deferred and self.ending is None:
             self._client_violation(self.client_framer.violation)
         return out
 
@@ -259,7 +278,7 @@ class Relay:
         """A read path: each held message is rewritten by it (or goes on as it was)."""
         reader = self.reader
         out: list[bytes] = []
-        for item in items:
+        for n, item in enumerate(items):
             kind = item[0]
             if kind == SPAN:
                 out.append(item[1])
@@ -268,6 +287,12 @@ class Relay:
             if kind == COPY:  # Terminate
                 self.state.on_frontend(t, body)
                 continue
+            if len(body) >= ANALYSE_OFF_LOOP and self.analysis is None:
+                sql = reader.analysis_needed(t, body)
+                if sql is not None:  # parsed off the event loop first: it and what follows wait (analysed())
+                    self.analysis = sql
+                    self._deferred = items[n:]
+                    break
             if self._count_answered and (t == QUERY or t == SYNC or t == FUNCTION_CALL):
                 self.queries_sent += 1
             try:
@@ -278,6 +303,11 @@ class Relay:
                 break
             out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
         return out[0] if len(out) == 1 else b"".join(out)
+
+    @property
+    def deferred(self) -> bool:
+        """Client messages wait for a statement's analysis (:attr:`analysis`)."""
+        return bool(self._deferred)
 
     def _client_violation(self, e: ProtocolViolation) -> None:
         self.stats.protocol_violations += 1

@@ -80,6 +80,7 @@ class Session:
         self._reading_paused = False  # the client is not read while the seat's claim is in flight
         # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left.
         self._client_holds: set[str] = set()
+        self._analysing = False  # a statement of this session is being parsed in the analysis thread
         # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
         # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
         self._max_owed = max(self.config.buffer_limit // OWED_BYTES, 64)
@@ -295,6 +296,8 @@ class Session:
         self._last_client = time.monotonic()
         if out:
             self.upstream.write(out)
+        if relay.analysis is not None and not self._analysing:
+            self._analyse()
         if relay.owed > self._max_owed:
             # A client that sends faster than it reads its answers (pipelined Syncs it never reads): each owed answer
             # costs the seat bookkeeping, so it is not read further until the server's answers catch up.
@@ -311,6 +314,8 @@ class Session:
             self.client.write(to_client)
         if to_server:
             self.upstream.write(to_server)
+            if relay.analysis is not None and not self._analysing:  # the backlog released after the claim
+                self._analyse()
         if "owed" in self._client_holds and relay.owed <= self._max_owed // 2:
             self._hold_client("owed", False)
         if relay.readies != self._readies:
@@ -349,6 +354,49 @@ class Session:
                 why="this role can bypass the writer rule's guard; connect the host as a plain role")})
             relay.privileged = ""
 
+    def _analyse(self) -> None:
+        """A long statement without a plan (Relay.analysis): parsed in a worker thread, so that every other session
+        of this process is served meanwhile; this client is not read, and what it sent after the statement waits in
+        the relay, until the plan is back."""
+        relay = self.relay
+        classifier = relay.reader.classifier
+        sql = relay.analysis
+        self._analysing = True
+        self._hold_client("analysis", True)
+        future = asyncio.get_running_loop().run_in_executor(_analysis_pool(), _analyse, classifier, sql)
+
+        def done(f: asyncio.Future) -> None:
+            self._analysing = False
+            if self.closed:
+                return
+            try:
+                plan, generation = f.result()
+            except Exception:  # a bug must end this session only, never the seat
+                log.exception("session %s: unexpected error analysing a statement", self.id)
+                self._fail_client("XX000", "internal error in openwop-seat while analysing a statement")
+                return
+            classifier.analysed(sql, plan, generation)
+            self._relay_analysed()
+
+        future.add_done_callback(done)
+
+    def _relay_analysed(self) -> None:
+        relay = self.relay
+        out = relay.analysed()
+        if out:
+            self.upstream.write(out)
+        if relay.ending is not None:
+            self._end(relay.ending)
+            return
+        if relay.analysis is not None:  # another long statement after it
+            self._analyse()
+            return
+        self._hold_client("analysis", False)
+        if relay.owed > self._max_owed:
+            self._hold_client("owed", True)
+        if self.client.eof and not self.closed:
+            self._client_eof()  # the client left after sending them: as PostgreSQL, they ran first
+
     def _hold_client(self, reason: str, on: bool) -> None:
         """Stop reading the client for ``reason`` (or no longer for it): it is read while no reason holds it."""
         holds = self._client_holds
@@ -385,6 +433,8 @@ class Session:
         return self.relay is None or self.relay.server_at_boundary
 
     def _client_eof(self) -> None:
+        if self._analysing:
+            return  # its last statements are still being analysed: the session ends once they are relayed
         if not self._client_at_boundary():
             self._fail_client("08P01", "unexpected EOF within message")
         else:
@@ -560,6 +610,40 @@ def _upstream_reason(message: str) -> str:
 
 # The state of a session whose startup packet is not read yet.
 _NO_STATE = SessionState()
+
+
+_POOL: list = []
+
+
+def _analysis_pool():
+    """The worker thread long statements are parsed in (one per process: at most one parse competes with the event
+    loop for the interpreter, which pglast releases while its C parser runs)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="openwop-seat-analysis"))
+    return _POOL[0]
+
+
+# A test hook (tests/integration/test_analysis_off_loop.py), never set in production: a directory where the analysis
+# thread, before each analysis, creates "held" and then waits until "release" exists, so that a test can show that
+# other sessions are answered while a statement is being analysed, without timing anything.
+HOLD_ANALYSIS_ENV = "OPENWOP_SEAT_TEST_HOLD_ANALYSIS"
+
+
+def _analyse(classifier, sql: str):
+    import os
+
+    gate = os.environ.get(HOLD_ANALYSIS_ENV)
+    if gate:
+        from pathlib import Path
+
+        Path(gate, "held").write_text(str(len(sql)))
+        release = Path(gate, "release")
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return classifier.analyse(sql)
 
 
 def _set_reading(peer: Peer, on: bool) -> None:

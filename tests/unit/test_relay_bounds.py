@@ -7,7 +7,7 @@ from test_relay import LOGIN, READY, msg
 
 from proxy.config import HostConfig
 from proxy.readpath.classify import Classifier
-from proxy.readpath.read_path import ReadPath
+from proxy.readpath.read_path import POISON_SQL, ReadPath
 from proxy.serve.relay import SLICE, Relay
 from proxy.stats import Stats
 
@@ -31,15 +31,65 @@ def test_owed_counts_the_answers_the_server_owes():
         assert r.owed == 40_000
 
 
+def analyse(r: Relay) -> bytes:
+    """What the session does while the relay waits for an analysis: the worker's part, done here in line."""
+    out = b""
+    while r.analysis is not None:
+        classifier = r.reader.classifier
+        plan, generation = classifier.analyse(r.analysis)
+        classifier.analysed(r.analysis, plan, generation)
+        out += r.analysed()
+    return out
+
+
+def feed(r: Relay, data: bytes) -> bytes:
+    out = r.from_client(data)
+    return out + analyse(r)
+
+
 def test_a_sliced_chunk_comes_out_as_it_went_in_with_messages_across_slices():
     r = relay(True)
     parse = msg(b"P", b"\0SELECT 'x' || type FROM events WHERE run_id = $1" + b" " * 70_000 + b"\0\0\0")
     data = (msg(b"S") * 7001 + parse + msg(b"B", b"\0\0\0\0\0\0\0") + msg(b"S")) * 3
-    out = r.from_client(data)
+    out = feed(r, data)
     assert r.ending is None and len(data) > 4 * SLICE
     small = relay(True)  # the same bytes in pieces smaller than a slice
-    assert out == b"".join(small.from_client(data[i:i + 1000]) for i in range(0, len(data), 1000))
+    assert out == b"".join(feed(small, data[i:i + 1000]) for i in range(0, len(data), 1000))
     assert out.count(b"openwop_seat.events_m2") == 3
     answers = (READY * 7001 + msg(b"1") + msg(b"2") + READY) * 3
     assert r.from_server(answers) == (answers, b"")
     assert r.owed == 0
+
+
+def test_a_long_statement_waits_for_its_analysis_with_what_follows_it():
+    r = relay(True)
+    long_query = msg(b"Q", b"SELECT type FROM events WHERE run_id <> '" + b"z" * 20_000 + b"'\0")
+    before = msg(b"Q", b"SELECT 1\0")
+    after = msg(b"Q", b"SELECT 2\0") + msg(b"X")
+    out = r.from_client(before + long_query + after[:7])
+    assert out == before and r.analysis is not None and r.deferred  # nothing after the long statement yet
+    assert r.from_client(after[7:]) == b""  # what comes meanwhile waits too, in order
+    c = r.reader.classifier
+    misses = c.misses
+    plan, generation = c.analyse(r.analysis)
+    assert c.misses == misses  # analysed on a copy, off the loop: the cache is the loop's
+    c.analysed(r.analysis, plan, generation)
+    rest = r.analysed()
+    assert rest.startswith(b"Q") and b"openwop_seat.events_m2" in rest and rest.endswith(after)
+    assert r.analysis is None and not r.deferred and c.misses == misses + 1
+    assert r.from_client(before) == before  # planned now: a repeat is not analysed again
+    assert r.from_client(long_query).startswith(b"Q") and r.analysis is None
+
+
+def test_a_plan_analysed_before_the_functions_changed_is_not_used():
+    r = relay(True)
+    long_query = msg(b"Q", b"SELECT my_fn(type) FROM events WHERE run_id <> '" + b"z" * 20_000 + b"'\0")
+    r.from_client(long_query)
+    c = r.reader.classifier
+    plan, generation = c.analyse(r.analysis)
+    assert plan.refused is None
+    c.set_functions({"my_fn"})  # the catalog check found a risky function meanwhile
+    c.analysed(r.analysis, plan, generation)
+    assert r.analysed() == b"" and r.analysis is not None  # analysed again, with the new functions…
+    out = analyse(r)
+    assert POISON_SQL.encode() in out and b"my_fn" not in out  # …and refused (the poison is sent)
