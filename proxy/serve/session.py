@@ -459,7 +459,8 @@ class Session:
         its ReadyForQuery (so a long-running statement is not idle), no partial message from the client."""
         relay = self.relay
         return (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
-                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary)
+                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary
+                and not relay.deferred)  # a statement being analysed (and what follows it) is not idle
 
     def _idle_check(self) -> None:
         """client_idle_timeout: end the session if it has been idle that long, else look again later.

@@ -3,7 +3,8 @@ same result as whole."""
 
 from __future__ import annotations
 
-from test_relay import LOGIN, READY, msg
+import pytest
+from test_relay import LOGIN, READY, RESULT, msg, server, status
 
 from proxy.config import HostConfig
 from proxy.readpath.classify import Classifier
@@ -93,3 +94,34 @@ def test_a_plan_analysed_before_the_functions_changed_is_not_used():
     assert r.analysed() == b"" and r.analysis is not None  # analysed again, with the new functions…
     out = analyse(r)
     assert POISON_SQL.encode() in out and b"my_fn" not in out  # …and refused (the poison is sent)
+
+
+# ------------------------------------------------------------------ client_encoding reported by the server
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "7"])
+@pytest.mark.parametrize("enc", ["SJIS", "BIG5", "GBK", "GB18030", "JOHAB", "UHC"])
+def test_a_reported_client_only_encoding_ends_a_translated_session_before_anything_after_it(how, enc):
+    r = relay(True)
+    before = msg(b"C", b"SELECT 1\x00")
+    to_client, _ = server(r, before + status("client_encoding", enc) + READY + RESULT, how)
+    assert to_client == before  # what came before the report goes out; the report and what follows do not
+    assert r.ending.sqlstate == "OW008" and r.ending.kind == "client_encoding_refused" and enc in r.ending.message
+
+
+def test_a_reported_client_only_encoding_at_login_ends_the_session():
+    r = Relay(Stats(), reader=ReadPath(Classifier(HostConfig(), 2), 2, None), count_answered=True)
+    to_client, _ = r.from_server(LOGIN.replace(READY, status("client_encoding", "SJIS") + READY))
+    assert r.ending.sqlstate == "OW008" and b"client_encoding" not in to_client
+
+
+@pytest.mark.parametrize("enc", ["UTF8", "LATIN1", "EUC_JP", "SQL_ASCII"])
+def test_a_reported_server_encoding_goes_through(enc):
+    r = relay(True)
+    stream = status("client_encoding", enc) + READY
+    assert r.from_server(stream) == (stream, b"") and r.ending is None
+
+
+def test_raw_sessions_are_not_checked():
+    r = relay(False)
+    stream = status("client_encoding", "SJIS") + READY
+    assert r.from_server(stream) == (stream, b"") and r.ending is None
