@@ -80,17 +80,23 @@ class CatalogConnection:
         async with self._lock:
             if self._conn is not None and (self._conn.is_closed() or self._dsn != config.host.dsn):
                 await self._drop()
-            if self._conn is None:
-                self._conn = await asyncio.wait_for(connect(config.host.dsn), config.connect_timeout)
-                self._dsn = config.host.dsn
-                self.opened += 1
-            try:
-                return await asyncio.wait_for(check(self._conn), timeout)
-            except SchemaError:
-                raise  # the database answered: the connection is fine
-            except BaseException:
-                await self._drop()
-                raise
+            for attempt in (1, 2):
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = await asyncio.wait_for(connect(config.host.dsn), config.connect_timeout)
+                    self._dsn = config.host.dsn
+                    self.opened += 1
+                try:
+                    return await asyncio.wait_for(check(self._conn), timeout)
+                except SchemaError:
+                    raise  # the database answered: the connection is fine
+                except BaseException:
+                    closed = self._conn.is_closed()
+                    await self._drop()
+                    # the kept connection was closed under it (idle_session_timeout, a terminated backend, a restart):
+                    # once more, on a new one
+                    if not (reused and closed and attempt == 1):
+                        raise
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
