@@ -43,12 +43,17 @@ ERRORS = {e.code: e for e in (
     ErrorCode("result_untranslatable", "OW007", 500, False,
               "a result carries event columns without the seat's era column (a view over events, or a "
               "statement shape the seat does not know); the session is closed rather than relay it"),
+)}
+
+# Codes only the seat itself sends (never raised by the SQL it installs, so not in the generated SQL's tables).
+SEAT_ERRORS = {e.code: e for e in (
     ErrorCode("client_encoding_refused", "OW008", 500, False,
               "a translated session in a client_encoding whose characters may contain a backslash or a quote "
               "(SJIS, BIG5, GBK, GB18030, JOHAB, UHC): the seat would not parse its statements as PostgreSQL does"),
 )}
+CODES = {**ERRORS, **SEAT_ERRORS}  # every code, by name
 
-BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}
+BY_SQLSTATE = {e.sqlstate: e for e in CODES.values()}
 
 
 class SeatException(Exception):

@@ -35,7 +35,7 @@ SAFE_ENCODINGS = frozenset((
 # PostgreSQL's client-only encodings, by the names it reports them under (for the messages).
 CLIENT_ONLY = ("SJIS", "SHIFT_JIS_2004", "BIG5", "GBK", "GB18030", "JOHAB", "UHC")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
-ERROR_CODE = "client_encoding_refused"  # proxy.errors.ERRORS; the refusal kind of a statement that sets one
+ERROR_CODE = "client_encoding_refused"  # proxy.errors.SEAT_ERRORS; the refusal kind of a statement that sets one
 DOCS = "docs/refusals-and-errors.md#ow008-client_encoding_refused"
 
 

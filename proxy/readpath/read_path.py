@@ -43,7 +43,7 @@ from time import perf_counter
 
 import orjson
 
-from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
+from proxy.errors import BY_SQLSTATE, CODES, SeatException
 from proxy.readpath import encoding
 from proxy.readpath.classify import LARGE_TEXT, PASS, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
@@ -656,7 +656,7 @@ class ReadPath:
 
     def _refusal_error(self, refusal) -> bytes:
         # a statement setting a client_encoding the seat cannot parse in has its own code (readpath/encoding.py)
-        code = ERRORS[encoding.ERROR_CODE if refusal.kind == encoding.ERROR_CODE else "statement_untranslatable"]
+        code = CODES[encoding.ERROR_CODE if refusal.kind == encoding.ERROR_CODE else "statement_untranslatable"]
         self.refusals.append(refusal.kind)
         if self.on_refusal is not None:
             self.on_refusal(code.sqlstate, refusal.kind)

@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 
 from proxy import __version__
-from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.errors import BY_SQLSTATE, CODES, ERRORS
 from proxy.stats import PROTOCOLS, STATEMENT_CLASSES, Stats
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class SeatCollector:
                 if sqlstate in BY_SQLSTATE:
                     codes[sqlstate] += n
         for kind, n in refused.items():  # statements setting a client-only encoding have their own code (OW008)
-            codes[ERRORS[kind].sqlstate if kind in ERRORS else BY_SQLSTATE_OW004] += n
+            codes[CODES[kind].sqlstate if kind in CODES else BY_SQLSTATE_OW004] += n
         c = CounterMetricFamily("openwop_seat_refusals", "OpenWOP refusals relayed or raised, by code",
                                 labels=["code", "sqlstate"])
         for sqlstate, n in sorted(codes.items()):

@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 
 from proxy.db.claims import claim_proof
 from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
-from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
 from proxy.stats import Stats
@@ -382,7 +382,7 @@ class Relay:
             return
         why = encoding.refusal(value)
         if why is not None:
-            code = ERRORS[encoding.ERROR_CODE]
+            code = CODES[encoding.ERROR_CODE]
             self.ending = Ending(code.sqlstate, f"{code.code}: the server reports {why}",
                                  f"client_encoding {value}", encoding.ERROR_CODE)
 

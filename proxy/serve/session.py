@@ -17,7 +17,7 @@ import time
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
@@ -227,7 +227,7 @@ class Session:
             encodings = [v for n, v in parsed.settings if n.lower() == "client_encoding"]
             why = encoding.refusal(encodings[-1]) if encodings else None
             if why is not None:
-                code = ERRORS[encoding.ERROR_CODE]
+                code = CODES[encoding.ERROR_CODE]
                 self._fail_client(code.sqlstate, f"{code.code}: {why}", reason=f"client_encoding {encodings[-1]}")
                 return
         if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
