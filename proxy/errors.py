@@ -48,7 +48,15 @@ ERRORS = {e.code: e for e in (
               "translated relations (the net in the database, ADR 0009)"),
 )}
 
-BY_SQLSTATE = {e.sqlstate: e for e in ERRORS.values()}
+# Codes only the seat itself sends (never raised by the SQL it installs, so not in the generated SQL's tables).
+SEAT_ERRORS = {e.code: e for e in (
+    ErrorCode("client_encoding_refused", "OW009", 500, False,
+              "a translated session in a client_encoding whose characters may contain a backslash or a quote "
+              "(SJIS, BIG5, GBK, GB18030, JOHAB, UHC): the seat would not parse its statements as PostgreSQL does"),
+)}
+CODES = {**ERRORS, **SEAT_ERRORS}  # every code, by name
+
+BY_SQLSTATE = {e.sqlstate: e for e in CODES.values()}
 
 
 class SeatException(Exception):

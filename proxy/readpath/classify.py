@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from proxy.config import HostConfig
 from proxy.errors import SeatException
+from proxy.readpath import encoding
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
@@ -47,6 +48,13 @@ WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write bec
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
 PASSED_TEXTS = 1024
+# The texts the prefilter passed are kept only while short, and at most this many bytes of them: a long text costs
+# as much to look up (hashing it) as to test again, and must not stay after the session that sent it (issue 23).
+PASSED_MAX_TEXT = 16 << 10
+PASSED_BYTES = 4 << 20
+ANALYSED_KEPT = 16  # plans made off the event loop and not yet taken by their session (see Classifier.analysed)
+# A plan for a text longer than this is dropped from the cache when the session that made it ends (ReadPath.close).
+LARGE_TEXT = PASSED_MAX_TEXT
 
 
 # NamedTuples, not frozen dataclasses: a plan is made for every new statement text, and a frozen
@@ -122,6 +130,9 @@ class Classifier:
         self.bytes = 0
         self.hits = self.misses = 0
         self._passed: dict[str, Plan] = {}  # texts the prefilter passes (see classify)
+        self._passed_bytes = 0  # their length in characters (PASSED_BYTES)
+        self._analysed: dict[str, Plan] = {}  # plans made off the event loop, until classify() takes them
+        self.generation = 0  # bumped by set_functions: a plan analysed before is not used
         schema, _, table = host.events_table.rpartition(".")
         self._schema = schema or None
         self._table = table
@@ -142,16 +153,20 @@ class Classifier:
         plan = self._passed.get(sql)
         if plan is not None:
             return plan
+        analysed = self._analysed.pop(sql, None) if self._analysed else None  # made off the event loop (analyse)
         if not self._worth_parsing(sql):
             # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
             # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
-            plan = Plan((StatementPlan(PASS, sql),), sql)
-            if len(self._passed) >= PASSED_TEXTS:
-                self._passed.clear()
-            self._passed[sql] = plan
+            plan = analysed or _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
+            if len(sql) <= PASSED_MAX_TEXT:
+                if len(self._passed) >= PASSED_TEXTS or self._passed_bytes + len(sql) > PASSED_BYTES:
+                    self._passed.clear()
+                    self._passed_bytes = 0
+                self._passed[sql] = plan
+                self._passed_bytes += len(sql)
             return plan
         self.misses += 1
-        plan = self._classify(sql)
+        plan = analysed or self._classify(sql)
         cost = _cost(sql, plan)
         if cost <= self.cache_bytes:
             self._cache[sql] = plan
@@ -161,9 +176,52 @@ class Classifier:
                 self.bytes -= _cost(old_sql, old)
         return plan
 
+    # -- analysis off the event loop (issue 23): a long statement is parsed in a worker thread while other sessions
+    # are served; its plan is handed back to the next classify() of the same text.
+
+    def needs_analysis(self, sql: str) -> bool:
+        """Would classify() parse this text (no plan for it yet)?"""
+        return (sql not in self._cache and sql not in self._passed and sql not in self._analysed
+                and (self._worth_parsing(sql) or encoding.might_set(sql.lower())))
+
+    def analyse(self, sql: str) -> tuple[Plan, int]:
+        """The plan classify() would make for ``sql`` on a cache miss, and the generation it was made in. Safe to
+        call from another thread: it works on a shallow copy (the rewrite keeps per-statement state on the
+        instance) and reads only what set_functions replaces whole."""
+        import copy
+
+        worker = copy.copy(self)
+        generation = self.generation
+        if worker._worth_parsing(sql):
+            return worker._classify(sql), generation
+        return _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql), generation
+
+    def analysed(self, sql: str, plan: Plan, generation: int) -> None:
+        """Hand an analyse() result to the next classify() of ``sql`` (dropped if the functions changed since)."""
+        if generation != self.generation:
+            return
+        if len(self._analysed) >= ANALYSED_KEPT:  # results whose session ended before it used them
+            self._analysed.clear()
+        self._analysed[sql] = plan
+
     @property
     def size(self) -> int:
         return len(self._cache)
+
+    @property
+    def passed_bytes(self) -> int:
+        return self._passed_bytes
+
+    @property
+    def passed_entries(self) -> int:
+        return len(self._passed)
+
+    def forget(self, texts) -> None:
+        """Drop the plans of these texts (a session's long statements, when it ends: ReadPath.close)."""
+        for sql in texts:
+            plan = self._cache.pop(sql, None)
+            if plan is not None:
+                self.bytes -= _cost(sql, plan)
 
     def mentions_events(self, sql: str) -> bool:
         low = sql.lower()
@@ -183,8 +241,11 @@ class Classifier:
         names = frozenset(n.lower() for n in names)
         if names != self.functions:
             self.functions = names
+            self.generation += 1
+            self._analysed.clear()
             self._cache.clear()
             self._passed.clear()
+            self._passed_bytes = 0
             self.bytes = 0
 
     # -- internals
@@ -202,6 +263,9 @@ class Classifier:
 
         try:
             raw_stmts = parse_sql(sql)
+        except UnicodeEncodeError:
+            # Bytes that are not UTF-8 (a single-byte client_encoding): analysed as latin-1 (proxy/readpath/encoding.py)
+            return encoding.from_latin1(self._classify(encoding.to_latin1(sql)))
         except ParseError as e:
             # Fail closed: a statement naming the events table that we cannot read is not passed on.
             refusal = StatementPlan(REFUSE, sql, "unparsable statement",
@@ -224,6 +288,9 @@ class Classifier:
         spoof = _seat_setting(stmt)
         if spoof:
             return StatementPlan(REFUSE, text, "openwop_seat setting", spoof)
+        why = encoding.setting_refusal(stmt)  # the session's client_encoding (proxy/readpath/encoding.py)
+        if why:
+            return StatementPlan(REFUSE, text, encoding.ERROR_CODE, why)
         try:
             self._seat_relations(stmt)
             self._server_side_sql(stmt, text)
@@ -666,6 +733,18 @@ _init_kinds()
 def _cost(sql: str, plan: Plan) -> int:
     """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
     return 2 * len(sql) + (len(plan.text) if plan.changed else 0) + 600  # the texts and the Python objects
+
+
+def _encoding_plan(sql: str) -> Plan | None:
+    """A statement the prefilter passes may still set a client_encoding the seat cannot parse in
+    (proxy/readpath/encoding.py): the plan that refuses it, or None."""
+    pieces = encoding.statement_refusals(sql)
+    if pieces is None:
+        return None
+    plans = tuple(StatementPlan(REFUSE, text, encoding.ERROR_CODE, why) if why else StatementPlan(PASS, text)
+                  for text, why in pieces)
+    refused = next(p for p in plans if p.action == REFUSE)
+    return Plan(plans, "; ".join(p.sql for p in plans), False, refused, True)
 
 
 def _seat_setting(stmt) -> str:

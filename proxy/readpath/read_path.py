@@ -43,8 +43,9 @@ from time import perf_counter
 
 import orjson
 
-from proxy.errors import BY_SQLSTATE, ERRORS, SeatException
-from proxy.readpath.classify import PASS, REFUSE, Classifier, Plan, StatementPlan
+from proxy.errors import BY_SQLSTATE, CODES, SeatException
+from proxy.readpath import encoding
+from proxy.readpath.classify import LARGE_TEXT, PASS, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.types import (
@@ -77,6 +78,9 @@ _I32 = struct.Struct("!i")
 # A statement that always fails at parse analysis, on any server, whatever the client bound.
 POISON_SQL = "SELECT FROM openwop_seat.openwop_seat_refused_statement"
 PREPARED_PREFIX = "openwop_seat_"
+# A statement text at least this long (bytes) that has no plan yet is parsed off the event loop (a worker thread),
+# so that other sessions are served meanwhile (issue 23: a 0.96 MiB statement stalled a worker for seconds).
+ANALYSE_OFF_LOOP = 8 << 10
 MAX_PREPARED = 256  # server-side statements the seat keeps per session (then it stops adding)
 
 # Statement classes for the metrics: a statement the classifier left alone counts as an event write when it
@@ -204,6 +208,29 @@ class ReadPath:
         self.statement_seconds = None  # a metrics.Histogram, or None
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
+        self.large_texts: list[str] = []  # long statements this session had planned (and cached): see close
+
+    def analysis_needed(self, t: int, body: bytes) -> str | None:
+        """The text of a Query or Parse long enough (ANALYSE_OFF_LOOP bytes) to be parsed off the event loop and
+        not planned yet, or None: the caller has Classifier.analyse() run in a worker thread, hands the plan back
+        with Classifier.analysed(), and only then passes the message to on_client."""
+        if len(body) < ANALYSE_OFF_LOOP or (t != QUERY and t != PARSE):
+            return None
+        try:
+            if t == QUERY:
+                sql = body[:-1].decode("utf-8", "surrogateescape")
+            else:
+                name_end = body.index(b"\x00")
+                sql = body[name_end + 1:body.index(b"\x00", name_end + 1)].decode("utf-8", "surrogateescape")
+        except ValueError:
+            return None  # malformed: on_client says so
+        return sql if self.classifier.needs_analysis(sql) else None
+
+    def close(self) -> None:
+        """The session ended: the plans of its long statements leave the shared cache with it."""
+        if self.large_texts:
+            self.classifier.forget(self.large_texts)
+            self.large_texts = []
 
     def attach(self, stats, on_refusal=None) -> None:
         """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
@@ -218,8 +245,11 @@ class ReadPath:
         misses = classifier.misses
         start = perf_counter()
         plan = classifier.classify(sql)
-        if classifier.misses != misses and self.parse_seconds is not None:
-            self.parse_seconds.observe(perf_counter() - start)
+        if classifier.misses != misses:
+            if self.parse_seconds is not None:
+                self.parse_seconds.observe(perf_counter() - start)
+            if len(sql) > LARGE_TEXT:  # its plan is this session's share of the cache: dropped when it ends
+                self.large_texts.append(sql)
         if plan.translated and self.watch.stale:
             refusal = StatementPlan(REFUSE, sql, "translated relations stale",
                                     f"the seat's translated relations no longer match the events table "
@@ -341,7 +371,7 @@ class ReadPath:
             for st in plan.statements:
                 counts[self._class_of(st), "simple"] += 1
             self.quiet_sent.append(perf_counter())
-            return True, (messages.query(plan.text) if plan.changed else None)
+            return True, (_query(plan.text) if plan.changed else None)
         elif t == FUNCTION_CALL:  # 'F' FunctionCall: a function by OID, out of the seat's sight
             return self._unquiet()
         else:  # Flush, Terminate, COPY traffic: nothing owed
@@ -436,7 +466,7 @@ class ReadPath:
             counts[self._class_of(st), "simple"] += 1
         if plan.refused is None:
             self._push(entry, watch=False)
-            return messages.query(plan.text) if plan.changed else None
+            return _query(plan.text) if plan.changed else None
         texts = []
         for i, st in enumerate(plan.statements):
             if st.action == REFUSE and entry.poison_index < 0:
@@ -446,7 +476,7 @@ class ReadPath:
             else:
                 texts.append(st.sql)
         self._push(entry, watch=True)
-        return messages.query("; ".join(texts))
+        return _query("; ".join(texts))
 
     def _parse(self, body: bytes) -> bytes | None:
         name_end = body.index(b"\x00")
@@ -625,7 +655,8 @@ class ReadPath:
         return None
 
     def _refusal_error(self, refusal) -> bytes:
-        code = ERRORS["statement_untranslatable"]
+        # a statement setting a client_encoding the seat cannot parse in has its own code (readpath/encoding.py)
+        code = CODES[encoding.ERROR_CODE if refusal.kind == encoding.ERROR_CODE else "statement_untranslatable"]
         self.refusals.append(refusal.kind)
         if self.on_refusal is not None:
             self.on_refusal(code.sqlstate, refusal.kind)
@@ -654,6 +685,11 @@ def _error_field_list(body: bytes) -> list[tuple[str, str]]:
         if part:
             out.append((chr(part[0]), part[1:].decode("utf-8", "surrogateescape")))
     return out
+
+
+def _query(text: str) -> bytes:
+    """A Query of text the read path decoded (bytes that are not UTF-8 go back as they came)."""
+    return messages.message(b"Q", text.encode("utf-8", "surrogateescape") + b"\x00")
 
 
 def _forgets_prepared(sql: str) -> bool:

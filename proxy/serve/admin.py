@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 from proxy import __version__
 from proxy.config import config_keys
+from proxy.readpath.classify import PASSED_BYTES
 from proxy.wire import messages
 from proxy.wire.codec import (
     CancelRequest,
@@ -130,6 +131,8 @@ class AdminView:
         if ctx is not None:
             for major, c in sorted(ctx.classifiers.items()):
                 rows.append(["plan", major, c.size, c.bytes, c.cache_bytes, c.hits, c.misses])
+            for major, c in sorted(ctx.classifiers.items()):
+                rows.append(["passthrough", major, c.passed_entries, c.passed_bytes, PASSED_BYTES, None, None])
         prepared = sum(len(s.reader.prepared) for s in self.server.sessions if not s.closed and s.reader is not None)
         rows.append(["prepared_statements", None, prepared, None, None, None, None])
         return columns, rows

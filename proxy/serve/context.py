@@ -52,6 +52,62 @@ class SeatView(Protocol):
 RELATION_CHECK_SECONDS = 2.0
 
 
+class CatalogConnection:
+    """The one connection a seat process keeps to the host database for its own checks: the catalog check every
+    RELATION_CHECK_SECONDS, the writer rule's check every host.check_interval, /readyz and the writer counters on
+    /metrics. Opened at first use, used by one check at a time, and opened again after it failed (a check that
+    fails on it drops it: its state is not known then); a new host.dsn (reload) gets a new one."""
+
+    def __init__(self, view: SeatView):
+        import asyncio
+
+        self._view = view
+        self._conn = None
+        self._dsn: str | None = None
+        self._lock = asyncio.Lock()
+        self.opened = 0  # connections opened so far (a test and the logs read it)
+
+    async def run(self, check, timeout: float | None = None):
+        """``await check(conn)`` on the connection, within ``timeout`` (default: proxy.connect_timeout, for the
+        connection and again for the check); its exception, if any, is raised after the connection is dropped."""
+        import asyncio
+
+        from proxy.db.connect import connect
+        from proxy.db.layout import SchemaError
+
+        config = self._view.config
+        timeout = config.connect_timeout if timeout is None else timeout
+        async with self._lock:
+            if self._conn is not None and (self._conn.is_closed() or self._dsn != config.host.dsn):
+                await self._drop()
+            for attempt in (1, 2):
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = await asyncio.wait_for(connect(config.host.dsn), config.connect_timeout)
+                    self._dsn = config.host.dsn
+                    self.opened += 1
+                try:
+                    return await asyncio.wait_for(check(self._conn), timeout)
+                except SchemaError:
+                    raise  # the database answered: the connection is fine
+                except BaseException:
+                    closed = self._conn.is_closed()
+                    await self._drop()
+                    # the kept connection was closed under it (idle_session_timeout, a terminated backend, a restart):
+                    # once more, on a new one
+                    if not (reused and closed and attempt == 1):
+                        raise
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
 @dataclass
 class ReadContext:
     """What every translated session of this seat shares: artifacts, classifiers, the events table."""

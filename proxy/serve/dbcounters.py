@@ -19,8 +19,9 @@ REFRESH_EVERY = 5.0  # seconds
 
 
 class DatabaseCounters:
-    def __init__(self, config):
+    def __init__(self, config, catalog=None):
         self.config = config
+        self.catalog = catalog  # the seat process's one connection for its checks (context.CatalogConnection)
         self.values: dict[str, int] = {}
         self._read_at = 0.0
 
@@ -31,12 +32,19 @@ class DatabaseCounters:
         from proxy.db.layout import SCHEMA, WRITER_COUNTERS
 
         self._read_at = time.monotonic()
+
+        async def read(conn):
+            for name in WRITER_COUNTERS:
+                row = await conn.fetchrow(f"SELECT last_value, is_called FROM {SCHEMA}.{name}")
+                self.values[name] = row["last_value"] if row["is_called"] else 0
+
         try:
+            if self.catalog is not None:
+                await self.catalog.run(read)
+                return
             conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
             try:
-                for name in WRITER_COUNTERS:
-                    row = await conn.fetchrow(f"SELECT last_value, is_called FROM {SCHEMA}.{name}")
-                    self.values[name] = row["last_value"] if row["is_called"] else 0
+                await read(conn)
             finally:
                 await conn.close()
         except Exception as e:  # a scrape must not fail because the database is slow; keep the last values

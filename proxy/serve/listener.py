@@ -13,6 +13,7 @@ from proxy.errors import ListenError, describe
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.context import (
     RELATION_CHECK_SECONDS,
+    CatalogConnection,
     ReadContext,
     check_claim_secret,
     database_functions,
@@ -56,6 +57,7 @@ class SeatServer:
     def __init__(self, config: Config):
         self.config = config
         self.stats = Stats()
+        self.catalog = CatalogConnection(self)  # this process's one connection for its checks of the host database
         self.sessions: set[Session] = set()
         self.client_ssl_context = client_ssl_context(config)
         self.upstream_ssl_context = upstream_ssl_context(config)
@@ -269,7 +271,6 @@ class SeatServer:
         not call them), and whether the translated relations still match the table (DDL on it after start):
         while they do not, translated statements are refused, never mis-translated. At first boot, whether the
         seat's rules are in force yet (the events table exists and migrate has run)."""
-        from proxy.db.connect import connect
 
         while True:
             await asyncio.sleep(RELATION_CHECK_SECONDS)
@@ -283,14 +284,15 @@ class SeatServer:
                     log.warning("first boot check failed: %s", e)
                 continue
             ev = ctx.watch.events
+
+            async def check(conn):
+                state = await relation_state(conn, self.config.host, ev.table_oid, ev.type_attnum,
+                                             ev.payload_attnum or None)
+                return state, await database_functions(conn, self.config.host.events_table)
+
             try:
-                conn = await asyncio.wait_for(connect(self.config.host.dsn), self.config.connect_timeout)
-                try:
-                    derived, derived_payload, stale = await relation_state(
-                        conn, self.config.host, ev.table_oid, ev.type_attnum, ev.payload_attnum or None)
-                    functions = await database_functions(conn, self.config.host.events_table)
-                finally:
-                    await conn.close()
+                (derived, derived_payload, stale), functions = await self.catalog.run(
+                    check, timeout=self.config.connect_timeout * 3)
             except Exception as e:  # noqa: BLE001 - the database may be away for a while; keep what we had
                 log.warning("relation check failed: %s", e)
                 continue
@@ -361,8 +363,7 @@ class SeatServer:
         if ctx is None or ctx.first_boot:
             return ""
         try:
-            await asyncio.wait_for(verify(self.config.host.dsn, self.config, ctx.artifacts),
-                                   self.config.connect_timeout)
+            await self.catalog.run(lambda conn: verify(conn, self.config, ctx.artifacts))
             why = ""
         except SchemaError as e:
             why = str(e)
@@ -465,8 +466,7 @@ class SeatServer:
                 why = cached[2]
             else:
                 try:
-                    await asyncio.wait_for(verify(self.config.host.dsn, self.config, ctx.artifacts),
-                                           self.config.connect_timeout)
+                    await self.catalog.run(lambda conn: verify(conn, self.config, ctx.artifacts))
                     why = ""
                 except SchemaError as e:
                     why = f"host database schema: {e}"
@@ -615,6 +615,7 @@ class SeatServer:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1)
         await self.metrics.close()
+        await self.catalog.close()
         if self.admin is not None:
             await self.admin.close()
         log.info("stopped")

@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 
 from proxy import __version__
-from proxy.errors import BY_SQLSTATE, ERRORS
+from proxy.errors import BY_SQLSTATE, CODES, ERRORS
 from proxy.stats import PROTOCOLS, STATEMENT_CLASSES, Stats
 
 if TYPE_CHECKING:
@@ -91,6 +91,13 @@ class SeatCollector:
         for result in ("ok", "broken", "error"):
             c.add_metric([result], stats.writer_rule_checks[result])
         yield c
+        catalog = getattr(server, "catalog", None)
+        if catalog is not None:
+            c = CounterMetricFamily("openwop_seat_catalog_connections_opened",
+                                    "Connections this seat process opened to the host database for its own checks "
+                                    "(one, kept; another only after one failed)")
+            c.add_metric([], catalog.opened)
+            yield c
         c = CounterMetricFamily("openwop_seat_session_errors", "Sessions ended by the seat with an error",
                                 labels=["sqlstate"])
         for sqlstate, n in sorted(stats.refusals.items()):
@@ -225,7 +232,8 @@ class SeatCollector:
             for sqlstate, n in source.items():
                 if sqlstate in BY_SQLSTATE:
                     codes[sqlstate] += n
-        codes[BY_SQLSTATE_OW004] += sum(refused.values())
+        for kind, n in refused.items():  # statements setting a client-only encoding have their own code (OW009)
+            codes[CODES[kind].sqlstate if kind in CODES else BY_SQLSTATE_OW004] += n
         c = CounterMetricFamily("openwop_seat_refusals", "OpenWOP refusals relayed or raised, by code",
                                 labels=["code", "sqlstate"])
         for sqlstate, n in sorted(codes.items()):
@@ -273,7 +281,7 @@ class MetricsHTTP:
         if server.config.translates and server.config.host.dsn:
             from proxy.serve.dbcounters import DatabaseCounters
 
-            self.db_counters = DatabaseCounters(server.config)
+            self.db_counters = DatabaseCounters(server.config, getattr(server, "catalog", None))
             self.registry.register(self.db_counters)
         self._listener: asyncio.AbstractServer | None = None
 

@@ -32,8 +32,9 @@ from typing import Callable, NamedTuple
 
 from proxy.db.claims import claim_proof
 from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
-from proxy.errors import BY_SQLSTATE
-from proxy.readpath.read_path import ReadPath, ReadPathError
+from proxy.errors import BY_SQLSTATE, CODES
+from proxy.readpath import encoding
+from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
 from proxy.wire.codec import FRONTEND_TYPES, ProtocolViolation
@@ -66,6 +67,7 @@ QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
 # ErrorResponses of a translated session are always held: a DETAIL may print a row as stored.
 ERROR_HELD = frozenset(b"E")
 
+SLICE = 32 * 1024  # a read path frames a chunk this many bytes at a time (Relay._sliced)
 _CLAIM_SQL = CLAIM_SQL.encode()
 _CHALLENGE_SQL = CHALLENGE_SQL.encode()
 _READY_TAIL = b"Z\x00\x00\x00\x05"
@@ -116,11 +118,11 @@ class Relay:
 
     # slots: a seat holds one relay per connection, idle ones included (make bench's idle_memory)
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
-                 "_client_table", "_count_answered", "_held_bytes", "_held_ready", "_owns_schema", "_pre_ready",
-                 "_quiet_table", "_raw_sent", "_raw_table", "_whole", "awaiting_ready", "bytes_in", "bytes_out",
-                 "claiming", "client_framer", "client_tls", "ending", "identity", "on_refusal", "privileged",
-                 "queries_sent", "raw_extended", "raw_simple", "reader", "readies", "server_framer", "state",
-                 "stats", "transactions")
+                 "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
+                 "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
+                 "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
+                 "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
+                 "server_framer", "state", "stats", "transactions")
 
     def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
                  client_tls: bool = False, count_answered: bool = False, identity: Identity | None = None,
@@ -153,8 +155,9 @@ class Relay:
         self.server_framer = Framer(HOLD_ALL)
         self._whole = True  # authenticating or claiming: the server's messages are read whole
         self.identity = identity
-        # With an identity to follow, ParameterStatus is held: nothing after an identity change may go out.
-        held = frozenset(b"S") if identity is not None else frozenset()
+        # With an identity to follow, or a read path (whose client_encoding is checked), ParameterStatus is held:
+        # nothing after a change that ends the session may go out.
+        held = frozenset(b"S") if identity is not None or reader is not None else frozenset()
         raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if reader is None else frozenset())
         self._raw_table = verbs(copy=raw_copied, hold=held)
         self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD | held)
@@ -172,6 +175,9 @@ class Relay:
         self._held_bytes = 0  # bytes held from the client until its claim is done
         self._pre_ready = bytearray()  # …of which an incomplete message
         self._backlog: list[bytes] = []
+        # A statement to parse off the event loop (its text), and the client's framed messages from it on.
+        self.analysis: str | None = None
+        self._deferred: list = []
 
     # ------------------------------------------------------------------ boundaries
 
@@ -183,6 +189,18 @@ class Relay:
     def server_at_boundary(self) -> bool:
         return self.server_framer.at_boundary
 
+    @property
+    def owed(self) -> int:
+        """How many answers the server owes that the seat keeps bookkeeping for: ReadyForQuery messages (one per
+        Query, Sync, FunctionCall relayed), and with a read path the entries of its FIFO and open group."""
+        owed = self.queries_sent - self.readies + 1  # the ReadyForQuery that ends authentication is not owed
+        reader = self.reader
+        if reader is not None:
+            entries = len(reader.pending) + len(reader.quiet_group)
+            if entries > owed:
+                return entries
+        return owed
+
     # ------------------------------------------------------------------ client -> server
 
     def from_client(self, data: bytes) -> bytes:
@@ -190,15 +208,45 @@ class Relay:
             return b""
         if self.awaiting_ready:
             return self._before_ready(data)
+        if self._deferred:  # a statement is being analysed: what follows it waits, in order
+            self.bytes_in += len(data)
+            self._deferred += self.client_framer.feed(data)
+            return b""
+        if len(data) > SLICE and self.reader is not None:
+            return self._sliced(self.from_client, data)
         self.bytes_in += len(data)
         items = self.client_framer.feed(data)
         if self.reader is None:
             out = self._client_raw(items, data)
         else:
             out = self._client_read(items)
-        if self.client_framer.violation is not None:
+        if self.client_framer.violation is not None and not self._deferred:
             self._client_violation(self.client_framer.violation)
         return out
+
+    def analysed(self) -> bytes:
+        """The statement :attr:`analysis` named has its plan (``Classifier.analysed``): the client's messages from
+        it on are relayed now, up to the next one to analyse, if any. Returns what to send to the server."""
+        items, self._deferred = self._deferred, []
+        self.analysis = None
+        if self.ending is not None:
+            return b""
+        out = self._client_read(items)
+        if self.client_framer.violation is not None and not self._deferred and self.ending is None:
+            self._client_violation(self.client_framer.violation)
+        return out
+
+    def _sliced(self, feed, data: bytes) -> bytes:
+        """A read path makes one Python object per message it reads: a chunk of small messages (a socket read is up to
+        256 KiB, some 50,000 pipelined Syncs) is framed a slice at a time, so that only one slice's objects are alive
+        at once. What comes out is the same, in one write; an ending stops it at the message that caused it."""
+        out = []
+        for i in range(0, len(data), SLICE):
+            part = feed(data[i:i + SLICE])
+            out.append(part[0] if isinstance(part, tuple) else part)
+            if self.ending is not None:
+                break
+        return b"".join(out)
 
     def _client_raw(self, items: list, data: bytes) -> bytes:
         """No read path: the chunk goes on as it arrived; the copied messages are counted."""
@@ -230,7 +278,7 @@ class Relay:
         """A read path: each held message is rewritten by it (or goes on as it was)."""
         reader = self.reader
         out: list[bytes] = []
-        for item in items:
+        for n, item in enumerate(items):
             kind = item[0]
             if kind == SPAN:
                 out.append(item[1])
@@ -239,6 +287,12 @@ class Relay:
             if kind == COPY:  # Terminate
                 self.state.on_frontend(t, body)
                 continue
+            if len(body) >= ANALYSE_OFF_LOOP and self.analysis is None:
+                sql = reader.analysis_needed(t, body)
+                if sql is not None:  # parsed off the event loop first: it and what follows wait (analysed())
+                    self.analysis = sql
+                    self._deferred = items[n:]
+                    break
             if self._count_answered and (t == QUERY or t == SYNC or t == FUNCTION_CALL):
                 self.queries_sent += 1
             try:
@@ -249,6 +303,11 @@ class Relay:
                 break
             out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
         return out[0] if len(out) == 1 else b"".join(out)
+
+    @property
+    def deferred(self) -> bool:
+        """Client messages wait for a statement's analysis (:attr:`analysis`)."""
+        return bool(self._deferred)
 
     def _client_violation(self, e: ProtocolViolation) -> None:
         self.stats.protocol_violations += 1
@@ -287,6 +346,8 @@ class Relay:
     def from_server(self, data: bytes) -> tuple[bytes, bytes]:
         if self.ending is not None:
             return b"", b""
+        if len(data) > SLICE and self.reader is not None and not self._whole:
+            return self._sliced(self.from_server, data), b""
         self.bytes_out += len(data)
         if self._whole:
             result = self._server_whole(self.server_framer.feed(data))
@@ -307,8 +368,23 @@ class Relay:
             if self.state.txn_status != b"I" and body[:1] == b"I":  # rarely true: one comparison per statement
                 self.transactions += 1
         self.state.on_backend(t, body)
-        if t == PARAMETER_STATUS and self.identity is not None and self.ending is None:
-            self._check_identity(body)
+        if t == PARAMETER_STATUS and self.ending is None:
+            if self.reader is not None:
+                self._check_encoding(body)
+            if self.identity is not None and self.ending is None:
+                self._check_identity(body)
+
+    def _check_encoding(self, body: bytes) -> None:
+        """PostgreSQL reports the session's client_encoding (at login and whenever it changes, however it was
+        changed): a translated session in an encoding the seat does not parse as PostgreSQL does ends here."""
+        name, value = messages.parse_parameter_status(body)
+        if name != "client_encoding":
+            return
+        why = encoding.refusal(value)
+        if why is not None:
+            code = CODES[encoding.ERROR_CODE]
+            self.ending = Ending(code.sqlstate, f"{code.code}: the server reports {why}",
+                                 f"client_encoding {value}", encoding.ERROR_CODE)
 
     def _check_identity(self, body: bytes) -> None:
         name, value = messages.parse_parameter_status(body)

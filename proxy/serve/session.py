@@ -17,7 +17,8 @@ import time
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from proxy.errors import BY_SQLSTATE
+from proxy.errors import BY_SQLSTATE, CODES
+from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
 from proxy.serve.relay import Claim, Ending, Identity, Relay
@@ -36,7 +37,11 @@ from proxy.wire.state import Phase, SessionState
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
-                   "57P03": "writer_rule_not_in_force"}
+                   "57P03": "writer_rule_not_in_force", "OW009": "client_encoding"}
+
+# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
+# read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
+OWED_BYTES = 64
 
 if TYPE_CHECKING:
     from proxy.serve.context import SeatView
@@ -73,6 +78,12 @@ class Session:
         self._claim_timer: asyncio.TimerHandle | None = None
         self._claim_open = False  # the session is to be claimed and the claim is not over yet
         self._reading_paused = False  # the client is not read while the seat's claim is in flight
+        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left.
+        self._client_holds: set[str] = set()
+        self._analysing = False  # a statement of this session is being parsed in the analysis thread
+        # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
+        # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
+        self._max_owed = max(self.config.buffer_limit // OWED_BYTES, 64)
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
@@ -211,6 +222,14 @@ class Session:
             asyncio.get_running_loop().call_later(self.config.client_idle_timeout, self._idle_check)
         self.server.stats.sessions_started += 1
         reader = self.server.read_path_for(self.params, self.major)
+        if reader is not None:
+            # A translated session is parsed in UTF-8 (proxy/readpath/encoding.py): no client-only encoding.
+            encodings = [v for n, v in parsed.settings if n.lower() == "client_encoding"]
+            why = encoding.refusal(encodings[-1]) if encodings else None
+            if why is not None:
+                code = CODES[encoding.ERROR_CODE]
+                self._fail_client(code.sqlstate, f"{code.code}: {why}", reason=f"client_encoding {encodings[-1]}")
+                return
         if self.server.on_host_database(self.params) and self.server.writer_rule_broken:
             # The writer rule is not in force (ADR 0006): no new session on the host database until it is again.
             why = await self.server.writer_rule_refusal()
@@ -253,7 +272,7 @@ class Session:
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         # Backpressure: a full write buffer on one side pauses reading on the other.
         self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: _set_reading(self.client, not paused)
+        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
         up.write(startup.raw)
         self.startup_bytes = len(startup.raw)
         up.sink = self._from_upstream
@@ -279,6 +298,12 @@ class Session:
         self._last_client = time.monotonic()
         if out:
             self.upstream.write(out)
+        if relay.analysis is not None and not self._analysing:
+            self._analyse()
+        if relay.owed > self._max_owed:
+            # A client that sends faster than it reads its answers (pipelined Syncs it never reads): each owed answer
+            # costs the seat bookkeeping, so it is not read further until the server's answers catch up.
+            self._hold_client("owed", True)
         if relay.ending is not None:
             self._end(relay.ending)
         self._seat_client.observe(perf_counter() - start)
@@ -291,6 +316,10 @@ class Session:
             self.client.write(to_client)
         if to_server:
             self.upstream.write(to_server)
+            if relay.analysis is not None and not self._analysing:  # the backlog released after the claim
+                self._analyse()
+        if "owed" in self._client_holds and relay.owed <= self._max_owed // 2:
+            self._hold_client("owed", False)
         if relay.readies != self._readies:
             self._readies = relay.readies
             self._ready_at = time.monotonic()
@@ -306,7 +335,7 @@ class Session:
         """The claim started (stop reading the client: its kernel buffer holds what it sends), or ended."""
         if relay.claiming and not self._reading_paused:
             self._reading_paused = True
-            _set_reading(self.client, False)
+            self._hold_client("claim", True)
             return
         if relay.awaiting_ready:
             return
@@ -316,7 +345,7 @@ class Session:
             self._claim_timer = None
         if self._reading_paused:
             self._reading_paused = False
-            _set_reading(self.client, True)
+            self._hold_client("claim", False)
         if self._ending is not None:
             self._ending_check()
         if relay.privileged:
@@ -327,12 +356,67 @@ class Session:
                 why="this role can bypass the writer rule's guard; connect the host as a plain role")})
             relay.privileged = ""
 
+    def _analyse(self) -> None:
+        """A long statement without a plan (Relay.analysis): parsed in a worker thread, so that every other session
+        of this process is served meanwhile; this client is not read, and what it sent after the statement waits in
+        the relay, until the plan is back."""
+        relay = self.relay
+        classifier = relay.reader.classifier
+        sql = relay.analysis
+        self._analysing = True
+        self._hold_client("analysis", True)
+        future = asyncio.get_running_loop().run_in_executor(_analysis_pool(), _analyse, classifier, sql)
+
+        def done(f: asyncio.Future) -> None:
+            self._analysing = False
+            if self.closed:
+                return
+            try:
+                plan, generation = f.result()
+            except Exception:  # a bug must end this session only, never the seat
+                log.exception("session %s: unexpected error analysing a statement", self.id)
+                self._fail_client("XX000", "internal error in openwop-seat while analysing a statement")
+                return
+            classifier.analysed(sql, plan, generation)
+            self._relay_analysed()
+
+        future.add_done_callback(done)
+
+    def _relay_analysed(self) -> None:
+        relay = self.relay
+        out = relay.analysed()
+        if out:
+            self.upstream.write(out)
+        if relay.ending is not None:
+            self._end(relay.ending)
+            return
+        if relay.analysis is not None:  # another long statement after it
+            self._analyse()
+            return
+        self._hold_client("analysis", False)
+        if relay.owed > self._max_owed:
+            self._hold_client("owed", True)
+        if self.client.eof and not self.closed:
+            self._client_eof()  # the client left after sending them: as PostgreSQL, they ran first
+
+    def _hold_client(self, reason: str, on: bool) -> None:
+        """Stop reading the client for ``reason`` (or no longer for it): it is read while no reason holds it."""
+        holds = self._client_holds
+        before = bool(holds)
+        if on:
+            holds.add(reason)
+        else:
+            holds.discard(reason)
+        if bool(holds) != before:
+            _set_reading(self.client, not holds)
+
     def _end(self, ending: Ending) -> None:
         if ending.kind == "client_violation":
             log.warning("session %s: client protocol violation: %s", self.id, ending.message)
         elif ending.kind == "server_violation":
             log.error("session %s: %s", self.id, ending.message)
-        elif ending.kind in ("result_untranslatable", "claim_failed", "identity_changed", "pooler_behind"):
+        elif ending.kind in ("result_untranslatable", "claim_failed", "identity_changed", "pooler_behind",
+                             "client_encoding_refused"):
             log.error("session %s: %s", self.id, ending.message)
         self._fail_client(ending.sqlstate, ending.message, reason=ending.reason)
 
@@ -351,6 +435,8 @@ class Session:
         return self.relay is None or self.relay.server_at_boundary
 
     def _client_eof(self) -> None:
+        if self._analysing:
+            return  # its last statements are still being analysed: the session ends once they are relayed
         if not self._client_at_boundary():
             self._fail_client("08P01", "unexpected EOF within message")
         else:
@@ -375,7 +461,8 @@ class Session:
         its ReadyForQuery (so a long-running statement is not idle), no partial message from the client."""
         relay = self.relay
         return (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
-                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary)
+                and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary
+                and not relay.deferred)  # a statement being analysed (and what follows it) is not idle
 
     def _idle_check(self) -> None:
         """client_idle_timeout: end the session if it has been idle that long, else look again later.
@@ -488,6 +575,7 @@ class Session:
             self.server.stats.statements["passthrough", "extended"] += self.raw_extended
         if self.reader is not None:
             self.server.stats.statements_refused.update(self.reader.refusals)
+            self.reader.close()
         if self.relay is not None and self.relay.transactions:
             self.server.stats.pair_transactions[self.label_pair] += self.relay.transactions
         if self._claim_timer is not None:
@@ -531,6 +619,40 @@ def _upstream_reason(message: str) -> str:
 
 # The state of a session whose startup packet is not read yet.
 _NO_STATE = SessionState()
+
+
+_POOL: list = []
+
+
+def _analysis_pool():
+    """The worker thread long statements are parsed in (one per process: at most one parse competes with the event
+    loop for the interpreter, which pglast releases while its C parser runs)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="openwop-seat-analysis"))
+    return _POOL[0]
+
+
+# A test hook (tests/integration/test_analysis_off_loop.py), never set in production: a directory where the analysis
+# thread, before each analysis, creates "held" and then waits until "release" exists, so that a test can show that
+# other sessions are answered while a statement is being analysed, without timing anything.
+HOLD_ANALYSIS_ENV = "OPENWOP_SEAT_TEST_HOLD_ANALYSIS"
+
+
+def _analyse(classifier, sql: str):
+    import os
+
+    gate = os.environ.get(HOLD_ANALYSIS_ENV)
+    if gate:
+        from pathlib import Path
+
+        Path(gate, "held").write_text(str(len(sql)))
+        release = Path(gate, "release")
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return classifier.analyse(sql)
 
 
 def _set_reading(peer: Peer, on: bool) -> None:

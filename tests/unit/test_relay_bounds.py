@@ -1,0 +1,127 @@
+"""The relay's bounds (issue 23, item 6): what it owes is counted, and a large chunk is framed in slices with the
+same result as whole."""
+
+from __future__ import annotations
+
+import pytest
+from test_relay import LOGIN, READY, RESULT, msg, server, status
+
+from proxy.config import HostConfig
+from proxy.readpath.classify import Classifier
+from proxy.readpath.read_path import POISON_SQL, ReadPath
+from proxy.serve.relay import SLICE, Relay
+from proxy.stats import Stats
+
+
+def relay(reader: bool) -> Relay:
+    r = Relay(Stats(), reader=ReadPath(Classifier(HostConfig(), 2), 2, None) if reader else None,
+              count_answered=True)
+    r.from_server(LOGIN)
+    return r
+
+
+def test_owed_counts_the_answers_the_server_owes():
+    for reader in (False, True):
+        r = relay(reader)
+        assert r.owed == 0
+        syncs = msg(b"S") * 100_000  # several slices
+        assert len(syncs) > 10 * SLICE
+        assert r.from_client(syncs) == syncs
+        assert r.owed == 100_000
+        assert r.from_server(READY * 60_000) == (READY * 60_000, b"")
+        assert r.owed == 40_000
+
+
+def analyse(r: Relay) -> bytes:
+    """What the session does while the relay waits for an analysis: the worker's part, done here in line."""
+    out = b""
+    while r.analysis is not None:
+        classifier = r.reader.classifier
+        plan, generation = classifier.analyse(r.analysis)
+        classifier.analysed(r.analysis, plan, generation)
+        out += r.analysed()
+    return out
+
+
+def feed(r: Relay, data: bytes) -> bytes:
+    out = r.from_client(data)
+    return out + analyse(r)
+
+
+def test_a_sliced_chunk_comes_out_as_it_went_in_with_messages_across_slices():
+    r = relay(True)
+    parse = msg(b"P", b"\0SELECT 'x' || type FROM events WHERE run_id = $1" + b" " * 70_000 + b"\0\0\0")
+    data = (msg(b"S") * 7001 + parse + msg(b"B", b"\0\0\0\0\0\0\0") + msg(b"S")) * 3
+    out = feed(r, data)
+    assert r.ending is None and len(data) > 4 * SLICE
+    small = relay(True)  # the same bytes in pieces smaller than a slice
+    assert out == b"".join(feed(small, data[i:i + 1000]) for i in range(0, len(data), 1000))
+    assert out.count(b"openwop_seat.events_m2") == 3
+    answers = (READY * 7001 + msg(b"1") + msg(b"2") + READY) * 3
+    assert r.from_server(answers) == (answers, b"")
+    assert r.owed == 0
+
+
+def test_a_long_statement_waits_for_its_analysis_with_what_follows_it():
+    r = relay(True)
+    long_query = msg(b"Q", b"SELECT type FROM events WHERE run_id <> '" + b"z" * 20_000 + b"'\0")
+    before = msg(b"Q", b"SELECT 1\0")
+    after = msg(b"Q", b"SELECT 2\0") + msg(b"X")
+    out = r.from_client(before + long_query + after[:7])
+    assert out == before and r.analysis is not None and r.deferred  # nothing after the long statement yet
+    assert r.from_client(after[7:]) == b""  # what comes meanwhile waits too, in order
+    c = r.reader.classifier
+    misses = c.misses
+    plan, generation = c.analyse(r.analysis)
+    assert c.misses == misses  # analysed on a copy, off the loop: the cache is the loop's
+    c.analysed(r.analysis, plan, generation)
+    rest = r.analysed()
+    assert rest.startswith(b"Q") and b"openwop_seat.events_m2" in rest and rest.endswith(after)
+    assert r.analysis is None and not r.deferred and c.misses == misses + 1
+    assert r.from_client(before) == before  # planned now: a repeat is not analysed again
+    assert r.from_client(long_query).startswith(b"Q") and r.analysis is None
+
+
+def test_a_plan_analysed_before_the_functions_changed_is_not_used():
+    r = relay(True)
+    long_query = msg(b"Q", b"SELECT my_fn(type) FROM events WHERE run_id <> '" + b"z" * 20_000 + b"'\0")
+    r.from_client(long_query)
+    c = r.reader.classifier
+    plan, generation = c.analyse(r.analysis)
+    assert plan.refused is None
+    c.set_functions({"my_fn"})  # the catalog check found a risky function meanwhile
+    c.analysed(r.analysis, plan, generation)
+    assert r.analysed() == b"" and r.analysis is not None  # analysed again, with the new functions…
+    out = analyse(r)
+    assert POISON_SQL.encode() in out and b"my_fn" not in out  # …and refused (the poison is sent)
+
+
+# ------------------------------------------------------------------ client_encoding reported by the server
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "7"])
+@pytest.mark.parametrize("enc", ["SJIS", "BIG5", "GBK", "GB18030", "JOHAB", "UHC"])
+def test_a_reported_client_only_encoding_ends_a_translated_session_before_anything_after_it(how, enc):
+    r = relay(True)
+    before = msg(b"C", b"SELECT 1\x00")
+    to_client, _ = server(r, before + status("client_encoding", enc) + READY + RESULT, how)
+    assert to_client == before  # what came before the report goes out; the report and what follows do not
+    assert r.ending.sqlstate == "OW009" and r.ending.kind == "client_encoding_refused" and enc in r.ending.message
+
+
+def test_a_reported_client_only_encoding_at_login_ends_the_session():
+    r = Relay(Stats(), reader=ReadPath(Classifier(HostConfig(), 2), 2, None), count_answered=True)
+    to_client, _ = r.from_server(LOGIN.replace(READY, status("client_encoding", "SJIS") + READY))
+    assert r.ending.sqlstate == "OW009" and b"client_encoding" not in to_client
+
+
+@pytest.mark.parametrize("enc", ["UTF8", "LATIN1", "EUC_JP", "SQL_ASCII"])
+def test_a_reported_server_encoding_goes_through(enc):
+    r = relay(True)
+    stream = status("client_encoding", enc) + READY
+    assert r.from_server(stream) == (stream, b"") and r.ending is None
+
+
+def test_raw_sessions_are_not_checked():
+    r = relay(False)
+    stream = status("client_encoding", "SJIS") + READY
+    assert r.from_server(stream) == (stream, b"") and r.ending is None
