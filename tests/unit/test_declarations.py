@@ -1,7 +1,7 @@
 """The operator's declarations file (ADR 0010): the loader refuses every bad file naming its line, accepts the
 reference host's example, has a stable digest; and the exact text of the generated ``declared_v2``.
 
-No database: the SQL is checked as text here and run in tests/integration/test_declarations.py.
+No database: the SQL is checked as text here and run in tests/integration/test_declarations_db.py.
 """
 
 from __future__ import annotations
