@@ -261,7 +261,7 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             if not row["reads"]:
                 out.append(("stamp_run reads a run's events before it stamps the run era 3",
                             f"GRANT SELECT ON {row['t']} TO {me};"))
-            if not row["deletes"]:
+            if row["owns"] and not row["deletes"]:  # without the owner's rights, that GRANT (above) brings it
                 out.append(("a translated session's DELETE by run_id runs through openwop_seat.events_delete, as "
                             "its owner", f"GRANT DELETE ON {row['t']} TO {me};"))
         if not row["owns"] and not row["triggers"]:

@@ -185,7 +185,8 @@ def test_server_encodings_are_fine(enc_seat, major, enc):
 def test_latin1_text_over_the_events_table_is_translated(enc_seat, major):
     c, _ = login(enc_seat, major, client_encoding="LATIN1")
     # 0xe9 is é in LATIN1 and not UTF-8: the seat analyses the statement with it kept as it came
-    c.send(msg(b"Q", b"SELECT '\xe9t\xe9' AS word, count(type) FROM events; "
+    # (one run only: other tests leave era-2 rows whose type a major-2 read refuses)
+    c.send(msg(b"Q", b"SELECT '\xe9t\xe9' AS word, count(type) FROM events WHERE run_id = 'enc-latin1'; "
                      b"SELECT '\xe9' || type FROM events LIMIT 0\0"))
     out = c.read_until(b"Z")
     assert not errors(out), errors(out)
