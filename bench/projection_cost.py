@@ -34,6 +34,7 @@ from proxy.artifacts.load import load_artifacts
 from proxy.config import parse_config
 from proxy.db.migrate import migrate
 from proxy.dev.devcluster import DevCluster
+from proxy.errors import SeatException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import HOST_SCHEMA  # noqa: E402
@@ -95,6 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--declarations", help="a declarations file to install (default: none)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
+    if args.declarations and not os.path.isfile(args.declarations):
+        parser.error(f"--declarations: no such file: {args.declarations}")
     cluster = DevCluster(settings={"shared_buffers": "256MB"}).start()
     try:
         cluster.psql(HOST_SCHEMA)
@@ -104,7 +107,11 @@ def main(argv=None) -> int:
             host["declarations_file"] = os.path.abspath(args.declarations)
         config = parse_config({"proxy": {"listen": "127.0.0.1:1", "upstream": f"127.0.0.1:{cluster.port}"},
                                "host": host})
-        asyncio.run(migrate(dsn, config, load_artifacts(), out=lambda _line: None))
+        try:
+            asyncio.run(migrate(dsn, config, load_artifacts(), out=lambda _line: None))
+        except SeatException as e:  # a declarations file the pinned artifacts refuse, naming its line
+            print(f"error: {e.describe()}", file=sys.stderr)
+            return 2
         results = asyncio.run(measure(cluster.port, args.rows, args.repeat))
     finally:
         cluster.stop()

@@ -15,9 +15,9 @@ What a type's compiled branch does, in the engine's order (``project_v2``):
   the declarations name the type;
 * ``run.started`` without ``owner``: the legacy Subject of the run's tenant (looked up only then);
 * keys the shape does not declare: none (the common case: nothing to do); in a closed, hatched
-  shape, none that the hatch admits and the carrier not taken, then they are boxed under the
-  carrier in one step (``box_unknown``); in a closed shape without the hatch: never (the engine
-  refuses them);
+  shape, all of them hatch keys (kept in place), or none of them (boxed under the carrier in one
+  step: the declared keys picked out, the rest under the carrier); in a closed shape without the
+  hatch: never (the engine refuses them);
 * required ``nodeId`` / ``runId`` filled from the row's columns.
 
 and the guard sends to the engine every payload where the walk does more: a ``type`` key at any
@@ -283,14 +283,14 @@ def _tree(items: list[Branch], s: str, indent: str, otherwise: str, tenant_sql: 
 def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: str,
                  declared_types: frozenset[str] = frozenset()) -> str:
     """The DDL of ``payload_v2`` (compiled), ``project_live`` (the engine's entry for one row),
-    ``box_unknown`` and ``run_tenant``.
+    and ``run_tenant``.
 
     ``vendor_orgs``: the registered orgs whose types pass unchanged; ``tenant_sql``: a SQL expression
     of the run's tenant over ``run``, every name in it qualified (``NULL::pg_catalog.text`` without
     ``[host] tenant_column``); read in ``payload_v2`` itself for ``run.started`` rows, one SPI query.
 
     ``payload_v2`` runs once per era-2 row, so it has no ``SET search_path`` (a GUC save and restore
-    per call, about 2 µs): every name in it is schema-qualified instead, types included, since the
+    per call, about 2 µs measured by hand): every name in it is schema-qualified instead, types included, since the
     caller's temporary schema is searched first for type names.
     """
     forward = {v1: artifacts.v1_to_v2[v1] for v1 in artifacts.v1_types}
@@ -306,19 +306,6 @@ def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: 
     tree = "\n".join(_tree(branches(s, artifacts, carrier, declared_types), s, "    ", otherwise, tenant_sql))
     mapped = f"({mapped}) OR ({vendor})"
     return f"""
--- The undeclared keys of a closed, hatched object, none of them a hatch key, boxed under the carrier.
-CREATE OR REPLACE FUNCTION {s}.box_unknown(v jsonb, declared text[], carrier text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-DECLARE
-    unknown jsonb := v OPERATOR(pg_catalog.-) declared;
-BEGIN
-    RETURN (v OPERATOR(pg_catalog.-) ARRAY(SELECT pg_catalog.jsonb_object_keys(unknown)))
-           OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(carrier, unknown);
-END
-$ow$;
-
 -- The run's tenant (empty counts as none), for run.started's legacy Subject.
 CREATE OR REPLACE FUNCTION {s}.run_tenant(run text) RETURNS text
 LANGUAGE plpgsql STABLE

@@ -36,6 +36,7 @@ from typing import NamedTuple
 from proxy.config import HostConfig
 from proxy.errors import SeatException
 from proxy.readpath import encoding
+from proxy.readpath.pgnodes import walk as _walk
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
@@ -85,23 +86,6 @@ class Untranslatable(SeatException):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
-
-
-def _walk(node):
-    """Yield every pglast node under ``node`` (inclusive), depth first."""
-    from pglast import ast
-
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (list, tuple)):
-            stack.extend(n)
-        elif isinstance(n, ast.Node):
-            yield n
-            for name in n.__slots__:
-                child = getattr(n, name, None)
-                if isinstance(child, (ast.Node, list, tuple)):
-                    stack.append(child)
 
 
 def _names(ref) -> list[str]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from proxy.readpath.pgnodes import walk as _walk
+
 # PostgreSQL's server encodings and their aliases (src/common/encnames.c), cleaned: their multibyte characters
 # (if any) never contain an ASCII byte.
 SAFE_ENCODINGS = frozenset((
@@ -101,22 +103,6 @@ def from_latin1(plan):
     statements = tuple(st._replace(sql=back(st.sql)) for st in plan.statements)
     refused = plan.refused._replace(sql=back(plan.refused.sql)) if plan.refused is not None else None
     return plan._replace(statements=statements, text=back(plan.text), refused=refused)
-
-
-def _walk(node):
-    from pglast import ast
-
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (list, tuple)):
-            stack.extend(n)
-        elif isinstance(n, ast.Node):
-            yield n
-            for name in n.__slots__:
-                child = getattr(n, name, None)
-                if isinstance(child, (ast.Node, list, tuple)):
-                    stack.append(child)
 
 
 def might_set(low: str) -> bool:

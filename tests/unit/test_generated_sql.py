@@ -3,6 +3,8 @@ are pinned for the reference host's types, for the default configuration and an 
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.artifacts.load import load_artifacts
 from proxy.artifacts.payload_shapes import ObjectShape
 from proxy.db import render
@@ -101,3 +103,16 @@ def test_trivial_shapes_follow_cycles_and_closed_descendants():
     trivial = trivial_shapes({"ta": a, "tc": c})
     assert id(a) in trivial and id(b) in trivial
     assert id(c) not in trivial and id(leaf_closed) not in trivial
+
+
+def test_render_check_refuses_a_stale_or_missing_file_and_a_bad_flag(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "openwop_seat.sql"
+    monkeypatch.setattr(render, "OUT", out)
+    assert render.main(["--check"]) == 1 and not out.exists()  # missing: out of date, nothing written
+    out.write_text("-- stale\n")
+    assert render.main(["--check"]) == 1 and out.read_text() == "-- stale\n"
+    assert "out of date: run python -m proxy.db.render" in capsys.readouterr().err
+    assert render.main([]) == 0 and render.main(["--check"]) == 0
+    with pytest.raises(SystemExit) as info:
+        render.main(["--chek"])
+    assert info.value.code == 2

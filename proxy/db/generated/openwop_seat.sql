@@ -1493,19 +1493,6 @@ END
 $ow$;
 
 
--- The undeclared keys of a closed, hatched object, none of them a hatch key, boxed under the carrier.
-CREATE OR REPLACE FUNCTION openwop_seat.box_unknown(v jsonb, declared text[], carrier text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-DECLARE
-    unknown jsonb := v OPERATOR(pg_catalog.-) declared;
-BEGIN
-    RETURN (v OPERATOR(pg_catalog.-) ARRAY(SELECT pg_catalog.jsonb_object_keys(unknown)))
-           OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(carrier, unknown);
-END
-$ow$;
-
 -- The run's tenant (empty counts as none), for run.started's legacy Subject.
 CREATE OR REPLACE FUNCTION openwop_seat.run_tenant(run text) RETURNS text
 LANGUAGE plpgsql STABLE
