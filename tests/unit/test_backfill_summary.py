@@ -37,3 +37,18 @@ def test_summary_json():
         "repairs": {"fileSha256": "ab" * 32, "repaired": [
             {"stored": "node.interrupt.resolved", "type": "interrupt.resolved", "events": 2, "runs": 1}]},
         "elapsedSeconds": 2.0, "runsPerSecond": 2.5}
+
+
+def test_backfill_json_is_refused_before_anything_runs(tmp_path, capsys):
+    """--json with --restore, into a missing directory, or onto a directory: exit 2 naming the problem, before
+    any connection (the DSN points nowhere) and without writing a file."""
+    from proxy.cli import main
+
+    dsn = "host=127.0.0.1 port=1 dbname=none connect_timeout=1"
+    cases = [(["--restore", "r1", "--json", str(tmp_path / "s.json")], "--json does not apply to --restore"),
+             (["--all", "--json", str(tmp_path / "no" / "s.json")], "no such directory"),
+             (["--all", "--json", str(tmp_path)], "is a directory")]
+    for args, message in cases:
+        assert main(["backfill", "--dsn", dsn, *args]) == 2, args
+        assert message in capsys.readouterr().err, args
+    assert list(tmp_path.iterdir()) == []
