@@ -181,6 +181,7 @@ FROM {events} {E}
 {joins}
 WHERE {may_read};"""
         if major == 2 and store:
+            in_force = store_sql.in_force_sql(host.events_table, TRIGGER_PREFIX)
             # ADR 0015: the translation computed at read time for runs not in the v2 store, the store for the rest
             return f"""
 DROP VIEW IF EXISTS {SCHEMA}.events_m2;
@@ -191,8 +192,8 @@ COMMENT ON VIEW {SCHEMA}.events_m2_live IS
     'events_m2 computed at read time (ADR 0011): read by events_m2 for runs not in the v2 store (ADR 0015)';
 REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
 {store_sql.store_tables_sql(host, columns, types[host.run_id_column])}{
-    store_sql.store_view_sql(host, columns, may_read, store_sql.in_force_sql(host.events_table, TRIGGER_PREFIX),
-                             era2_type, era2_payload_tail)}"""
+    store_sql.store_view_sql(host, columns, events, era, clean_join, may_read, in_force, era2_type,
+                             era2_payload_tail)}"""
         return f"""
 DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
 CREATE VIEW {SCHEMA}.{VIEW[major]} AS
