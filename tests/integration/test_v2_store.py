@@ -310,8 +310,9 @@ def test_migrate_installing_again_empties_the_store(pg):
             run = new_run(c, REFERENCE_HOST[:3])
             fill(c, run)
             decl = ROOT / "config" / "reference-host-declarations.toml"
-            asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(declarations_file=str(decl))),
-                                   ARTIFACTS, out=lambda _line: None))
+            said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(declarations_file=str(decl))),
+                                          ARTIFACTS, out=lambda _line: None))
+            assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
             assert not filled(c, run) and stored(c, run) == 0
             got = same(c, run)
             assert '"typeId": "legacy.unrecorded"' in got[1][1][-1]  # the declarations apply, live
