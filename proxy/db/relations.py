@@ -192,7 +192,7 @@ COMMENT ON VIEW {SCHEMA}.events_m2_live IS
     'events_m2 computed at read time (ADR 0011): read by events_m2 for runs not in the v2 store (ADR 0015)';
 REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
 {store_sql.store_tables_sql(host, columns, types[host.run_id_column])}{
-    store_sql.store_view_sql(host, columns, events, era, clean_join, may_read, in_force, era2_type,
+    store_sql.store_view_sql(host, columns, events, (E, C), era, clean_join, may_read, in_force, era2_type,
                              era2_payload_tail)}"""
         return f"""
 DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
@@ -219,6 +219,28 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
                     f"ELSE 'v1_representation_refused' END, t, run, seq);")
         m1_payload = f"IF era {EQ} 3 THEN\n        {m1_three}\n    END IF;"
     return f"""
+-- The classifier's guard on an unqualified name of the events table (issue 23): the name is the host's table
+-- only where this session's search_path finds it there. No SET search_path (the caller's is the point), so
+-- everything here is qualified with its schema.
+CREATE OR REPLACE FUNCTION {SCHEMA}.events_named(name text)
+RETURNS boolean LANGUAGE plpgsql STABLE
+AS $ow$
+DECLARE
+    v_found pg_catalog.regclass := pg_catalog.to_regclass(pg_catalog.quote_ident(name));
+BEGIN
+    IF v_found IS NULL OR v_found OPERATOR(pg_catalog.<>) {quote_literal(events)}::pg_catalog.regclass THEN
+        PERFORM {SCHEMA}.refuse_statement('search_path', pg_catalog.format(
+            'in this session the name %s finds %s, not the host''s events table %s that the seat translates: '
+            'name the table with its schema, or set search_path so that it finds the host''s table',
+            pg_catalog.quote_ident(name),
+            COALESCE((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c
+                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE c.oid OPERATOR(pg_catalog.=) v_found), 'no table'), {quote_literal(events)}));
+    END IF;
+    RETURN true;
+END
+$ow$;
+
 CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_text(code text, t text, run text, seq bigint)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp

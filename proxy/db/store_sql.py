@@ -105,15 +105,15 @@ REVOKE ALL ON TABLE {REFUSED} FROM PUBLIC;
 """
 
 
-def store_view_sql(host, columns, events: str, era, clean_join: str, may_read: str, in_force: str,
-                   type_expr, payload_tail) -> str:
+def store_view_sql(host, columns, events: str, aliases: tuple[str, str], era, clean_join: str, may_read: str,
+                   in_force: str, type_expr, payload_tail) -> str:
     """events_m2 over the union of the host's rows of runs not filled and the store's rows of filled ones.
 
     ``era``: the era join and condition over the host's rows (``relations._Era``); ``type_expr(alias)``: the
     era-2 type translation over ``alias``; ``payload_tail(alias)``: the era-2 payload translation's
-    ``WHEN … ELSE …`` arms over ``alias``."""
-    from proxy.db.relations import C, E
-
+    ``WHEN … ELSE …`` arms over ``alias``; ``aliases``: the host table's alias and the payloads-clean join's
+    prefix, as ``era`` and ``clean_join`` name them."""
+    E, C = aliases  # noqa: N806 (relations' names for the same aliases)
     run = quote_ident(host.run_id_column)
     out = []
     for c in columns:

@@ -98,6 +98,24 @@ def _names(ref) -> list[str]:
     return [("*" if isinstance(f, ast.A_Star) else f.sval) for f in ref.fields]
 
 
+
+GUARD_FUNCTION = "events_named"  # openwop_seat.events_named(name): true, or refuses the statement (proxy.db.relations)
+
+
+def _guard_call(name: str):
+    from pglast import ast
+
+    return ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=GUARD_FUNCTION)),
+                        args=(ast.A_Const(val=ast.String(sval=name)),), funcformat=0)
+
+
+def _and(where, guard):
+    from pglast import ast
+
+    if where is None:
+        return guard
+    return ast.BoolExpr(boolop=0, args=(where, guard))  # AND_EXPR
+
 class Classifier:
     """Plans statements for one reader major against one host layout, with a byte-bounded LRU cache."""
 
@@ -448,11 +466,14 @@ class Classifier:
 
         changed = False
         self._kept: set[int] = set()
+        unqualified: list[str] = []
 
         def from_item(item, translate: bool):
             nonlocal changed
             if self._is_events(item):
                 changed = True
+                if item.schemaname is None and item.catalogname is None:
+                    unqualified.append(item.relname)
                 if not translate:
                     # ADR 0009: the events table itself is never read in a translated session (the net refuses
                     # it); a level that reads neither type nor payload reads events_keys, a join-free view.
@@ -476,6 +497,12 @@ class Classifier:
                 if items:
                     translate = self._reads_translated(n, items)
                     setattr(n, field, tuple(from_item(i, translate) for i in items))
+            if unqualified and "whereClause" in getattr(n, "__slots__", ()):
+                # An unqualified name is the host's table only where the session's search_path finds it there
+                # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
+                # once per execution, and refused otherwise, never read from the host's table instead.
+                n.whereClause = _and(n.whereClause, _guard_call(unqualified[0]))
+            unqualified.clear()
             if isinstance(n, ast.DeleteStmt) and self._is_events(n.relation) \
                     and not (n.returningClause is not None and n.returningClause.exprs) \
                     and not self._reads_translated(n, [n.relation]):

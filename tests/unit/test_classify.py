@@ -226,8 +226,27 @@ def test_the_hosts_append_reads_max_sequence_from_the_keys_view_and_returns_tran
 
 def test_a_level_that_reads_a_translated_column_is_substituted_whatever_the_others_do():
     text = classify("WITH x AS (SELECT * FROM events) SELECT (SELECT count(*) FROM events) FROM x").text
-    assert "WITH x AS (SELECT * FROM openwop_seat.events_m2 AS events)" in text
-    assert "(SELECT count(*) FROM openwop_seat.events_keys AS events)" in text
+    assert "WITH x AS (SELECT * FROM openwop_seat.events_m2 AS events WHERE openwop_seat.events_named('events'))" \
+        in text
+    assert "(SELECT count(*) FROM openwop_seat.events_keys AS events WHERE openwop_seat.events_named('events'))" \
+        in text
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_an_unqualified_name_is_guarded_by_the_sessions_search_path_and_a_qualified_one_is_not(major):
+    """Issue 23: ``events`` is the host's table only where the session's search_path finds it there (a schema per
+    tenant, a temporary table of the same name): every level that read it unqualified gets PostgreSQL's check,
+    ANDed with its own WHERE (its precedence kept); ``public.events`` needs none."""
+    guard = "openwop_seat.events_named('events')"
+    view = f"openwop_seat.events_m{major}"
+    assert classify("SELECT * FROM events WHERE run_id = $1 OR sequence > 3", major).text == \
+        f"SELECT * FROM {view} AS events WHERE (run_id = $1 OR sequence > 3) AND {guard}"
+    assert classify("SELECT e.type FROM events e JOIN runs r USING (run_id)", major).text == \
+        f"SELECT e.type FROM {view} AS e INNER JOIN runs AS r USING (run_id) WHERE {guard}"
+    assert classify("SELECT type FROM public.events", major).text == f"SELECT type FROM {view} AS events"
+    text = classify("SELECT type FROM events WHERE run_id IN (SELECT run_id FROM events WHERE sequence = 1)",
+                    major).text
+    assert text.count(guard) == 2  # the subquery is a level of its own
 
 
 @pytest.mark.parametrize("sql", [APPEND, APPEND_COLUMNS, "DELETE FROM events WHERE run_id = $1 RETURNING type"])

@@ -1481,6 +1481,28 @@ REVOKE ALL ON FUNCTION openwop_seat.on_run_update() FROM PUBLIC;
 
 -- ==== translated relations
 
+-- The classifier's guard on an unqualified name of the events table (issue 23): the name is the host's table
+-- only where this session's search_path finds it there. No SET search_path (the caller's is the point), so
+-- everything here is qualified with its schema.
+CREATE OR REPLACE FUNCTION openwop_seat.events_named(name text)
+RETURNS boolean LANGUAGE plpgsql STABLE
+AS $ow$
+DECLARE
+    v_found pg_catalog.regclass := pg_catalog.to_regclass(pg_catalog.quote_ident(name));
+BEGIN
+    IF v_found IS NULL OR v_found OPERATOR(pg_catalog.<>) '"public"."events"'::pg_catalog.regclass THEN
+        PERFORM openwop_seat.refuse_statement('search_path', pg_catalog.format(
+            'in this session the name %s finds %s, not the host''s events table %s that the seat translates: '
+            'name the table with its schema, or set search_path so that it finds the host''s table',
+            pg_catalog.quote_ident(name),
+            COALESCE((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c
+                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE c.oid OPERATOR(pg_catalog.=) v_found), 'no table'), '"public"."events"'));
+    END IF;
+    RETURN true;
+END
+$ow$;
+
 CREATE OR REPLACE FUNCTION openwop_seat.refuse_text(code text, t text, run text, seq bigint)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
