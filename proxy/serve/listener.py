@@ -316,7 +316,7 @@ class SeatServer:
             if session.closed:
                 continue
             if (str(session.id) == target if target.isdigit() else session.params.get("database") == target):
-                if session.upstream is not None:
+                if session.upstream is not None and (session.relay is None or session.relay.client_at_boundary):
                     session.upstream.write(b"X\x00\x00\x00\x04")  # a clean Terminate for the backend
                 session.end_now("57P01", "terminating connection due to administrator command (openwop-seat KILL)",
                                 "admin KILL")
@@ -330,6 +330,7 @@ class SeatServer:
 
         old = [s for s in self.sessions if not s.closed and s.config is not self.config
                and changed_keys(s.config, self.config)]
+        log.info("WAIT_CLOSE waiting", extra={"fields": {"sessions": len(old)}})
         if old:
             await asyncio.wait([s.done for s in old])
         return len(old)

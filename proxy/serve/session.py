@@ -100,8 +100,8 @@ class Session:
         self._ending: tuple[float, str, str, str] | None = None
         self._ending_timer: asyncio.TimerHandle | None = None
         self.first_boot = False  # started while the seat's rules were not in force: unclaimed, event rows refused
-        # The admin console's PAUSE (hold): at the next transaction boundary the client is no longer read, and what it
-        # had sent already waits in _held_data until release(); on_held is called once the session is held.
+        # The admin console's PAUSE (hold): from the next transaction boundary on, what the client sends waits in
+        # _held_data (up to buffer_limit, then it is no longer read) until release(); on_held is called once held.
         self._pausing = False
         self.held = False
         self.held_since = 0.0
@@ -451,14 +451,14 @@ class Session:
 
     def hold(self, on_held) -> None:
         """PAUSE: hold this session at its next transaction boundary (a ReadyForQuery 'I' with every statement
-        answered and nothing sent since): its client is no longer read until release(). ``on_held()`` is called
-        when it is held (at once if it is at a boundary now)."""
+        answered and nothing sent since): nothing it sends reaches the server until release(). ``on_held()`` is
+        called when it is held (at once if it is at a boundary now)."""
         self._pausing = True
         self._on_held = on_held
         self._check_held()
 
     def release(self) -> None:
-        """RESUME: read the client again, and relay first what it sent while held."""
+        """RESUME: relay what the client sent while held, and read it again."""
         self._pausing = False
         self._on_held = None
         if not self.held:
@@ -490,18 +490,22 @@ class Session:
             return
         self.held = True
         self.held_since = time.monotonic()
-        self._hold_client("pause", True)
         if self._on_held is not None:
             self._on_held()
 
     def _hold_here(self, data: bytes) -> None:
+        """What a held client sends waits here (so SHOW CLIENTS can say it is waiting); past buffer_limit the
+        client is no longer read."""
         if not self.held:
             self.held = True
             self.held_since = time.monotonic()
-            self._hold_client("pause", True)
             if self._on_held is not None:
                 self._on_held()
+        if not self._held_data:
+            self.held_since = time.monotonic()  # PgBouncer's wait: since the statement arrived
         self._held_data += data
+        if len(self._held_data) > self.config.buffer_limit:
+            self._hold_client("pause", True)
 
     # ------------------------------------------------------------------ endings
 
