@@ -156,6 +156,9 @@ class ProcessCommands:
             return server.kill(arg)
         if command == "wait_close":
             return await server.wait_close()
+        if command == "shutdown":  # a worker's part of SHUTDOWN WAIT_FOR_CLIENTS / WAIT_FOR_SERVERS
+            server.admin_action(arg)
+            return 0
         if command == "reload":
             ok = await server.reload()
             return {"ok": ok, "error": server.last_reload_error}
@@ -347,7 +350,10 @@ ACTIONS = [
     ("RELOAD", "re-read the configuration file and the artifacts, as SIGHUP"),
     ("KILL <id> | <database>", "end a session (the id of SHOW CLIENTS) or every session on a database"),
     ("WAIT_CLOSE", "wait until the sessions started before the last RELOAD that changed something have ended"),
-    ("SHUTDOWN [WAIT_FOR_CLIENTS]", "stop at once, as SIGINT (or drain, as SIGTERM)"),
+    ("SHUTDOWN", "stop at once, as SIGINT: every session ends with 57P01"),
+    ("SHUTDOWN WAIT_FOR_CLIENTS", "drain as SIGTERM with shutdown_mode drain: exit once every client has left"),
+    ("SHUTDOWN WAIT_FOR_SERVERS", "drain as SIGTERM with shutdown_mode idle: each session ends at its next idle "
+                                  "moment"),
     ("SUSPEND", "not supported: a rolling restart uses SO_REUSEPORT (docs/operations.md#rolling-restart)"),
 ]
 
@@ -718,8 +724,9 @@ class AdminConsole:
             if errors:
                 raise AdminError("F0000", "RELOAD rejected, the running configuration stays: " + "; ".join(errors))
             return _complete("RELOAD"), None
-        if verb == "SHUTDOWN" and (not args or (len(args) == 1 and args[0].upper() == "WAIT_FOR_CLIENTS")):
-            mode = "drain" if args else "now"
+        modes = {"WAIT_FOR_CLIENTS": "drain", "WAIT_FOR_SERVERS": "idle"}
+        if verb == "SHUTDOWN" and (not args or (len(args) == 1 and args[0].upper() in modes)):
+            mode = modes[args[0].upper()] if args else "now"
             log.info("admin SHUTDOWN", extra={"fields": {"mode": mode}})
             return _complete("SHUTDOWN"), lambda: self.action(mode)
         if verb == "SUSPEND" and not args:

@@ -267,11 +267,12 @@ class SeatServer:
         await self.admin.start()
 
     def admin_action(self, action: str) -> None:
-        """SHUTDOWN from the console of a single process: "now" (as SIGINT) or "drain" (as SIGTERM)."""
+        """SHUTDOWN from the console of a single process: "now" (as SIGINT), or a drain (as SIGTERM) in shutdown
+        mode "drain" (WAIT_FOR_CLIENTS) or "idle" (WAIT_FOR_SERVERS)."""
         if action == "now":
             self.stop_now()
         else:
-            self._spawn(self.drain())
+            self._spawn(self.drain(action))
 
     # ------------------------------------------------------------------ the console's PAUSE, RESUME, KILL
 
@@ -646,8 +647,11 @@ class SeatServer:
                 "artifact_digest": new_digest or "-"}})
             return True
 
-    async def drain(self) -> None:
+    async def drain(self, mode: str | None = None) -> None:
         """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close.
+
+        ``mode`` is proxy.shutdown_mode unless the admin console's SHUTDOWN WAIT_FOR_CLIENTS ("drain") or
+        WAIT_FOR_SERVERS ("idle") says otherwise. Sessions held by PAUSE are released first, so that they can end.
 
         The connections the kernel already queued on the listen sockets are accepted and served before the sockets
         close (with SO_REUSEPORT, new ones go to the other seats on the port). A connection that has not sent its
@@ -657,7 +661,12 @@ class SeatServer:
             return
         self._draining = True
         timeout = self.config.shutdown_timeout
-        mode = self.config.shutdown_mode
+        mode = mode or self.config.shutdown_mode
+        if self.holding:
+            self.holding = False
+            self._held_changed.set()
+            for session in list(self.sessions):
+                session.release()
         log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout,
                                                "shutdown_mode": mode}})
         self._stop_serving()

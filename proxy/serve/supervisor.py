@@ -449,7 +449,22 @@ class Supervisor:
         return out
 
     def _admin_action(self, mode: str) -> None:
-        self._stop(signal.SIGINT if mode == "now" else signal.SIGTERM)
+        """SHUTDOWN: "now" as SIGINT; a drain in shutdown mode "drain" or "idle" asked of every worker."""
+        if mode == "now":
+            self._stop(signal.SIGINT)
+            return
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("draining", extra={"fields": {"shutdown_mode": mode,
+                                               "workers": sum(w.alive for w in self.workers.values())}})
+        loop = asyncio.get_running_loop()
+        for w in self.workers.values():
+            if w.alive and w.link is not None:
+                task = loop.create_task(w.link.ask("shutdown", mode))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if self._watchers:
+            self._check_all_exited()
 
     # ---------------------------------------------------------------- metrics and health
 

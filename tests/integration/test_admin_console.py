@@ -272,3 +272,21 @@ def test_shutdown(start_seat, tmp_path, workers):
     with pytest.raises(psycopg.OperationalError):
         conn.execute("SELECT 1")
     assert "admin SHUTDOWN" in seat.log()
+
+
+def test_shutdown_wait_for_clients(start_seat, tmp_path, workers):
+    """SHUTDOWN WAIT_FOR_CLIENTS: stop accepting, serve the sessions there are until their clients leave, then
+    exit 0 (a drain in shutdown_mode "drain", whatever proxy.shutdown_mode says); also out of a PAUSE."""
+    seat, dsn = console(start_seat, tmp_path, workers=workers, shutdown_mode="idle", shutdown_timeout=60)
+    seat._admin = dsn
+    conns = on_every_worker(seat, workers, "staying")
+    assert run(dsn, "PAUSE").stdout.strip() == "PAUSE"
+    assert run(dsn, "SHUTDOWN WAIT_FOR_CLIENTS").stdout.strip() == "SHUTDOWN"
+    processes = workers + (workers > 1)  # each worker logs "draining", and the supervisor
+    until(lambda: seat.log().count("draining") >= processes, "every process draining")
+    for i, conn in enumerate(conns):  # released from the PAUSE, and not ended while idle
+        assert conn.execute("SELECT %s::int", (i,)).fetchone() == (i,)
+    assert seat.alive()
+    for conn in conns:
+        conn.close()
+    assert seat.proc.wait(30) == 0
