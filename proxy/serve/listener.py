@@ -279,6 +279,8 @@ class SeatServer:
     async def hold_sessions(self) -> int:
         """PAUSE: stop accepting (as SIGUSR1) and hold every session at its next transaction boundary; return once
         each is held (or ended), with the number held. Raises RuntimeError when RESUME comes first."""
+        if self._draining or self._stopped.is_set():
+            raise RuntimeError("the seat is shutting down")
         self.holding = True
         await self.pause()
         for session in list(self.sessions):

@@ -543,7 +543,8 @@ class Session:
         relay = self.relay
         return (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
                 and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary
-                and not relay.deferred)  # a statement being analysed (and what follows it) is not idle
+                and not relay.deferred  # a statement being analysed (and what follows it) is not idle
+                and not self._held_data)  # nor one whose statement waits for the end of a PAUSE
 
     def _idle_check(self) -> None:
         """client_idle_timeout: end the session if it has been idle that long, else look again later.

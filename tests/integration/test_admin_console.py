@@ -199,6 +199,26 @@ def test_pause_holds_live_sessions_until_resume(start_seat, pg, tmp_path, worker
         conn.close()
 
 
+def test_resume_ends_a_pause_that_waits(start_seat, tmp_path, workers):
+    """RESUME while PAUSE still waits for a transaction: the PAUSE fails, the transaction goes on, new connections
+    are accepted again."""
+    seat, dsn = console(start_seat, tmp_path, workers=workers)
+    busy = psycopg.connect(seat.dsn(application_name="busy"))
+    busy.execute("SELECT 1")  # psycopg: a transaction is open
+    pause = background(dsn, "PAUSE")
+    until(lambda: "no (paused: PAUSE)" in run(dsn, "SHOW STATE").stdout, "paused")
+    assert pause.poll() is None
+    assert run(dsn, "RESUME").stdout.strip() == "RESUME"
+    out, err = pause.communicate(timeout=60)
+    assert pause.returncode != 0 and "PAUSE ended: RESUME came before every session was held" in err
+    assert busy.execute("SELECT 2").fetchone() == (2,)
+    busy.commit()
+    with psycopg.connect(seat.dsn()) as fresh:
+        assert fresh.execute("SELECT 3").fetchone() == (3,)
+    assert "no (paused" not in run(dsn, "SHOW STATE").stdout
+    busy.close()
+
+
 def test_kill_a_session_and_a_database(start_seat, tmp_path, workers):
     seat, dsn = console(start_seat, tmp_path, workers=workers)
     seat._admin = dsn
@@ -290,3 +310,18 @@ def test_shutdown_wait_for_clients(start_seat, tmp_path, workers):
     for conn in conns:
         conn.close()
     assert seat.proc.wait(30) == 0
+
+
+def test_console_is_never_open_by_default(start_seat, tmp_path, workers):
+    """A console without admin users, or whose users have no secret, stops the start with exit 2, naming why."""
+    seat = start_seat(proxy={"workers": workers}, extra={"admin": {"listen": f"127.0.0.1:{free_port()}"}},
+                      wait=False)
+    assert seat.proc.wait(60) == 2
+    assert "admin.users and admin.auth_file: required" in seat.log()
+    auth_file = tmp_path / "users.txt"
+    auth_file.write_text('"someone" "pw"\n')
+    seat = start_seat(proxy={"workers": workers}, wait=False, extra={"admin": {
+        "listen": f"127.0.0.1:{free_port()}", "users": ["ops"], "auth_file": str(auth_file)}})
+    assert seat.proc.wait(60) == 2
+    assert "admin.users: 'ops' has no line in admin.auth_file" in seat.log()
+    assert seat.log().count("has no line") == 1  # said once, by the process that runs the console
