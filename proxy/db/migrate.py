@@ -170,7 +170,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     sql = (declarations_objects_sql(decl)
            + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
            + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns,
-                                      frozenset(decl.types))
+                                      frozenset(decl.types), "runs" in tables)
               + net_sql.net_sql(events.table, [c.name for c in columns],
                                 (config.host.type_column, config.host.payload_column), seat_owner)
               if columns is not None else "")
