@@ -531,6 +531,8 @@ class SeatServer:
         if not self._sockets or self._draining:
             return False, "not accepting connections"
         if self.paused:
+            if self.holding:
+                return False, "paused (PAUSE on the admin console): sessions held, not accepting new connections"
             return False, "paused (SIGUSR1): not accepting new connections"
         up = self.config.upstream
         try:

@@ -168,6 +168,8 @@ def test_pause_holds_live_sessions_until_resume(start_seat, pg, tmp_path, worker
     assert pause.poll() is None, "PAUSE returned while a session was in a transaction"
     state = dict(line.split("|")[:2] for line in run(dsn, "SHOW STATE").stdout.splitlines())
     assert state["accepting"] == "no (paused: PAUSE)"
+    status, why = get(seat.metrics_port, "/readyz")
+    assert status == 503 and "paused (PAUSE on the admin console)" in why
     busy.commit()  # the transaction ends: now every session is at a boundary
     out, err = pause.communicate(timeout=60)
     assert pause.returncode == 0 and out.strip() == "PAUSE", err
