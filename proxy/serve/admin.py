@@ -349,6 +349,8 @@ ACTIONS = [
     ("RESUME", "release the held sessions and accept again (also after SIGUSR1)"),
     ("RELOAD", "re-read the configuration file and the artifacts, as SIGHUP"),
     ("KILL <id> | <database>", "end a session (the id of SHOW CLIENTS) or every session on a database"),
+    ("KILL", "end every session"),
+    ("KILL_CLIENT <id>", "end the session with that id"),
     ("WAIT_CLOSE", "wait until the sessions started before the last RELOAD that changed something have ended"),
     ("SHUTDOWN", "stop at once, as SIGINT: every session ends with 57P01"),
     ("SHUTDOWN WAIT_FOR_CLIENTS", "drain as SIGTERM with shutdown_mode drain: exit once every client has left"),
@@ -709,13 +711,13 @@ class AdminConsole:
             answers = await self.execute(verb.lower(), "")
             log.info(f"admin {verb}", extra={"fields": {"sessions": sum(n for _, n in answers)}})
             return _complete(verb), None
-        if verb in ("KILL", "KILL_CLIENT") and len(args) == 1:
-            target = args[0].strip('"')
+        if (verb == "KILL" and len(args) <= 1) or (verb == "KILL_CLIENT" and len(args) == 1):
+            target = args[0].strip('"') if args else ""
             if verb == "KILL_CLIENT" and not target.isdigit():
                 raise AdminError("22023", f"KILL_CLIENT takes a client id (SHOW CLIENTS), not {target!r}")
             ended = sum(n for _, n in await self.execute("kill", target))
-            log.info("admin KILL", extra={"fields": {"target": target, "sessions": ended}})
-            if ended == 0:
+            log.info("admin KILL", extra={"fields": {"target": target or "(all)", "sessions": ended}})
+            if ended == 0 and target:
                 raise AdminError("42704", f"no session {'with id' if target.isdigit() else 'on database'} {target}")
             return _complete("KILL"), None
         if verb == "RELOAD" and not args:

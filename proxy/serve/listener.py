@@ -317,12 +317,14 @@ class SeatServer:
         return released
 
     def kill(self, target: str) -> int:
-        """KILL: end a session by its id, or every session on a database (PgBouncer's KILL db); the number ended."""
+        """KILL: end a session by its id, every session on a database (PgBouncer's KILL db), or every session ("");
+        the number ended."""
         ended = 0
         for session in list(self.sessions):
             if session.closed:
                 continue
-            if (str(session.id) == target if target.isdigit() else session.params.get("database") == target):
+            if (not target or (str(session.id) == target if target.isdigit()
+                               else session.params.get("database") == target)):
                 if session.upstream is not None and (session.relay is None or session.relay.client_at_boundary):
                     session.upstream.write(b"X\x00\x00\x00\x04")  # a clean Terminate for the backend
                 session.end_now("57P01", "terminating connection due to administrator command (openwop-seat KILL)",

@@ -518,6 +518,8 @@ class Session:
     def _client_eof(self) -> None:
         if self._analysing:
             return  # its last statements are still being analysed: the session ends once they are relayed
+        if self._held_data:
+            return  # what it sent before leaving waits for the end of a PAUSE (release() relays it, then ends)
         if not self._client_at_boundary():
             self._fail_client("08P01", "unexpected EOF within message")
         else:

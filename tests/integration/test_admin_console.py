@@ -227,7 +227,7 @@ def test_kill_a_session_and_a_database(start_seat, tmp_path, workers):
     conns = on_every_worker(seat, workers, "victim")
     for conn in conns:  # one on each worker, killed by its id
         victim = client_of(dsn, conn.info.parameter_status("application_name"))
-        assert run(dsn, f"KILL {victim['id']}").stdout.strip() == "KILL"
+        assert run(dsn, f"{'KILL_CLIENT' if conn is conns[0] else 'KILL'} {victim['id']}").stdout.strip() == "KILL"
         with pytest.raises(psycopg.OperationalError, match="administrator command"):
             conn.execute("SELECT 1")
     missing = run(dsn, "KILL 999999999", check=False)
@@ -238,6 +238,14 @@ def test_kill_a_session_and_a_database(start_seat, tmp_path, workers):
         with pytest.raises(psycopg.OperationalError):
             conn.execute("SELECT 1")
     assert [r for r in clients(dsn) if r["database"] == "postgres"] == []
+    last = on_every_worker(seat, workers, "last")
+    invalid = run(dsn, "KILL_CLIENT someone", check=False)
+    assert invalid.returncode != 0 and "KILL_CLIENT takes a client id" in invalid.stderr
+    assert run(dsn, "KILL").stdout.strip() == "KILL"  # every session
+    for conn in last:
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+    assert clients(dsn) == []
 
 
 def test_reload_applies_a_changed_rule(start_seat, tmp_path, workers):
