@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -335,3 +337,35 @@ def test_console_is_never_open_by_default(start_seat, tmp_path, workers):
     assert seat.proc.wait(60) == 2
     assert "admin.users: 'ops' has no line in admin.auth_file" in seat.log()
     assert seat.log().count("has no line") == 1  # said once, by the process that runs the console
+
+
+def test_a_worker_restarted_during_a_pause_is_paused_too(start_seat, tmp_path):
+    seat, dsn = console(start_seat, tmp_path, workers=2)
+    assert run(dsn, "PAUSE").stdout.strip() == "PAUSE"
+    pids = dict(re.findall(r"worker started worker=(\d+) pid=(\d+)", seat.log()))
+    os.kill(int(pids["1"]), signal.SIGKILL)
+    until(lambda: len(re.findall(r"worker started worker=1 ", seat.log())) == 2, "worker 1 restarted")
+
+    def accepting() -> dict[str, str]:  # SHOW STATE with workers: key, value, worker
+        lines = [line.split("|") for line in run(dsn, "SHOW STATE").stdout.splitlines()]
+        return {w: v for k, v, w in lines if k == "accepting"}
+
+    until(lambda: accepting() == {"1": "no (paused: PAUSE)", "2": "no (paused: PAUSE)"}, "both workers paused")
+    assert run(dsn, "RESUME").stdout.strip() == "RESUME"
+    assert accepting() == {"1": "yes", "2": "yes"}
+    with psycopg.connect(seat.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_sighup_applies_admin_users_in_the_supervisor(start_seat, tmp_path):
+    seat, dsn = console(start_seat, tmp_path, workers=2,
+                        lines=[f'"ops" "{scram_secret(ADMIN_PW)}"', '"second" "second-pw"'])
+    text = seat.config_path.read_text()
+    seat.config_path.write_text(text.replace('users = ["ops"]', 'users = ["ops", "second"]'))
+    seat.proc.send_signal(signal.SIGHUP)  # to the supervisor, which runs the console
+    until(lambda: run(dsn, "SHOW VERSION", user="second", password="second-pw", check=False).returncode == 0,
+          "the new admin user let in")
+    seat.config_path.write_text(text)
+    seat.proc.send_signal(signal.SIGHUP)
+    until(lambda: run(dsn, "SHOW VERSION", user="second", password="second-pw", check=False).returncode != 0,
+          "the removed admin user refused")
