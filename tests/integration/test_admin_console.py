@@ -189,6 +189,9 @@ def test_pause_holds_live_sessions_until_resume(start_seat, pg, tmp_path, worker
         assert direct.execute(f"SELECT v FROM {table_name} ORDER BY v").fetchall() == [("busy",)]
     _, text = get(seat.metrics_port, "/metrics")
     assert metric(text, "openwop_seat_paused") == 1.0  # a flag: the maximum over the workers, never 2
+    # a setting is not summed over the workers either; a count is
+    assert metric(text, "openwop_seat_buffer_limit_bytes") == 1 << 20
+    assert metric(text, "openwop_seat_max_client_connections") == 1000 * workers  # a limit per process
     assert metric(text, "openwop_seat_sessions_held") == len(idle) + 1
     assert done == [] and writer.is_alive()
     assert run(dsn, "RESUME").stdout.strip() == "RESUME"
