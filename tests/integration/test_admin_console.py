@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from test_metrics import get, metric
 from test_psql import psql
+from test_workers import worker_pids
 
 from proxy.dev.devcluster import free_port
 from proxy.serve.admin import CLIENT_COLUMNS, POOL_COLUMNS, SERVER_COLUMNS, STATS_COLUMNS, scram_secret
@@ -345,8 +346,7 @@ def test_console_is_never_open_by_default(start_seat, tmp_path, workers):
 def test_a_worker_restarted_during_a_pause_is_paused_too(start_seat, tmp_path):
     seat, dsn = console(start_seat, tmp_path, workers=2)
     assert run(dsn, "PAUSE").stdout.strip() == "PAUSE"
-    pids = dict(re.findall(r"worker started worker=(\d+) pid=(\d+)", seat.log()))
-    os.kill(int(pids["1"]), signal.SIGKILL)
+    os.kill(worker_pids(seat)[1], signal.SIGKILL)
     until(lambda: len(re.findall(r"worker started worker=1 ", seat.log())) == 2, "worker 1 restarted")
 
     def accepting() -> dict[str, str]:  # SHOW STATE with workers: key, value, worker
