@@ -160,8 +160,13 @@ class Config:
     # Also accept clients on <dir>/.s.PGSQL.<listen port>, as PostgreSQL names its socket (None: TCP only).
     unix_socket_dir: str | None = None
     metrics_listen: HostPort | None = None
-    admin_listen: HostPort | None = None  # the read-only admin console ([admin]); off by default
+    admin_listen: HostPort | None = None  # the admin console ([admin]); off by default
     admin_unix_socket: str | None = None
+    # Who may log in to the admin console, and how (ADR 0014): names listed here, each with a secret in the
+    # auth file (PgBouncer's userlist.txt format); "trust" only for a console on a Unix socket alone.
+    admin_users: tuple[str, ...] = ()
+    admin_auth_file: str | None = None
+    admin_auth: str = "scram-sha-256"
     database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
@@ -310,17 +315,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "database_user_labels" in metrics:
         kwargs["database_user_labels"] = _integer(metrics["database_user_labels"], "metrics.database_user_labels", 0)
 
-    admin = _take(data.get("admin", {}), "admin", {"listen", "unix_socket"})
-    if "listen" in admin:
-        kwargs["admin_listen"] = parse_hostport(admin["listen"], "admin.listen")
-    if "unix_socket" in admin:
-        path = _string(admin["unix_socket"], "admin.unix_socket")
-        path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
-        if len(path.encode()) > 107:
-            raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
-        if not os.path.isdir(os.path.dirname(path) or "."):
-            raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
-        kwargs["admin_unix_socket"] = path
+    kwargs.update(_admin_keys(data.get("admin", {}), source))
 
     tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
     tls_kwargs: dict[str, Any] = {}
@@ -375,10 +370,6 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     workers = kwargs.get("workers", cpu_count())
     if kwargs.get("unix_socket_dir") and workers > 1:
         raise ConfigError("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
-    for key in ("admin_listen", "admin_unix_socket"):
-        if kwargs.get(key) and workers > 1:
-            raise ConfigError(f"{key.replace('_', '.', 1)}: needs proxy.workers = 1 (the admin console shows "
-                              "one process's sessions)")
 
     log = _take(data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
@@ -386,6 +377,49 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if "level" in log:
         kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
     return Config(**kwargs)
+
+
+ADMIN_AUTH = ("scram-sha-256", "md5", "trust")
+
+
+def _admin_keys(section: Any, source: str | None) -> dict[str, Any]:
+    """[admin]: the console's listeners and who may log in (docs/operations.md#admin-console, ADR 0014).
+
+    Never open by default: a console needs admin.users and admin.auth_file, or admin.auth = "trust" with a Unix
+    socket alone (mode 0700: the seat's own user)."""
+    admin = _take(section, "admin", {"listen", "unix_socket", "users", "auth_file", "auth"})
+    out: dict[str, Any] = {}
+    if "listen" in admin:
+        out["admin_listen"] = parse_hostport(admin["listen"], "admin.listen")
+    if "unix_socket" in admin:
+        path = _string(admin["unix_socket"], "admin.unix_socket")
+        path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
+        if len(path.encode()) > 107:
+            raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
+        out["admin_unix_socket"] = path
+    if "users" in admin:
+        users = admin["users"]
+        if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+            raise ConfigError(f"admin.users: expected a list of user names, got {users!r}")
+        out["admin_users"] = tuple(users)
+    if "auth_file" in admin:
+        out["admin_auth_file"] = _existing_file(_string(admin["auth_file"], "admin.auth_file"), "admin.auth_file",
+                                                source)
+    if "auth" in admin:
+        out["admin_auth"] = _choice(admin["auth"], "admin.auth", ADMIN_AUTH)
+    if "admin_listen" in out or "admin_unix_socket" in out:
+        if out.get("admin_auth") == "trust":
+            if "admin_listen" in out:
+                raise ConfigError("admin.auth: \"trust\" only for a console on admin.unix_socket alone (mode 0700, "
+                                  "the seat's own user); with admin.listen set, list admin.users and their secrets "
+                                  "in admin.auth_file")
+        elif not out.get("admin_users") or "admin_auth_file" not in out:
+            raise ConfigError("admin.users and admin.auth_file: required with admin.listen or admin.unix_socket "
+                              "(the console is never open by default: list the admin users and give each a "
+                              "secret in the auth file, or set admin.auth = \"trust\" for a Unix socket alone)")
+    return out
 
 
 def unix_socket_path(directory: str, port: int) -> str:
@@ -440,6 +474,7 @@ _SECTIONED = {"tls": "tls", "host": "host"}
 
 _TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
         "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
+        "admin_users": "admin.users", "admin_auth_file": "admin.auth_file", "admin_auth": "admin.auth",
         "log_format": "log.format", "log_level": "log.level"}
 
 
