@@ -3034,15 +3034,15 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(openwop_seat.run_lock_key(run)) THEN
         RETURN 'busy';
     END IF;
-    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
     DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
-    DELETE FROM openwop_seat.events_v2_store WHERE ("run_id")::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
     IF openwop_seat.era_now(run) OPERATOR(pg_catalog.=) 3 THEN
         RETURN 'era3';
     END IF;
     BEGIN
         INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
-        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE (openwop_seat_l."run_id")::text OPERATOR(pg_catalog.=) run;
+        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text;
     EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
         INSERT INTO openwop_seat.events_v2_refused (run_id) VALUES (run);
         RETURN 'refused';
@@ -3086,12 +3086,14 @@ BEGIN
         INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text)
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
-    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
     DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
 END
 $ow$;
 REVOKE ALL ON FUNCTION openwop_seat.store_unmark(text) FROM PUBLIC;
 
+-- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
+-- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 CREATE OR REPLACE FUNCTION openwop_seat.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3108,22 +3110,6 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION openwop_seat.on_event_store() FROM PUBLIC;
 
--- run.started reads the run's tenant (ADR 0007): a runs row written or removed unmarks its run.
-CREATE OR REPLACE FUNCTION openwop_seat.on_run_store()
-RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
-        PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
-    END IF;
-    RETURN NULL;
-END
-$ow$;
-REVOKE ALL ON FUNCTION openwop_seat.on_run_store() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION openwop_seat.on_events_truncate_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3238,10 +3224,10 @@ CREATE OR REPLACE TRIGGER zz_openwop_seat_store AFTER INSERT OR UPDATE OR DELETE
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_truncate AFTER TRUNCATE ON "events" FOR EACH STATEMENT
     EXECUTE FUNCTION openwop_seat.on_events_truncate_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run AFTER INSERT OR DELETE ON "runs" FOR EACH ROW
-    EXECUTE FUNCTION openwop_seat.on_run_store();
+    EXECUTE FUNCTION openwop_seat.on_event_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run_update AFTER UPDATE ON "runs" FOR EACH ROW
     WHEN (OLD."run_id" IS DISTINCT FROM NEW."run_id" OR OLD."tenant_id" IS DISTINCT FROM NEW."tenant_id")
-    EXECUTE FUNCTION openwop_seat.on_run_store();
+    EXECUTE FUNCTION openwop_seat.on_event_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_era AFTER INSERT OR UPDATE OR DELETE ON openwop_seat.run_era FOR EACH ROW
     EXECUTE FUNCTION openwop_seat.on_run_era_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_delete_era3 AFTER DELETE ON "events" FOR EACH ROW
