@@ -245,15 +245,17 @@ class Session:
                 # The seat's schema may not exist yet: nothing to claim with. The read path refuses every statement
                 # that reads or writes event rows; the session ends once the rules come into force.
                 self.first_boot = reader is not None
-            else:
-                # Every session on the host database is claimed (2: a v2 host, 1: a v1 host, 0: raw, whose reads
-                # the net of ADR 0009 leaves alone), so a backend reused behind a pooler never keeps an earlier
-                # session's major.
+            elif self.major in (1, 2) or getattr(self.server, "upstream_pooler", False):
+                # Sessions of major 1 and 2 are claimed. A raw session is relayed byte for byte, unclaimed: on a
+                # fresh backend that is what a claim of 0 records (a v1 writer whose reads the net of ADR 0009
+                # leaves alone). Once this seat has seen a pooler behind it, whose backends outlive its sessions,
+                # raw sessions are claimed as 0 too, so that they never keep an earlier session's major (ADR 0013).
                 claim = Claim(self.server.claim_secret, self.major if self.major in (1, 2) else 0,
-                              self.config.claim_buffer_limit)
+                              self.config.claim_buffer_limit, getattr(self.server, "claim_salt", None))
         identity = None
-        if claim is not None and any(r.application_name is not None or r.user is not None
-                                     for r in self.config.clients):
+        followed = claim is not None or (self.major == "raw" and self.server.on_host_database(self.params)
+                                         and not self.server.first_boot)  # raw: unclaimed, still on the host database
+        if followed and any(r.application_name is not None or r.user is not None for r in self.config.clients):
             # a rule keys on what a client may change mid-session: follow what the server reports
             identity = Identity(dict(self.params), self.major, self.config.major_for)
         # Statements are counted against their ReadyForQuery (count_answered) so that idleness can be told at any
@@ -340,6 +342,12 @@ class Session:
         if relay.awaiting_ready:
             return
         self._claim_open = False
+        if relay.claim_path:  # ADR 0013: the salt for the next one-round-trip claims, a pooler behind the seat
+            self.server.stats.claims[relay.claim_path] += 1
+            if relay.salt_seen is not None:
+                self.server.claim_salt = relay.salt_seen
+            if relay.pooler_seen:
+                self.server.upstream_pooler = True
         if self._claim_timer is not None:
             self._claim_timer.cancel()
             self._claim_timer = None
