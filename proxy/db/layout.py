@@ -105,6 +105,15 @@ class DeclarationsMismatch(DigestMismatch):
 # --- layout steps ----------------------------------------------------------------
 
 
+def _padded_key_sql(pad: str) -> str:
+    """SQL of claim_secret's HMAC key (``hash``: 32 bytes in hex) zero-padded to 64 bytes and XOR-ed with ``pad``
+    repeated: the key as a 256-bit string XOR the pad, written out in hex 64 bits at a time, then the pad itself."""
+    xor = f"('x' || hash)::bit(256) # ('x' || repeat('{pad}', 32))::bit(256)"
+    parts = [f"lpad(to_hex(substring({xor}, {start}, 64)::bigint), 16, '0')" for start in (1, 65, 129, 193)]
+    return "decode(" + "\n        || ".join(parts) + f"\n        || repeat('{pad}', 32), 'hex')"
+
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -214,18 +223,8 @@ INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (
 ON CONFLICT (pid) DO NOTHING;
 -- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
 ALTER TABLE openwop_seat.claim_secret
-    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (decode(
-        lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 1, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 65, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 129, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 193, 64)::bigint), 16, '0')
-        || repeat('36', 32), 'hex')) STORED,
-    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (decode(
-        lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 1, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 65, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 129, 64)::bigint), 16, '0')
-        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 193, 64)::bigint), 16, '0')
-        || repeat('5c', 32), 'hex')) STORED;
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("36") + """) STORED,
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("5c") + """) STORED;
 """),
 )
 

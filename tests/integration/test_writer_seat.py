@@ -3,7 +3,7 @@
 test_writer_rule.py checks the rule in the database with sessions that claim
 their major themselves.  Here the seat claims each session right after
 authentication (major 2 by default; ``application_name`` ``v1-host`` is major
-1 and ``ops`` is raw, which the seat claims as major 1 too), and the clients
+1 and ``ops`` is raw, which the seat relays unclaimed: ADR 0013), and the clients
 are the host's own role (``host_user``: not a superuser, not the owner of
 ``openwop_seat``) speaking through real drivers: psycopg 3 and asyncpg for
 every case, node-postgres with the host's append path for appends.  A
@@ -36,7 +36,7 @@ import pytest
 
 from harness import CLAIM_SECRET
 from proxy.artifacts.load import load_artifacts
-from proxy.db.layout import CLAIM_SQL
+from proxy.db.layout import CLAIM_ONCE_SQL, CLAIM_SQL
 from proxy.errors import ERRORS
 
 A = load_artifacts()
@@ -313,8 +313,8 @@ def test_major1_and_raw_sessions_stamp_nothing(wseat, pg, host_function, driver,
     values, many, copied, by_fn = rid(), [rid(), rid()], rid("copy"), rid("fn")
     conn = via(wseat, driver, major)
     try:
-        # raw is claimed as major 0 (a v1 writer whose reads are not translated: ADR 0009)
-        assert conn.q("SELECT openwop_seat.session_major()") == [(1 if major == 1 else 0,)]
+        # raw is relayed unclaimed (ADR 0013): a v1 writer whose reads are not translated, as a claim of 0 records
+        assert conn.q("SELECT openwop_seat.session_major()") == [(1 if major == 1 else None,)]
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", values)
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't'), (%s, 't')", *many)
         conn.copy_runs([copied])
@@ -921,14 +921,14 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
         # the first session has run nothing yet: its last statement is the seat's claim, the secret bound
         idle = sessions[0].conn.info.backend_pid
         rows = dict(sql1(pg, "SELECT pid, query FROM pg_stat_activity"))
-        assert redacted(rows[idle]) == CLAIM_SQL
+        assert redacted(rows[idle]) in (CLAIM_SQL, CLAIM_ONCE_SQL)  # the challenge's, or the one-round-trip claim
         pids = [s.q("SELECT pg_backend_pid()")[0][0] for s in sessions]
         rows = dict(sql1(pg, "SELECT pid, query FROM pg_stat_activity"))
         assert set(pids) <= set(rows)
         leaked = any(q and CLAIM_SECRET in q for q in rows.values())
         assert not leaked, "the claim secret is in pg_stat_activity"
         claims = dict(sql1(pg, "SELECT pid, major FROM openwop_seat.claims WHERE pid = ANY(%s)", pids))
-        assert claims == {pids[0]: 2, pids[1]: 1, pids[2]: 0}  # claimed, all three (raw: 0)
+        assert claims == {pids[0]: 2, pids[1]: 1}  # claimed; the raw session is not (ADR 0013)
     finally:
         for s in sessions:
             s.close()

@@ -103,14 +103,12 @@ INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (
 ON CONFLICT (pid) DO NOTHING;
 -- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
 ALTER TABLE openwop_seat.claim_secret
-    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (decode(
-        lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 1, 64)::bigint), 16, '0')
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 1, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 65, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 129, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 193, 64)::bigint), 16, '0')
         || repeat('36', 32), 'hex')) STORED,
-    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (decode(
-        lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 1, 64)::bigint), 16, '0')
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 1, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 65, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 129, 64)::bigint), 16, '0')
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 193, 64)::bigint), 16, '0')
