@@ -757,7 +757,7 @@ def test_raw_session_spoofs_reach_the_database_and_claim_nothing(wseat, pg, driv
         conn.q("SELECT set_config('openwop_seat.major', '2', false)")
         err = refused(lambda: conn.q("SELECT openwop_seat.claim(%s, 2)", WRONG), "42501")
         assert err.message == "openwop_seat.claim: wrong secret"
-        assert conn.q("SELECT openwop_seat.session_major()") == [(0,)]
+        assert conn.q("SELECT openwop_seat.session_major()") == [(None,)]  # relayed unclaimed (ADR 0013)
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", run)
         refused(lambda: append(conn, e3, 7, "agent.reasoning-delta"), "OW005")
     finally:
@@ -936,7 +936,7 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
     row = sql1(pg, "SELECT to_jsonb(s) FROM openwop_seat.claim_secret s")
     assert len(row) == 1
     (doc,), = row
-    assert set(doc) == {"hash", "salt"}
+    assert set(doc) == {"hash", "salt", "hmac_ipad", "hmac_opad"}  # the pads: the key padded for the HMAC
     assert doc["hash"] == hashlib.sha256((doc["salt"] + CLAIM_SECRET).encode()).hexdigest()
     for where, text in (("openwop_seat.claim_secret", json.dumps(doc)), ("the server log", read(pg.logfile)),
                         ("the seat's log", wseat.log())):
@@ -1010,16 +1010,26 @@ def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_
             leaked = value in text
             assert not leaked, f"{name} is in {where}"
     assert seen == []  # nothing of the spy's ran in the claim
-    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
+    # the server did log the spy's backend's statements: the claim in one round trip, or the challenge
+    assert "openwop_seat.claim_once" in log or "openwop_seat.claim_challenge" in log
     # What the log did show (the challenge, the proof) claims nothing on another backend, nor again on this one.
     proofs = re.findall(r"\$1 = '([0-9a-f]{64})'", log)
-    assert proofs, "the claim's proof was expected in a log that records every parameter"
+    once = re.findall(r"\$1 = '(\d+)', \$2 = '(\d+)', \$3 = '([0-9a-f]+)', \$4 = '(\d)', \$5 = '([0-9a-f]{64})'", log)
+    assert proofs or once, "the claim's proof was expected in a log that records every parameter"
     with psycopg.connect(pg.dsn(user=SPY), autocommit=True) as direct:
         for proof in proofs:
             direct.execute("SELECT openwop_seat.claim_challenge()")
             with pytest.raises(psycopg.Error) as info:
                 direct.execute("SELECT openwop_seat.claim(%s, 2)", (proof,))
             assert info.value.sqlstate == "42501"
+        for pid, at_us, nonce, major, proof in once:
+            verdict = direct.execute("SELECT openwop_seat.claim_once(%s, %s, %s, %s, %s)",
+                                     (int(pid), int(at_us), nonce, int(major), proof)).fetchone()[0]
+            assert verdict != "ok"
+            # the same proof made out for this backend's pid: the HMAC does not hold
+            verdict = direct.execute("SELECT openwop_seat.claim_once(%s, %s, %s, %s, %s)",
+                                     (direct.info.backend_pid, int(at_us), nonce, int(major), proof)).fetchone()[0]
+            assert verdict == "wrong secret"
         assert direct.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
 
 
