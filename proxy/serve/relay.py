@@ -31,7 +31,14 @@ from time import perf_counter
 from typing import Callable, NamedTuple
 
 from proxy.db.claims import claim_once_params, claim_proof
-from proxy.db.layout import CHALLENGE_SQL, CLAIM_ONCE_PARAM_OIDS, CLAIM_ONCE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
+from proxy.db.layout import (
+    CHALLENGE_SQL,
+    CLAIM_ONCE_ONLY_SQL,
+    CLAIM_ONCE_PARAM_OIDS,
+    CLAIM_ONCE_SQL,
+    CLAIM_PARAM_OIDS,
+    CLAIM_SQL,
+)
 from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
@@ -71,6 +78,7 @@ SLICE = 32 * 1024  # a read path frames a chunk this many bytes at a time (Relay
 _CLAIM_SQL = CLAIM_SQL.encode()
 _CHALLENGE_SQL = CHALLENGE_SQL.encode()
 _CLAIM_ONCE_SQL = CLAIM_ONCE_SQL.encode()
+_CLAIM_ONCE_ONLY_SQL = CLAIM_ONCE_ONLY_SQL.encode()
 _READY_TAIL = b"Z\x00\x00\x00\x05"
 
 
@@ -91,6 +99,8 @@ class Claim(NamedTuple):
     buffer_limit: int  # proxy.claim_buffer_limit: bytes held from the client until the claim is done
     # the claim_secret's salt, as an earlier challenge returned it: with it the claim takes one round trip (ADR 0013)
     salt: str | None = None
+    # whether the session's role owns openwop_seat, as an earlier claim of the role found (None: ask the database)
+    owns: bool | None = None
 
 
 class Identity(NamedTuple):
@@ -123,7 +133,7 @@ class Relay:
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
                  "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
                  "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
-                 "claim_path", "pooler_seen", "salt_seen",
+                 "claim_path", "owns_seen", "pooler_seen", "salt_seen",
                  "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
                  "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
                  "server_framer", "state", "stats", "transactions")
@@ -173,6 +183,7 @@ class Relay:
         self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent; 3: the one-round-trip claim
         self.claim_path = ""  # how the claim was made: "once", "challenge", or "challenge after <why once failed>"
         self.salt_seen: str | None = None  # the salt a challenge returned (the session keeps it for the next claims)
+        self.owns_seen: bool | None = None  # whether the role owns openwop_seat, when this claim asked the database
         self.pooler_seen = False  # the backend's pid is not the one BackendKeyData named: a pooler behind the seat
         self._claim_error: dict[str, str] | None = None
         self._claim_first: str | None = None
@@ -536,7 +547,9 @@ class Relay:
         params = b"".join(struct.pack("!i", len(v)) + v for v in values)
         oids = struct.pack("!h", len(CLAIM_ONCE_PARAM_OIDS)) + b"".join(struct.pack("!I", o)
                                                                        for o in CLAIM_ONCE_PARAM_OIDS)
-        return (messages.message(b"P", b"\x00" + _CLAIM_ONCE_SQL + b"\x00" + oids)
+        self._owns_schema = bool(claim.owns)
+        sql = _CLAIM_ONCE_SQL if claim.owns is None else _CLAIM_ONCE_ONLY_SQL
+        return (messages.message(b"P", b"\x00" + sql + b"\x00" + oids)
                 + messages.message(b"B", b"\x00\x00\x00\x00" + struct.pack("!h", len(values)) + params + b"\x00\x00")
                 + messages.message(b"E", b"\x00\x00\x00\x00\x00")
                 + messages.message(b"S"))
@@ -573,7 +586,8 @@ class Relay:
             if self._claim_phase == 1:
                 self._claim_pid = values[1] if len(values) > 1 else None
             else:
-                self._owns_schema = len(values) > 1 and values[1] == b"t"
+                if len(values) > 1:
+                    self._owns_schema = self.owns_seen = values[1] == b"t"
         elif t == ERROR_RESPONSE:
             self._claim_error = messages.parse_error_fields(body)
         if t != READY_FOR_QUERY:

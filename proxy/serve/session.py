@@ -39,6 +39,10 @@ REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", 
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
                    "57P03": "writer_rule_not_in_force", "OW009": "client_encoding"}
 
+# How long the seat takes a role's ownership of openwop_seat, as a claim found it, for known (the claims in between
+# leave out that question: ADR 0013).
+OWNS_KNOWN_SECONDS = 60.0
+
 # What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
 # read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
 OWED_BYTES = 64
@@ -250,8 +254,11 @@ class Session:
                 # fresh backend that is what a claim of 0 records (a v1 writer whose reads the net of ADR 0009
                 # leaves alone). Once this seat has seen a pooler behind it, whose backends outlive its sessions,
                 # raw sessions are claimed as 0 too, so that they never keep an earlier session's major (ADR 0013).
+                known = self.server.claim_owners.get(self.params["user"])
                 claim = Claim(self.server.claim_secret, self.major if self.major in (1, 2) else 0,
-                              self.config.claim_buffer_limit, getattr(self.server, "claim_salt", None))
+                              self.config.claim_buffer_limit, self.server.claim_salt,
+                              known[0] if known is not None and time.monotonic() - known[1] < OWNS_KNOWN_SECONDS
+                              else None)
         identity = None
         followed = claim is not None or (self.major == "raw" and self.server.on_host_database(self.params)
                                          and not self.server.first_boot)  # raw: unclaimed, still on the host database
@@ -348,6 +355,11 @@ class Session:
                 self.server.claim_salt = relay.salt_seen
             if relay.pooler_seen:
                 self.server.upstream_pooler = True
+            if relay.owns_seen is not None:
+                owners = self.server.claim_owners
+                if len(owners) >= 1000:  # a bound: the roles that connect are few
+                    owners.clear()
+                owners[self.params["user"]] = (relay.owns_seen, time.monotonic())
         if self._claim_timer is not None:
             self._claim_timer.cancel()
             self._claim_timer = None

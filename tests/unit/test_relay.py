@@ -205,6 +205,18 @@ def test_with_the_salt_known_the_claim_takes_one_round_trip(how, major):
     assert not relay.claiming and not relay.awaiting_ready and relay.claim_path == "once"
 
 
+@pytest.mark.parametrize("owns", [None, True, False])
+def test_a_roles_ownership_of_the_schema_is_asked_only_when_not_known(owns):
+    relay = Relay(Stats(), claim=Claim(SECRET, 2, 1 << 20, "salt123", owns))
+    (_, pb), *_ = messages_of(server(relay, LOGIN)[1])
+    assert (b"pg_has_role" in pb) is (owns is None)
+    answer = once_answer(b"ok", b"t") if owns is None else (msg(b"1") + msg(b"2") + row(b"ok")
+                                                             + msg(b"C", b"SELECT 1\x00") + READY)
+    server(relay, answer)
+    assert relay.owns_seen is (True if owns is None else None)
+    assert relay.privileged == ("owns openwop_seat" if owns in (None, True) else "")
+
+
 def test_two_claims_never_share_a_nonce():
     nonces = set()
     for _ in range(20):
