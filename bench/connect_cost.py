@@ -50,7 +50,10 @@ def connects(dsn: str, n: int) -> list[float]:
 def memory(dsn: str) -> tuple[int, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         fresh = conn.execute(MEMORY).fetchone()[0]
-        conn.execute(PAGE).fetchall()
+        rows = conn.execute(PAGE).fetchall()
+        if os.environ.get("CONNECT_COST_SHOW"):
+            print(len(rows), rows[0][3], rows[1][3], conn.execute(
+                "SELECT name, total_bytes FROM pg_backend_memory_contexts ORDER BY 2 DESC LIMIT 4").fetchall())
         after = conn.execute(MEMORY).fetchone()[0]
     return int(fresh), int(after)
 
