@@ -342,6 +342,16 @@ class Session:
 
     def _claim_progress(self, relay: Relay) -> None:
         """The claim started (stop reading the client: its kernel buffer holds what it sends), or ended."""
+        # ADR 0013: the salt for the next one-round-trip claims, a pooler seen behind the seat, a role's ownership
+        if relay.salt_seen is not None:
+            self.server.claim_salt = relay.salt_seen
+        if relay.pooler_seen:
+            self.server.upstream_pooler = True
+        if relay.owns_seen is not None:
+            owners = self.server.claim_owners
+            if len(owners) >= 1000:  # a bound: the roles that connect are few
+                owners.clear()
+            owners[self.params["user"]] = (relay.owns_seen, time.monotonic())
         if relay.claiming and not self._reading_paused:
             self._reading_paused = True
             self._hold_client("claim", True)
@@ -349,17 +359,8 @@ class Session:
         if relay.awaiting_ready:
             return
         self._claim_open = False
-        if relay.claim_path:  # ADR 0013: the salt for the next one-round-trip claims, a pooler behind the seat
+        if relay.claim_path:
             self.server.stats.claims[relay.claim_path] += 1
-            if relay.salt_seen is not None:
-                self.server.claim_salt = relay.salt_seen
-            if relay.pooler_seen:
-                self.server.upstream_pooler = True
-            if relay.owns_seen is not None:
-                owners = self.server.claim_owners
-                if len(owners) >= 1000:  # a bound: the roles that connect are few
-                    owners.clear()
-                owners[self.params["user"]] = (relay.owns_seen, time.monotonic())
         if self._claim_timer is not None:
             self._claim_timer.cancel()
             self._claim_timer = None
