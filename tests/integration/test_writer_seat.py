@@ -717,6 +717,7 @@ SEAT_SPOOFS = [
     ("SET openwop_seat.major = '2'", "SET openwop_seat.major: openwop_seat.* settings belong to the seat"),
     ("SELECT set_config('openwop_seat.major', '2', false)", "set_config('openwop_seat.major', …)"),
     ("SELECT openwop_seat.claim('a-guess-at-the-secret', 2)", "openwop_seat.claim is called by the seat itself"),
+    ("SELECT openwop_seat.claim_once(1, 2, 'n', 2, 'guess')", "openwop_seat.claim_once is called by the seat itself"),
     ("SELECT 1; SET openwop_seat.major = '2'", "SET openwop_seat.major"),
 ]
 
