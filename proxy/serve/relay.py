@@ -189,7 +189,7 @@ class Relay:
         self._claim_first: str | None = None
         self._claim_pid: bytes | None = None  # the backend's pid, as the challenge saw it
         self._owns_schema = False
-        self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
+        self._held_ready = b""  # the server's first ReadyForQuery (and its chunk), held until the claim is done
         self._held_bytes = 0  # bytes held from the client until its claim is done
         self._pre_ready = bytearray()  # …of which an incomplete message
         self._backlog: list[bytes] = []
@@ -520,9 +520,11 @@ class Relay:
                     body = plain
             encoded = messages.message(bytes([t]), body)
             if t == READY_FOR_QUERY and self._claim is not None:
-                # Authenticated: before the client may speak, record who it is in the database.
-                self._held_ready = encoded
-                to_client += [messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:]]
+                # Authenticated: before the client may speak, record who it is in the database. What the server
+                # sent in this chunk goes out with its ReadyForQuery once the claim is done: one write, not two.
+                self._held_ready = b"".join([*to_client, encoded,
+                                             *(messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:])])
+                to_client = []
                 to_server = self._send_claim()
                 break
             to_client.append(encoded)
