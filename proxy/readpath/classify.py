@@ -29,6 +29,7 @@ identifier, or the seat's schema).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import OrderedDict
 from typing import NamedTuple
@@ -37,6 +38,9 @@ from proxy.config import HostConfig
 from proxy.errors import SeatException
 from proxy.readpath import encoding
 from proxy.readpath.pgnodes import walk as _walk
+
+log = logging.getLogger("openwop_seat.classify")
+CLASSIFIER_FAILED = "classifier error"  # the reason of the refusal made when the classifier raised
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
@@ -150,7 +154,9 @@ class Classifier:
                 self._passed_bytes += len(sql)
             return plan
         self.misses += 1
-        plan = analysed or self._classify(sql)
+        plan = analysed or self._classify_or_refuse(sql)
+        if plan.refused is not None and plan.refused.kind == CLASSIFIER_FAILED:
+            return plan  # not kept: a fixed seat (or a reload) classifies it again
         cost = _cost(sql, plan)
         if cost <= self.cache_bytes:
             self._cache[sql] = plan
@@ -177,7 +183,7 @@ class Classifier:
         worker = copy.copy(self)
         generation = self.generation
         if worker._worth_parsing(sql):
-            return worker._classify(sql), generation
+            return worker._classify_or_refuse(sql), generation
         return _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql), generation
 
     def analysed(self, sql: str, plan: Plan, generation: int) -> None:
@@ -233,6 +239,18 @@ class Classifier:
             self.bytes = 0
 
     # -- internals
+
+    def _classify_or_refuse(self, sql: str) -> Plan:
+        """:meth:`_classify`, and a refusal of the statement (never the session) when the classifier itself fails:
+        a bug here must not pass an untranslated statement, nor end the client's connection."""
+        try:
+            return self._classify(sql)
+        except Exception:
+            log.exception("the classifier failed on a statement (refused); please report it with the statement")
+            refusal = StatementPlan(REFUSE, sql, CLASSIFIER_FAILED,
+                                    "the seat failed to analyse a statement that mentions the events table (an "
+                                    "error in the seat, logged): it is refused rather than passed untranslated")
+            return Plan((refusal,), sql, False, refusal, True)
 
     def _classify(self, sql: str) -> Plan:
         if not self._worth_parsing(sql):

@@ -12,7 +12,7 @@ import pytest
 from pglast import ast, parse_sql
 
 from proxy.config import HostConfig
-from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
+from proxy.readpath.classify import CLASSIFIER_FAILED, PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 
 VIEW2, VIEW1 = "openwop_seat.events_m2", "openwop_seat.events_m1"
 
@@ -458,3 +458,27 @@ def test_schema_qualified_column_references_follow_the_substitution(major):
     # another schema's table of the same name is not the events table: left as it is
     assert classify("SELECT other.events.type FROM other.events", major).text == \
         "SELECT other.events.type FROM other.events"
+
+
+def test_a_classifier_error_refuses_the_statement_and_is_not_cached(monkeypatch, caplog):
+    """A bug in the classifier (here: any exception while a statement is analysed) refuses that statement,
+    logged, instead of passing it untranslated or ending the client's session; the next classify tries again."""
+    c = Classifier(HostConfig(), 2)
+    calls = []
+
+    def broken(stmt, text):
+        calls.append(text)
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(c, "_statement", broken)
+    sql = "SELECT type FROM events WHERE run_id = $1"
+    for _ in range(2):
+        plan = c.classify(sql)
+        assert plan.refused is not None and plan.refused.kind == CLASSIFIER_FAILED and plan.refused.action == REFUSE
+        assert plan.text == sql
+    assert len(calls) == 2 and c.size == 0  # classified again, never cached
+    assert "the classifier failed on a statement" in caplog.text
+    monkeypatch.undo()
+    assert c.classify(sql).changed  # once fixed, the same text is translated
+    worker_plan, _generation = c.analyse("SELECT payload FROM events")
+    assert worker_plan.changed
