@@ -604,8 +604,8 @@ class Relay:
                 self._claim_pid = first[len("pooler "):].encode()
                 if self.reader is not None or self._claim.major == 2:
                     return self._pooler_ending()
-            # Not claimed, nothing recorded: the challenge says why, or claims (the seat's clock is off, the nonce
-            # ledger was emptied by a crash, the salt changed, a pooler sits behind the seat for a raw session).
+            # Not claimed, nothing recorded: the challenge says why, or claims (the seat's clock is off, a crash
+            # emptied claims, the salt changed, a pooler sits behind the seat for a raw or other session).
             why = "error" if error is not None else (first or "").split(" ")[0]
             if why not in ("error", "clock", "ledger", "pooler", "replay"):
                 why = "refused"  # the wrong secret (a salt learnt before migrate replaced it), no secret, …

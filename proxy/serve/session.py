@@ -249,7 +249,7 @@ class Session:
                 # The seat's schema may not exist yet: nothing to claim with. The read path refuses every statement
                 # that reads or writes event rows; the session ends once the rules come into force.
                 self.first_boot = reader is not None
-            elif self.major in (1, 2) or getattr(self.server, "upstream_pooler", False):
+            elif self.major in (1, 2) or self.server.upstream_pooler:
                 # Sessions of major 1 and 2 are claimed. A raw session is relayed byte for byte, unclaimed: on a
                 # fresh backend that is what a claim of 0 records (a v1 writer whose reads the net of ADR 0009
                 # leaves alone). Once this seat has seen a pooler behind it, whose backends outlive its sessions,
