@@ -45,7 +45,7 @@ CLAIM_ONCE_SQL = ("SELECT openwop_seat.claim_once($1, $2, $3, $4, $5), "
 CLAIM_ONCE_ONLY_SQL = "SELECT openwop_seat.claim_once($1, $2, $3, $4, $5)"
 CLAIM_ONCE_PARAM_OIDS = (23, 20, 25, 23, 25)  # integer, bigint, text, integer, text
 # How far the seat's clock may be from the server's for a one-round-trip claim (else the seat falls back to the
-# challenge), and so how long a proof is good for; the nonce ledger keeps three times as long.
+# challenge), and so how long a proof is good for, and how long after a crash emptied claims no proof is taken.
 CLAIM_CLOCK_TOLERANCE_US = 60_000_000
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
