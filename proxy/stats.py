@@ -56,6 +56,7 @@ class Stats:
         self.refusals: Counter[str] = Counter()
         self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
         self.writer_rule_checks: Counter[str] = Counter()  # runtime checks of the writer rule, by result
+        self.claims: Counter[str] = Counter()  # sessions claimed, by how: "once", "challenge", "challenge after …"
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
         self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
         # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).

@@ -35,6 +35,18 @@ CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge(), pg_catalog.pg_backend_pi
 CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
              "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
 CLAIM_PARAM_OIDS = (25, 23)  # text, integer
+# The claim in one round trip (ADR 0013): the seat's nonce and time, the proof bound to the backend's pid; the same
+# schema-qualified form. Parameters: pid, at_us, nonce, major, proof.
+CLAIM_ONCE_SQL = ("SELECT openwop_seat.claim_once($1, $2, $3, $4, $5), "
+                  "pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
+                  "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
+# The same without the question whether the session's role owns openwop_seat, when the seat knows the answer from an
+# earlier claim of the role (pg_has_role is a fifth of the claim's time in a fresh backend).
+CLAIM_ONCE_ONLY_SQL = "SELECT openwop_seat.claim_once($1, $2, $3, $4, $5)"
+CLAIM_ONCE_PARAM_OIDS = (23, 20, 25, 23, 25)  # integer, bigint, text, integer, text
+# How far the seat's clock may be from the server's for a one-round-trip claim (else the seat falls back to the
+# challenge), and so how long a proof is good for, and how long after a crash emptied claims no proof is taken.
+CLAIM_CLOCK_TOLERANCE_US = 60_000_000
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
 # proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
@@ -94,6 +106,15 @@ class DeclarationsMismatch(DigestMismatch):
 
 
 # --- layout steps ----------------------------------------------------------------
+
+
+def _padded_key_sql(pad: str) -> str:
+    """SQL of claim_secret's HMAC key (``hash``: 32 bytes in hex) zero-padded to 64 bytes and XOR-ed with ``pad``
+    repeated: the key as a 256-bit string XOR the pad, written out in hex 64 bits at a time, then the pad itself."""
+    xor = f"('x' || hash)::bit(256) # ('x' || repeat('{pad}', 32))::bit(256)"
+    parts = [f"lpad(to_hex(substring({xor}, {start}, 64)::bigint), 16, '0')" for start in (1, 65, 129, 193)]
+    return "decode(" + "\n        || ".join(parts) + f"\n        || repeat('{pad}', 32), 'hex')"
+
 
 
 @dataclass(frozen=True)
@@ -190,9 +211,23 @@ COMMENT ON COLUMN openwop_seat.claims.major IS
     '2: a v2 host; 1: a v1 host (reads translated); 0: a raw session (a v1 writer that reads as stored); '
     'NULL: a challenge without a claim yet';
 """),
+    Step(8, "claims: the seat time of a pid's last one-round-trip claim; claim_secret: the HMAC key's pads", """
+-- claim_once (ADR 0013): a pid's claims row keeps the seat's time of its last one-round-trip claim (a proof is good
+-- once: a later claim of the pid must come with a later time), and the row of pid 0 says since when claims is
+-- complete (-infinity; claims is UNLOGGED, and claim_once writes that row again when a crash has emptied it)
+ALTER TABLE openwop_seat.claims ADD COLUMN seat_time bigint;
+COMMENT ON COLUMN openwop_seat.claims.seat_time IS
+    'the seat''s time (µs since 1970) of the last one-round-trip claim of this pid: the next must be later';
+INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (0, '-infinity', NULL, now())
+ON CONFLICT (pid) DO NOTHING;
+-- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
+ALTER TABLE openwop_seat.claim_secret
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("36") + """) STORED,
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("5c") + """) STORED;
+"""),
 )
 
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {

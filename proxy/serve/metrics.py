@@ -70,6 +70,14 @@ class SeatCollector:
         for role in ("superuser", "owns openwop_seat"):
             c.add_metric([role], stats.privileged_sessions[role])
         yield c
+        c = CounterMetricFamily("openwop_seat_claims",
+                                "Claims of sessions' majors, by how they were made: once (one round trip), challenge "
+                                "(the salt was not known yet), or the challenge after a one-round-trip claim the "
+                                "database did not take (clock, ledger, pooler, replay, refused, error; ADR 0013)",
+                                labels=["path"])
+        for path, n in sorted(stats.claims.items()):
+            c.add_metric([path], n)
+        yield c
         g = GaugeMetricFamily("openwop_seat_writer_rule_broken",
                               "1 while the last check found the writer rule not in force as migrate installed it "
                               "(a trigger missing, disabled or replaced, a function replaced, another digest); new "

@@ -86,6 +86,28 @@ COMMENT ON COLUMN openwop_seat.claims.major IS
     '2: a v2 host; 1: a v1 host (reads translated); 0: a raw session (a v1 writer that reads as stored); '
     'NULL: a challenge without a claim yet';
 
+-- ==== layout step 8: claims: the seat time of a pid's last one-round-trip claim; claim_secret: the HMAC key's pads
+-- claim_once (ADR 0013): a pid's claims row keeps the seat's time of its last one-round-trip claim (a proof is good
+-- once: a later claim of the pid must come with a later time), and the row of pid 0 says since when claims is
+-- complete (-infinity; claims is UNLOGGED, and claim_once writes that row again when a crash has emptied it)
+ALTER TABLE openwop_seat.claims ADD COLUMN seat_time bigint;
+COMMENT ON COLUMN openwop_seat.claims.seat_time IS
+    'the seat''s time (µs since 1970) of the last one-round-trip claim of this pid: the next must be later';
+INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (0, '-infinity', NULL, now())
+ON CONFLICT (pid) DO NOTHING;
+-- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
+ALTER TABLE openwop_seat.claim_secret
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 1, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 65, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 129, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 193, 64)::bigint), 16, '0')
+        || repeat('36', 32), 'hex')) STORED,
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 1, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 65, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 129, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 193, 64)::bigint), 16, '0')
+        || repeat('5c', 32), 'hex')) STORED;
+
 -- ==== the operator's declarations (none: the default configuration)
 
 CREATE OR REPLACE FUNCTION openwop_seat.declared_v2(t2 text, p jsonb)
@@ -997,6 +1019,61 @@ BEGIN
 END
 $ow$;
 
+CREATE OR REPLACE FUNCTION openwop_seat.claim_once(pid integer, at_us bigint, nonce text, major integer, proof text)
+RETURNS text LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+WITH me AS (
+    SELECT s.hmac_ipad AS ipad, s.hmac_opad AS opad,
+           (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)
+               AS backend_start,
+           (EXTRACT(EPOCH FROM pg_catalog.statement_timestamp()) * 1000000)::bigint AS now_us,
+           (SELECT CASE WHEN pg_catalog.isfinite(c.backend_start)
+                        THEN (EXTRACT(EPOCH FROM c.backend_start) * 1000000)::bigint ELSE -4611686018427387904 END
+            FROM openwop_seat.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since_us
+    FROM (SELECT) one LEFT JOIN openwop_seat.claim_secret s ON true
+), verdict AS (
+    SELECT me.backend_start, me.since_us, CASE
+        WHEN claim_once.major IS NULL OR claim_once.major NOT IN (0, 1, 2)
+            THEN 'major must be 0 (raw), 1 or 2, got ' || coalesce(claim_once.major::text, 'NULL')
+        WHEN me.ipad IS NULL THEN 'no claim secret is installed: run openwop-seat migrate with '
+                                  'host.claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET'
+        WHEN claim_once.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+            THEN 'pooler ' || pg_catalog.pg_backend_pid()::text
+        WHEN me.backend_start IS NULL THEN 'the owner of openwop_seat cannot see this session''s backend_start '
+                                           '(GRANT pg_read_all_stats TO it)'
+        -- HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad
+        WHEN claim_once.at_us IS NULL OR claim_once.nonce IS NULL OR pg_catalog.length(claim_once.nonce) < 16
+             OR claim_once.proof IS DISTINCT FROM pg_catalog.encode(pg_catalog.sha256(me.opad || pg_catalog.sha256(
+                    me.ipad || pg_catalog.convert_to('openwop_seat.claim_once:' || claim_once.pid::text || ':'
+                                                     || claim_once.at_us::text || ':' || claim_once.nonce || ':'
+                                                     || claim_once.major::text, 'UTF8'))), 'hex')
+            THEN 'wrong secret'
+        WHEN claim_once.at_us < me.now_us - 60000000 OR claim_once.at_us > me.now_us + 60000000 THEN 'clock'
+        WHEN me.since_us IS NULL OR claim_once.at_us < me.since_us + 60000000 THEN 'ledger'
+        ELSE 'ok' END AS v
+    FROM me
+), restarted AS (
+    -- claims is UNLOGGED: after a crash it is empty, and complete only from now on
+    INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at)
+    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since_us IS NULL
+    ON CONFLICT (pid) DO NOTHING
+), claimed AS (
+    INSERT INTO openwop_seat.claims AS c (pid, backend_start, major, claimed_at, challenge, seat_time)
+    SELECT pg_catalog.pg_backend_pid(), verdict.backend_start, claim_once.major, pg_catalog.now(), NULL,
+           claim_once.at_us
+    FROM verdict WHERE verdict.v OPERATOR(pg_catalog.=) 'ok'
+    ON CONFLICT (pid) DO UPDATE
+        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at,
+            challenge = NULL, seat_time = EXCLUDED.seat_time
+        WHERE c.seat_time IS NULL OR c.seat_time OPERATOR(pg_catalog.<) EXCLUDED.seat_time
+    RETURNING 1
+)
+SELECT CASE WHEN verdict.v OPERATOR(pg_catalog.<>) 'ok' THEN verdict.v
+            WHEN EXISTS (SELECT FROM claimed) THEN 'ok' ELSE 'replay' END
+FROM verdict
+$ow$;
+
 CREATE OR REPLACE FUNCTION openwop_seat.session_major()
 RETURNS smallint LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1467,6 +1544,7 @@ GRANT EXECUTE ON FUNCTION openwop_seat.era_now(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.returned_v2p(text, jsonb, text, bigint, text, text, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.claim(text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.claim_challenge() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION openwop_seat.claim_once(integer, bigint, text, integer, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.session_major() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.run_lock_key(text) TO PUBLIC;
 REVOKE ALL ON FUNCTION openwop_seat.stamp_run(text, text) FROM PUBLIC;
