@@ -119,6 +119,10 @@ class SeatServer:
             self._spawn(self._watch_relations())
         if self.read_context is not None and self.config.host.check_interval > 0:
             self._spawn(self._check_writer_rule_periodically())
+        if self.read_context is not None:  # the heartbeat and the tally of majors (docs/lifecycle.md)
+            from proxy.serve.heartbeat import beat_periodically
+
+            self._spawn(beat_periodically(self))
         if self._stopped.is_set():  # stopped by a signal while starting
             return
         # The admin console and the metrics first: once clients can connect, both answer.

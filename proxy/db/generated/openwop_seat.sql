@@ -92,10 +92,12 @@ CREATE TABLE openwop_seat.seats (
     started_at timestamptz NOT NULL,
     last_seen timestamptz NOT NULL,
     version text NOT NULL,
-    reported_by name NOT NULL
+    reported_by name NOT NULL,
+    stopped_at timestamptz
 );
 COMMENT ON TABLE openwop_seat.seats IS
-    'each seat process''s heartbeat (every few seconds while it serves); written only by openwop_seat.seen';
+    'each seat process''s heartbeat (every few seconds while it serves) and when it stopped serving; written only '
+    'by openwop_seat.seen';
 GRANT SELECT ON openwop_seat.seats TO PUBLIC;
 CREATE TABLE openwop_seat.sessions_seen (
     major text NOT NULL CHECK (major IN ('1', '2', 'raw')),
@@ -121,17 +123,20 @@ CREATE TABLE openwop_seat.audit_verdicts (
 COMMENT ON TABLE openwop_seat.audit_verdicts IS
     'the verdict of each openwop-seat audit run by a role that may insert here (the owner of openwop_seat)';
 GRANT SELECT ON openwop_seat.audit_verdicts TO PUBLIC;
-CREATE FUNCTION openwop_seat.seen(p_seat text, p_started timestamptz, p_version text, p_majors jsonb)
+CREATE FUNCTION openwop_seat.seen(p_seat text, p_started timestamptz, p_version text, p_majors jsonb,
+                                  p_stopping boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 BEGIN
     -- A seat's heartbeat and its tally since the last one: [[major, user, new sessions], ...]. The time is the
-    -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one.
-    INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by)
-    VALUES (p_seat, p_started, pg_catalog.now(), p_version, session_user)
+    -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one. The last
+    -- beat of a seat that stops (p_stopping) says so, and a later beat of the same seat clears it.
+    INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by, stopped_at)
+    VALUES (p_seat, p_started, pg_catalog.now(), p_version, session_user,
+            CASE WHEN p_stopping THEN pg_catalog.now() END)
     ON CONFLICT (seat) DO UPDATE SET last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
-        version = EXCLUDED.version, reported_by = EXCLUDED.reported_by;
+        version = EXCLUDED.version, reported_by = EXCLUDED.reported_by, stopped_at = EXCLUDED.stopped_at;
     INSERT INTO openwop_seat.sessions_seen AS t (major, usename, first_seen, last_seen, sessions, last_seat)
     SELECT m ->> 0, m ->> 1, pg_catalog.now(), pg_catalog.now(), GREATEST((m ->> 2)::bigint, 0), p_seat
     FROM pg_catalog.jsonb_array_elements(COALESCE(p_majors, '[]'::jsonb)) AS m
@@ -141,7 +146,7 @@ BEGIN
     DELETE FROM openwop_seat.seats s WHERE s.last_seen < pg_catalog.now() - interval '7 days';
 END
 $ow$;
-GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, timestamptz, text, jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, timestamptz, text, jsonb, boolean) TO PUBLIC;
 CREATE FUNCTION openwop_seat.live_claims()
 RETURNS TABLE (major smallint, sessions bigint) LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
