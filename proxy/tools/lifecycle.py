@@ -288,18 +288,36 @@ async def _remove_host_objects(conn, config, meta: dict, say) -> None:
                                           "default assumed)"))
 
 
+# The namespace of a dependent object, or of the relation or type it belongs to (a view's rule, a default).
+_DEPENDENT_NAMESPACE = """CASE d.classid
+    WHEN 'pg_catalog.pg_class'::regclass THEN (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = d.objid)
+    WHEN 'pg_catalog.pg_proc'::regclass THEN (SELECT p.pronamespace FROM pg_catalog.pg_proc p WHERE p.oid = d.objid)
+    WHEN 'pg_catalog.pg_type'::regclass THEN (SELECT t.typnamespace FROM pg_catalog.pg_type t WHERE t.oid = d.objid)
+    WHEN 'pg_catalog.pg_rewrite'::regclass THEN (SELECT c.relnamespace FROM pg_catalog.pg_rewrite r
+        JOIN pg_catalog.pg_class c ON c.oid = r.ev_class WHERE r.oid = d.objid)
+    WHEN 'pg_catalog.pg_attrdef'::regclass THEN (SELECT c.relnamespace FROM pg_catalog.pg_attrdef a
+        JOIN pg_catalog.pg_class c ON c.oid = a.adrelid WHERE a.oid = d.objid)
+    WHEN 'pg_catalog.pg_constraint'::regclass THEN (SELECT COALESCE(c.relnamespace, t.typnamespace, k.connamespace)
+        FROM pg_catalog.pg_constraint k LEFT JOIN pg_catalog.pg_class c ON c.oid = k.conrelid
+        LEFT JOIN pg_catalog.pg_type t ON t.oid = k.contypid WHERE k.oid = d.objid)
+    WHEN 'pg_catalog.pg_trigger'::regclass THEN (SELECT c.relnamespace FROM pg_catalog.pg_trigger g
+        JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid WHERE g.oid = d.objid)
+    WHEN 'pg_catalog.pg_policy'::regclass THEN (SELECT c.relnamespace FROM pg_catalog.pg_policy g
+        JOIN pg_catalog.pg_class c ON c.oid = g.polrelid WHERE g.oid = d.objid)
+END"""
+
+
 async def _foreign_dependents(conn) -> list[str]:
     """Objects outside the seat's schema that depend on something in it (a host view over events_m2, say)."""
     rows = await conn.fetch(
         "SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0) AS what "
         "FROM pg_catalog.pg_depend d "
-        "CROSS JOIN LATERAL pg_catalog.pg_identify_object(d.classid, d.objid, 0) o "
         "WHERE d.deptype IN ('n', 'a') AND d.refobjid IN ("
         "  SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = $1::regnamespace "
         "  UNION ALL SELECT p.oid FROM pg_catalog.pg_proc p WHERE p.pronamespace = $1::regnamespace "
         "  UNION ALL SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typnamespace = $1::regnamespace) "
-        "AND o.schema IS DISTINCT FROM $1 AND NOT (d.classid = 'pg_catalog.pg_namespace'::regclass) "
-        "ORDER BY 1", SCHEMA)
+        f"AND ({_DEPENDENT_NAMESPACE}) IS DISTINCT FROM $1::regnamespace::oid "
+        "AND d.classid <> 'pg_catalog.pg_namespace'::regclass ORDER BY 1", SCHEMA)
     return [r["what"] for r in rows]
 
 
