@@ -14,6 +14,7 @@ log = logging.getLogger("openwop_seat.metrics")
 
 REFRESH_SECONDS = 60.0
 READ_TIMEOUT = 30.0
+FIRST_WAIT = 5.0
 
 
 class CutoverGauges:
@@ -24,14 +25,15 @@ class CutoverGauges:
         self._tried = 0.0
         self._task: asyncio.Task | None = None
 
-    def poke(self) -> None:
-        """Start a reading in the background when the last one is older than REFRESH_SECONDS."""
-        if self._task is not None and not self._task.done():
-            return
-        if time.monotonic() - self._tried < REFRESH_SECONDS and self._tried:
-            return
-        self._tried = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._read())
+    async def poke(self) -> None:
+        """Start a reading in the background when the last one is older than REFRESH_SECONDS; only before the
+        first reading is there does a scrape wait for it (FIRST_WAIT at most)."""
+        if self._task is None or self._task.done():
+            if not self._tried or time.monotonic() - self._tried >= REFRESH_SECONDS:
+                self._tried = time.monotonic()
+                self._task = asyncio.get_running_loop().create_task(self._read())
+        if self.facts is None and self._task is not None and not self._task.done():
+            await asyncio.wait({self._task}, timeout=FIRST_WAIT)
 
     async def _read(self) -> None:
         from proxy.db.cutover import read_facts
@@ -57,13 +59,15 @@ class CutoverGauges:
         for key, n in sorted(f.eras.items()):
             g.add_metric(["2", ""] if key == "2" else ["3", key], n)
         yield g
+        g = GaugeMetricFamily("openwop_seat_cutover_era2_open_runs", "Era-2 runs without a terminal event")
         if f.era2_open is not None:
-            yield GaugeMetricFamily("openwop_seat_cutover_era2_open_runs",
-                                    "Era-2 runs without a terminal event", value=f.era2_open)
+            g.add_metric([], f.era2_open)
+        yield g
+        g = GaugeMetricFamily("openwop_seat_cutover_newest_era2_append_timestamp_seconds",
+                              "The newest event of an era-2 run (the events table's first timestamp column)")
         if f.newest_era2 is not None and f.newest_era2[1] is not None:
-            yield GaugeMetricFamily("openwop_seat_cutover_newest_era2_append_timestamp_seconds",
-                                    "The newest event of an era-2 run (the events table's first timestamp column)",
-                                    value=f.newest_era2[1].timestamp())
+            g.add_metric([], f.newest_era2[1].timestamp())
+        yield g
         g = GaugeMetricFamily("openwop_seat_cutover_major_last_seen_timestamp_seconds",
                               "When a session of this major last connected through any seat, per database user",
                               labels=["major", "user"])
@@ -73,10 +77,13 @@ class CutoverGauges:
         yield GaugeMetricFamily("openwop_seat_cutover_seats_serving",
                                 "Seat processes whose heartbeat is younger than 30 s", value=len(
                                     [s for s in f.seats if s["age"] < 30 and s["stopped_at"] is None]))
+        ok = GaugeMetricFamily("openwop_seat_cutover_audit_ok",
+                               "1 when the last recorded audit found nothing that would fail or is schema-invalid")
+        at = GaugeMetricFamily("openwop_seat_cutover_audit_timestamp_seconds", "When the last recorded audit finished")
         if f.audit is not None:
-            yield GaugeMetricFamily("openwop_seat_cutover_audit_ok", "1 when the last recorded audit found nothing "
-                                    "that would fail", value=1 if f.audit["ok"] else 0)
-            yield GaugeMetricFamily("openwop_seat_cutover_audit_timestamp_seconds", "When the last recorded audit "
-                                    "finished", value=f.audit["finished_at"].timestamp())
+            ok.add_metric([], 1 if f.audit["ok"] else 0)
+            at.add_metric([], f.audit["finished_at"].timestamp())
+        yield ok
+        yield at
         yield GaugeMetricFamily("openwop_seat_cutover_read_timestamp_seconds",
                                 "When these cutover gauges were read from the database", value=self.read_at)

@@ -42,7 +42,7 @@ async def beat_periodically(server) -> None:
     """Until cancelled: a beat now and every HEARTBEAT_SECONDS while the seat's rules are in force; when
     cancelled (the seat stops), a last beat that says so, within a second."""
     me = seat_identity(server.config)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(timezone.utc).isoformat()
     failing = False
     beaten = False
 

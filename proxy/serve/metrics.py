@@ -312,7 +312,7 @@ class MetricsHTTP:
             if self.db_counters is not None:
                 await self.db_counters.refresh()
             if self.cutover is not None:
-                self.cutover.poke()
+                await self.cutover.poke()
             return "200 OK", PROMETHEUS_TEXT, generate_latest(self.registry)
         if path == "/healthz":
             return "200 OK", "text/plain", b"ok\n"

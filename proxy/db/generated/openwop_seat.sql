@@ -123,7 +123,7 @@ CREATE TABLE openwop_seat.audit_verdicts (
 COMMENT ON TABLE openwop_seat.audit_verdicts IS
     'the verdict of each openwop-seat audit run by a role that may insert here (the owner of openwop_seat)';
 GRANT SELECT ON openwop_seat.audit_verdicts TO PUBLIC;
-CREATE FUNCTION openwop_seat.seen(p_seat text, p_started timestamptz, p_version text, p_majors jsonb,
+CREATE FUNCTION openwop_seat.seen(p_seat text, p_started text, p_version text, p_majors jsonb,
                                   p_stopping boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -133,7 +133,7 @@ BEGIN
     -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one. The last
     -- beat of a seat that stops (p_stopping) says so, and a later beat of the same seat clears it.
     INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by, stopped_at)
-    VALUES (p_seat, p_started, pg_catalog.now(), p_version, session_user,
+    VALUES (p_seat, p_started::timestamptz, pg_catalog.now(), p_version, session_user,
             CASE WHEN p_stopping THEN pg_catalog.now() END)
     ON CONFLICT (seat) DO UPDATE SET last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
         version = EXCLUDED.version, reported_by = EXCLUDED.reported_by, stopped_at = EXCLUDED.stopped_at;
@@ -146,7 +146,7 @@ BEGIN
     DELETE FROM openwop_seat.seats s WHERE s.last_seen < pg_catalog.now() - interval '7 days';
 END
 $ow$;
-GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, timestamptz, text, jsonb, boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, text, text, jsonb, boolean) TO PUBLIC;
 CREATE FUNCTION openwop_seat.live_claims()
 RETURNS TABLE (major smallint, sessions bigint) LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
