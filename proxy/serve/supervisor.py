@@ -334,6 +334,8 @@ class Supervisor:
                     key = (s.name, tuple(sorted(s.labels.items())))
                     if fam.name.endswith("_info"):
                         entry[2][key] = s.value
+                    elif fam.name.startswith("openwop_seat_cutover_"):  # read from the one database by each worker
+                        entry[2][key] = max(entry[2].get(key, s.value), s.value)
                     else:
                         entry[2][key] = entry[2].get(key, 0.0) + s.value
                     if fam.type == "counter":

@@ -246,16 +246,19 @@ def test_uninstall_resumes_after_a_crash_between_restores(pg, host, start_seat):
     r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--all", "--no-progress")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
     # a crash after one run was restored: the state an interrupted uninstall leaves
+    r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--restore", host.closed[1])
+    assert r.returncode == EXIT_OK, r.stderr
     host.sql("INSERT INTO openwop_seat.meta VALUES ('uninstalling_since', now()::text)")
     r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--restore", host.closed[0])
     assert r.returncode == EXIT_UNAVAILABLE and "uninstall of this database is under way" in r.stderr
     j = host.status_json()
-    assert j["state"] == "uninstalling" and j["backfilledRuns"] == 4
+    assert j["state"] == "uninstalling" and j["backfilledRuns"] == 3 and j["runs"]["era2"] == 1
     assert "an uninstall is under way" in host.status().stdout
     r = cli("migrate", "--config", str(host.config), "--dsn", host.dsn())
     assert r.returncode == 1 and "uninstall" in r.stderr
     r = cli("uninstall", "--config", str(host.config), "--dsn", host.dsn(), "--no-progress")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
+    assert "restored 3 backfilled runs" in r.stdout and "uninstall started" not in r.stdout
     assert host.schema_dump() == schema_before and host.data("events") == events_before
 
 
@@ -344,26 +347,28 @@ def test_retire_with_allow_era2_leaves_the_era2_runs_v1_only_and_lists_them(pg, 
 # --- gauges and bad input --------------------------------------------------------------------------------
 
 
-def test_cutover_gauges_on_metrics(pg, host, start_seat):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cutover_gauges_on_metrics(pg, host, start_seat, workers):
     host.migrate()
-    seat = start(start_seat, host)
+    seat = start_seat(host={"dsn": host.dsn()}, proxy={"workers": workers})
     traffic(seat, host, "v2-new")
 
     def scrape() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=20) as resp:
             return resp.read().decode()
 
     def gauged() -> str | None:
         t = scrape()
-        return t if "openwop_seat_cutover_runs" in t else None
+        return t if "openwop_seat_cutover_seats_serving " in t else None
 
     text = wait_for(gauged)
     assert text, scrape()
+    # every worker reads the one database: the supervisor exports one value, not their sum
     assert 'openwop_seat_cutover_runs{era="2",source=""} 4.0' in text
     assert 'openwop_seat_cutover_runs{era="3",source="created"} 1.0' in text
     assert "openwop_seat_cutover_era2_open_runs 1.0" in text
-    assert "openwop_seat_cutover_seats_serving 1.0" in text
-    assert "openwop_seat_cutover_newest_era2_append_timestamp_seconds" in text
+    assert f"openwop_seat_cutover_seats_serving {float(workers)}" in text
+    assert "openwop_seat_cutover_newest_era2_append_timestamp_seconds " in text
 
 
 def test_bad_input_and_databases_the_commands_cannot_use(pg, host):
