@@ -104,6 +104,13 @@ class Host:
         return "\n".join(line for line in out.stdout.splitlines() if not line.startswith("\\restrict")
                          and not line.startswith("\\unrestrict"))
 
+    def database_schema_dump(self) -> str:
+        """pg_dump --schema-only of the whole database: every schema, object, grant and default privilege."""
+        out = subprocess.run([os.path.join(self.pg.bin, "pg_dump"), "--schema-only", "-d", self.dsn()],
+                             capture_output=True, text=True, check=True)
+        return "\n".join(line for line in out.stdout.splitlines() if not line.startswith("\\restrict")
+                         and not line.startswith("\\unrestrict"))
+
     def whole_dump(self) -> str:
         """Every schema and row of the database (for "nothing changed"), but the heartbeats a seat writes."""
         out = subprocess.run([os.path.join(self.pg.bin, "pg_dump"), "--exclude-table-data=openwop_seat.seats",
@@ -174,7 +181,7 @@ def seen_both(host: Host) -> dict | None:
 
 
 def test_uninstall_round_trip_leaves_the_host_tables_as_before_migrate_but_the_kept_era3_runs(pg, host, start_seat):
-    schema_before = host.schema_dump()
+    schema_before, database_before = host.schema_dump(), host.database_schema_dump()
     events_before, runs_before = host.data("events"), host.data("runs")
     host.migrate()
     assert host.schema_dump() != schema_before  # the triggers, the policies, row-level security
@@ -223,6 +230,7 @@ def test_uninstall_round_trip_leaves_the_host_tables_as_before_migrate_but_the_k
     # the host's tables: the same DDL, triggers, policies and grants; the same rows but the kept run and the
     # appends the hosts made meanwhile (in the v1 spelling an era-2 log holds)
     assert host.schema_dump() == schema_before
+    assert host.database_schema_dump() == database_before  # nothing migrate made is left anywhere
     events_after = host.data("events")
     kept = [e for e in events_after if e.startswith("(v2-new-")]
     appended = [e for e in events_after if e.startswith((f"({host.open[0]}-10,", f"({host.open[0]}-11,"))]
@@ -289,8 +297,11 @@ def test_retire_refuses_until_ready_then_a_direct_v2_read_is_the_seats_read(pg, 
 
     r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--all", "--no-progress")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
-    r = retire("--quiet", "3600")
-    assert r.returncode == EXIT_REFUSED and "era-2 runs remain" not in r.stderr and "a seat is serving" in r.stderr
+    whole = host.whole_dump()
+    r = retire("--quiet", "0")  # no era-2 run, no quiet period: the serving seat alone blocks
+    assert r.returncode == EXIT_REFUSED, r.stderr
+    assert r.stderr.count("  - ") == 1 and "a seat is serving" in r.stderr
+    assert host.whole_dump() == whole
     seat.stop()
     r = retire("--quiet", "3600")
     assert r.returncode == EXIT_REFUSED, r.stderr
