@@ -345,6 +345,16 @@ def test_retire_refuses_until_ready_then_a_direct_v2_read_is_the_seats_read(pg, 
 
 def test_retire_with_allow_era2_leaves_the_era2_runs_v1_only_and_lists_them(pg, host):
     host.migrate()
+    assert host.status_json()["audit"] is None
+    audit = cli("audit", "--config", str(host.config), "--dsn", host.dsn(), "--no-progress")
+    assert audit.returncode in (EXIT_OK, EXIT_REFUSED), audit.stderr
+    verdict = host.status_json()["audit"]  # recorded: audit ran as the owner of openwop_seat
+    assert verdict["ok"] is (audit.returncode == EXIT_OK) and verdict["byRole"] == "postgres"
+    assert verdict["summary"]["runs"]["era2Scanned"] == 4, verdict
+    assert "audit: last verdict" in host.status().stdout
+    reader = cli("audit", "--config", str(host.config), "--dsn", host.dsn(user="host_user"), "--no-progress")
+    assert reader.returncode in (EXIT_OK, EXIT_REFUSED), reader.stderr  # a reader records nothing
+    assert host.status_json()["audit"]["finishedAt"] == verdict["finishedAt"]
     r = cli("retire", "--config", str(host.config), "--dsn", host.dsn(), "--quiet", "0")
     assert r.returncode == EXIT_REFUSED and "--allow-era2" in r.stderr
     assert host.status_json("--quiet", "0")["retire"]["possibleWithAllowEra2"]
