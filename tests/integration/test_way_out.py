@@ -65,13 +65,16 @@ def raw_read(dsn: str, run: str) -> list[tuple]:
 class Host:
     """A database of its own with the reference host's tables, seeded with era-2 runs."""
 
-    def __init__(self, pg, tmp: Path):
+    def __init__(self, pg, tmp: Path, era_column: str | None = None):
         self.pg = pg
         self.db = f"wayout_{os.getpid()}_{next(_dbs)}"
+        self.era_column = era_column
         pg.psql(f"CREATE DATABASE {self.db}")
-        self.sql(HOST_SCHEMA + "GRANT ALL ON runs, events TO PUBLIC;")
+        self.sql(HOST_SCHEMA + "GRANT ALL ON runs, events TO PUBLIC;"
+                 + (f"ALTER TABLE runs ADD COLUMN {era_column} smallint;" if era_column else ""))
         self.config = tmp / "seat.toml"
-        self.config.write_text(render_config({"host": {"dsn": pg.dsn(dbname=self.db)}}))
+        self.config.write_text(render_config({"host": {"dsn": pg.dsn(dbname=self.db),
+                                                       **({"era_column": era_column} if era_column else {})}}))
         self.closed = [f"closed-{i}" for i in range(3)]
         self.open = ["open-0"]
         for run in self.closed:
@@ -144,7 +147,9 @@ def host(pg, tmp_path):
 
 
 def start(start_seat, host: Host):
-    return start_seat(host={"dsn": host.dsn()}, proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
+    extra = {"era_column": host.era_column} if host.era_column else {}
+    return start_seat(host={"dsn": host.dsn(), **extra},
+                      proxy={"clients": [{"application_name": "v1-host", "major": 1}]})
 
 
 def traffic(seat, host: Host, new_run: str) -> None:
@@ -246,6 +251,32 @@ def test_uninstall_round_trip_leaves_the_host_tables_as_before_migrate_but_the_k
     assert r.returncode == EXIT_OK and "nothing to do" in r.stdout
     r = host.status()
     assert r.returncode == EXIT_UNAVAILABLE and "has no openwop_seat schema" in r.stderr
+
+
+def test_the_era_column_store_round_trip(pg, tmp_path, start_seat):
+    """With [host] era_column the era lives in the host's runs table: status counts it, uninstall clears the
+    column of the runs it restores and leaves it on the kept ones (the host's own column stays)."""
+    host = Host(pg, tmp_path, era_column="era")
+    try:
+        schema_before, runs_before = host.schema_dump(), host.data("runs")
+        host.migrate()
+        seat = start(start_seat, host)
+        traffic(seat, host, "v2-new")
+        r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--runs", host.closed[1],
+                "--no-progress")
+        assert r.returncode == EXIT_OK, r.stdout + r.stderr
+        seat.stop()
+        j = host.status_json()
+        assert j["runs"]["era2"] == 3 and j["runs"]["era3BySource"] == {"era-column": 2}
+        assert [x["runId"] for x in j["era3WithoutOriginal"]["runs"]] == ["v2-new"]
+        r = cli("uninstall", "--config", str(host.config), "--dsn", host.dsn(), "--keep-era3", "--no-progress")
+        assert r.returncode == EXIT_OK, r.stdout + r.stderr
+        assert host.schema_dump() == schema_before
+        assert host.rows("SELECT run_id, era FROM runs WHERE era IS NOT NULL") == [("v2-new", 3)]
+        assert sorted(set(host.data("runs")) - {x for x in host.data("runs") if x.startswith("(v2-new,")}) == \
+            sorted(runs_before)
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {host.db} WITH (FORCE)", check=False)
 
 
 def test_uninstall_resumes_after_a_crash_between_restores(pg, host, start_seat):
