@@ -118,9 +118,10 @@ def status_text(j: dict) -> str:
                + ("" if d["match"] else f" (this configuration's: {d['thisSeat']}: they differ)"))
     out.append(f"generated objects sha256 {j['installedSha256']}, last migrate {j['updatedAt']}")
     r = j["runs"]
-    by = ", ".join(f"{SEAT_SOURCES.get(k, k)} {v:,}" for k, v in r["era3BySource"].items()) or "none"
-    out.append(f"runs: {r['total']:,}: era 2 (v1 logs, unstamped) {r['era2']:,}, of them open (no terminal event) "
-               f"{r['era2Open'] if r['era2Open'] is not None else '-'}; era 3 {r['era3']:,} ({by})")
+    by = ", ".join(f"{SEAT_SOURCES.get(k, k)} {v:,}" for k, v in r["era3BySource"].items())
+    out.append(f"runs: {r['total']:,} in all; era 2 (v1 logs, unstamped): {r['era2']:,}, open (no terminal event): "
+               f"{r['era2Open'] if r['era2Open'] is not None else '-'}; era 3: {r['era3']:,}"
+               + (f" ({by})" if by else ""))
     n = j["newestEra2Append"]
     out.append("newest era-2 append: " + ("unknown (the events table has no timestamp column)" if n is None
                                            else f"{n['at'] or 'none'} (by events.{n['column']})"))

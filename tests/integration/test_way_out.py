@@ -210,8 +210,8 @@ def test_uninstall_round_trip_leaves_the_host_tables_as_before_migrate_but_the_k
     assert not j["uninstall"]["possible"] and not j["retire"]["possible"]
     text = host.status()
     assert text.returncode == EXIT_OK
-    assert "era 2 (v1 logs, unstamped) 3, of them open (no terminal event) 1" in text.stdout
-    assert "era 3 2 (converted by backfill 1, stamped by a seat (created by a v2 writer) 1)" in text.stdout, text.stdout
+    assert "era 2 (v1 logs, unstamped): 3, open (no terminal event): 1" in text.stdout
+    assert "era 3: 2 (converted by backfill 1, stamped by a seat (created by a v2 writer) 1)" in text.stdout, text.stdout
     assert "major 1   user postgres" in text.stdout and "seats serving: " in text.stdout
 
     # refused while the seat serves, and without --keep-era3: nothing changed

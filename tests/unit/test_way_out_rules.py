@@ -82,7 +82,7 @@ def test_status_report_names_every_fact_and_blocker():
     assert not j["retire"]["possible"] and not j["retire"]["possibleWithAllowEra2"]
     assert not j["uninstall"]["possible"] and not j["uninstall"]["possibleWithKeepEra3"]  # the serving seat
     text = status_text(j)
-    for line in ("the seat is installed (layout 8", "era 2 (v1 logs, unstamped) 2, of them open (no terminal event) 1",
+    for line in ("the seat is installed (layout 8", "era 2 (v1 logs, unstamped): 2, open (no terminal event): 1",
                  "converted by backfill --repair 1, stamped by a seat (created by a v2 writer) 1",
                  "newest era-2 append: 2026-12-05T03:00:00+00:00 (by events.timestamp)",
                  "era-3 runs without a v1 original: 1: r9", "(this configuration's:", "major 1   user app",
