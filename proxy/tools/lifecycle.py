@@ -322,6 +322,13 @@ async def _foreign_dependents(conn) -> list[str]:
     return [r["what"] for r in rows]
 
 
+async def _lock_events(conn, config) -> None:
+    """Appends and rewrites wait from here to the commit (when the events table exists)."""
+    events = quote_qualified(config.host.events_table)
+    if await conn.fetchval("SELECT pg_catalog.to_regclass($1) IS NOT NULL", events):
+        await conn.execute(f"LOCK TABLE {events} IN SHARE ROW EXCLUSIVE MODE")
+
+
 async def _lock(conn) -> None:
     await conn.execute("SELECT pg_catalog.pg_advisory_lock($1)", LOCK_KEY)
 
@@ -388,7 +395,7 @@ async def run_retire(conn, config, artifacts, *, quiet: float, allow_era2: bool,
         raise Refused(blockers)
     async with conn.transaction():
         # Appends wait from here to the commit: nothing is written half under the writer rule.
-        await conn.execute(f"LOCK TABLE {quote_qualified(config.host.events_table)} IN SHARE ROW EXCLUSIVE MODE")
+        await _lock_events(conn, config)
         facts = await read_facts(conn, config, artifacts)  # again, under the locks: a seat may have started
         blockers = facts.retire_blockers(quiet, allow_era2)
         if blockers:
@@ -534,7 +541,8 @@ async def run_uninstall(conn, config, artifacts, *, keep_era3: bool, say=print,
         say("uninstall started: seats and tools now refuse this database until it is finished")
     todo = [r for r in facts.backfilled if r not in kept_ids]
     b = Backfill(conn, config)
-    await b.prepare()
+    if todo:
+        await b.prepare()
     restored = []
     for i, run in enumerate(todo, 1):
         try:
@@ -549,7 +557,7 @@ async def run_uninstall(conn, config, artifacts, *, keep_era3: bool, say=print,
         progress.done(f"{bar(len(todo), len(todo))}{len(todo):,} of {len(todo):,} backfilled runs restored")
     say(f"restored {len(restored):,} backfilled runs from {SCHEMA}.events_v1_original (era 2 again)")
     async with conn.transaction():
-        await conn.execute(f"LOCK TABLE {quote_qualified(config.host.events_table)} IN SHARE ROW EXCLUSIVE MODE")
+        await _lock_events(conn, config)
         facts = await read_facts(conn, config, artifacts)
         blockers = facts.uninstall_blockers(keep_era3)
         if blockers:

@@ -211,7 +211,7 @@ def test_uninstall_round_trip_leaves_the_host_tables_as_before_migrate_but_the_k
     text = host.status()
     assert text.returncode == EXIT_OK
     assert "era 2 (v1 logs, unstamped): 3, open (no terminal event): 1" in text.stdout
-    assert "era 3: 2 (converted by backfill 1, stamped by a seat (created by a v2 writer) 1)" in text.stdout, text.stdout
+    assert "era 3: 2 (converted by backfill 1, stamped by a seat (created by a v2 writer) 1)" in text.stdout
     assert "major 1   user postgres" in text.stdout and "seats serving: " in text.stdout
 
     # refused while the seat serves, and without --keep-era3: nothing changed
@@ -453,3 +453,27 @@ def test_bad_input_and_databases_the_commands_cannot_use(pg, host):
         r = cli(cmd, "--config", str(host.config), "--dsn", host.dsn())
         assert r.returncode == EXIT_UNAVAILABLE and "layout is version 99, newer" in r.stderr, (cmd, r.stderr)
     assert host.whole_dump() != whole  # only the layout_version changed above
+
+
+def test_a_database_migrated_before_the_host_made_its_tables(pg, tmp_path):
+    """First boot: migrate ran before the host created its tables; status reads it, uninstall leaves nothing."""
+    db = f"wayout_{os.getpid()}_{next(_dbs)}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        dsn = pg.dsn(dbname=db)
+        dump = [os.path.join(pg.bin, "pg_dump"), "--schema-only", "-d", dsn]
+        before = subprocess.run(dump, capture_output=True, text=True, check=True).stdout
+        assert cli("migrate", "--dsn", dsn).returncode == EXIT_OK
+        r = cli("status", "--dsn", dsn, "--json")
+        assert r.returncode == EXIT_OK, r.stderr
+        j = json.loads(r.stdout)
+        assert j["runs"]["total"] == 0 and j["newestEra2Append"] is None and j["uninstall"]["possible"]
+        r = cli("uninstall", "--dsn", dsn)
+        assert r.returncode == EXIT_OK and "dropped 0 triggers" in r.stdout, r.stdout + r.stderr
+
+        def strip(text: str) -> list[str]:
+            return [x for x in text.splitlines() if not x.startswith(("\\restrict", "\\unrestrict"))]
+
+        assert strip(subprocess.run(dump, capture_output=True, text=True, check=True).stdout) == strip(before)
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
