@@ -367,6 +367,8 @@ def test_retire_refuses_until_ready_then_a_direct_v2_read_is_the_seats_read(pg, 
     assert r.returncode == EXIT_OK and "nothing to do" in r.stdout
     r = cli("migrate", "--config", str(host.config), "--dsn", host.dsn())
     assert r.returncode == 1 and "retired" in r.stderr
+    late = start_seat(host={"dsn": host.dsn()}, wait=False)  # a seat started after retire refuses to serve
+    assert late.proc.wait(30) == 1 and "the seat was retired from this database" in late.log()
     r = cli("uninstall", "--config", str(host.config), "--dsn", host.dsn())
     assert r.returncode == EXIT_REFUSED and "the way back is closed" in r.stderr
     r = retire("--drop-evidence")
