@@ -97,6 +97,8 @@ class Facts:
     def uninstall_blockers(self, keep_era3: bool) -> list[str]:
         if self.state == "absent":
             return []
+        if self.state == "retired":
+            return ["the seat was retired: the way back is closed (`retire --drop-evidence` removes what is left)"]
         out = []
         if self.era3_without_original and not keep_era3:
             out.append(f"{len(self.era3_without_original)} era-3 runs have no v1 original (a v2 host created them, "

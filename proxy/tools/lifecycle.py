@@ -151,7 +151,9 @@ def status_text(j: dict) -> str:
     for what, key, flag in (("retire", "retire", "possibleWithAllowEra2"),
                             ("uninstall", "uninstall", "possibleWithKeepEra3")):
         b = j[key]
-        if b["possible"]:
+        if key == "retire" and j["state"] == "retired":
+            out.append(f"retire: done at {j['retiredAt']}")
+        elif b["possible"]:
             out.append(f"{what}: possible now" + (f" (quiet period {b['quietSeconds']:.0f} s)" if key == "retire"
                                                    else ""))
         else:

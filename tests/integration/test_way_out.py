@@ -362,7 +362,8 @@ def test_retire_refuses_until_ready_then_a_direct_v2_read_is_the_seats_read(pg, 
 
     j = host.status_json()
     assert j["state"] == "retired" and j["retiredAt"] and j["runs"]["era3BySource"] == {"backfill": 4, "created": 1}
-    assert "retired at" in host.status().stdout
+    text = host.status().stdout
+    assert "retired at" in text and "retire: done at" in text and "the way back is closed" in text
     r = retire("--quiet", "1")
     assert r.returncode == EXIT_OK and "nothing to do" in r.stdout
     r = cli("migrate", "--config", str(host.config), "--dsn", host.dsn())

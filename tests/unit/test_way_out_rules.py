@@ -59,6 +59,7 @@ def test_each_retire_blocker_alone():
 def test_retire_state_and_uninstall_blockers():
     assert facts(state="retired", eras={"2": 3}).retire_blockers(60, False) == []  # nothing left to do
     assert facts(state="uninstalling").retire_blockers(60, False) == ["the seat's schema is uninstalling"]
+    assert "the way back is closed" in facts(state="retired").uninstall_blockers(keep_era3=True)[0]
     f = facts(era3_without_original=[("r1", "no v1 original (created by a v2 writer)")])
     (b,) = f.uninstall_blockers(keep_era3=False)
     assert b.startswith("1 era-3 runs have no v1 original") and "--keep-era3" in b
