@@ -279,25 +279,38 @@ def test_the_era_column_store_round_trip(pg, tmp_path, start_seat):
         pg.psql(f"DROP DATABASE IF EXISTS {host.db} WITH (FORCE)", check=False)
 
 
-def test_uninstall_resumes_after_a_crash_between_restores(pg, host, start_seat):
+def test_uninstall_killed_between_restores_resumes(pg, host):
     schema_before, events_before = host.schema_dump(), host.data("events")
     host.migrate()
     r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--all", "--no-progress")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
-    # a crash after one run was restored: the state an interrupted uninstall leaves
-    r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--restore", host.closed[1])
-    assert r.returncode == EXIT_OK, r.stderr
-    host.sql("INSERT INTO openwop_seat.meta VALUES ('uninstalling_since', now()::text)")
-    r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--restore", host.closed[0])
-    assert r.returncode == EXIT_UNAVAILABLE and "uninstall of this database is under way" in r.stderr
+    runs = sorted(host.closed + host.open)  # uninstall restores them in this order
+    # hold the third run's lock (the one backfill and an append take): the uninstall stops there; kill it then
+    with psycopg.connect(host.dsn(), autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(openwop_seat.run_lock_key(%s))", (runs[2],))
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "uninstall", "--config", str(host.config), "--dsn",
+                                 host.dsn(), "--no-progress"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_for(lambda: host.rows("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                                              "NOT granted")[0][0] == 1, timeout=60)
+            assert [host.rows("SELECT openwop_seat.era_of(%s)", run)[0][0] for run in runs] == [2, 2, 3, 3]
+        finally:
+            proc.kill()
+            proc.communicate()
+        holder.execute("SELECT pg_advisory_unlock_all()")
+    # the state an interrupted uninstall leaves: status explains it, seats, tools and migrate refuse it
     j = host.status_json()
-    assert j["state"] == "uninstalling" and j["backfilledRuns"] == 3 and j["runs"]["era2"] == 1
+    assert j["state"] == "uninstalling" and j["backfilledRuns"] == 2 and j["runs"]["era2"] == 2, j
     assert "an uninstall is under way" in host.status().stdout
+    r = cli("backfill", "--config", str(host.config), "--dsn", host.dsn(), "--restore", runs[2])
+    assert r.returncode == EXIT_UNAVAILABLE and "uninstall of this database is under way" in r.stderr
     r = cli("migrate", "--config", str(host.config), "--dsn", host.dsn())
     assert r.returncode == 1 and "uninstall" in r.stderr
+    # a re-run finishes
     r = cli("uninstall", "--config", str(host.config), "--dsn", host.dsn(), "--no-progress")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
-    assert "restored 3 backfilled runs" in r.stdout and "uninstall started" not in r.stdout
+    assert "restored 2 backfilled runs" in r.stdout and "uninstall started" not in r.stdout
     assert host.schema_dump() == schema_before and host.data("events") == events_before
 
 
