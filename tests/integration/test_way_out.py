@@ -405,6 +405,23 @@ def test_retire_with_allow_era2_leaves_the_era2_runs_v1_only_and_lists_them(pg, 
     r = cli("retire", "--config", str(host.config), "--dsn", host.dsn(), "--quiet", "0")
     assert r.returncode == EXIT_REFUSED and "--allow-era2" in r.stderr
     assert host.status_json("--quiet", "0")["retire"]["possibleWithAllowEra2"]
+    # killed while it waits for the events table's lock (a writer's transaction is open): nothing changed
+    whole = host.whole_dump()
+    with psycopg.connect(host.dsn()) as writer:
+        writer.execute("LOCK TABLE events IN ROW EXCLUSIVE MODE")
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "retire", "--config", str(host.config), "--dsn",
+                                 host.dsn(), "--quiet", "0", "--allow-era2"], cwd=ROOT, env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_for(lambda: host.rows("SELECT count(*) FROM pg_locks WHERE relation = 'events'::regclass "
+                                              "AND NOT granted")[0][0] == 1, timeout=60)
+        finally:
+            proc.kill()
+            proc.communicate()
+        writer.rollback()
+    assert wait_for(lambda: host.rows("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                      "'openwop-seat retire'")[0][0] == 0)
+    assert host.whole_dump() == whole and host.status_json()["state"] == "installed"
     r = cli("retire", "--config", str(host.config), "--dsn", host.dsn(), "--quiet", "0", "--allow-era2")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
     record = json.loads(host.rows("SELECT value FROM openwop_seat.meta WHERE key = 'retire_record'")[0][0])
