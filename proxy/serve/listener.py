@@ -127,6 +127,10 @@ class SeatServer:
             self._spawn(self._watch_relations())
         if self.read_context is not None and self.config.host.check_interval > 0:
             self._spawn(self._check_writer_rule_periodically())
+        if self.read_context is not None:  # the heartbeat and the tally of majors (docs/lifecycle.md)
+            from proxy.serve.heartbeat import beat_periodically
+
+            self._spawn(beat_periodically(self))
         if self.read_context is not None and self.config.host.store and self.config.host.dsn:
             from proxy.serve.store_filler import fill_forever
 

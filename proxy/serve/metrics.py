@@ -305,6 +305,12 @@ class MetricsHTTP:
 
             self.db_counters = DatabaseCounters(server.config, getattr(server, "catalog", None))
             self.registry.register(self.db_counters)
+        self.cutover = None
+        if server.config.translates and server.config.host.dsn and getattr(server, "catalog", None) is not None:
+            from proxy.serve.cutover_gauges import CutoverGauges  # docs/lifecycle.md
+
+            self.cutover = CutoverGauges(server)
+            self.registry.register(self.cutover)
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -327,6 +333,8 @@ class MetricsHTTP:
         if path == "/metrics":
             if self.db_counters is not None:
                 await self.db_counters.refresh()
+            if self.cutover is not None:
+                await self.cutover.poke()
             return "200 OK", PROMETHEUS_TEXT, generate_latest(self.registry)
         if path == "/healthz":
             return "200 OK", "text/plain", b"ok\n"

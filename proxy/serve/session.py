@@ -234,6 +234,8 @@ class Session:
             return
         self.major = self.config.major_for(self.params)
         stats = self.server.stats
+        if self.server.on_host_database(self.params):  # a count only: the heartbeat writes it (docs/lifecycle.md)
+            stats.majors_seen[(self.major, self.params["user"])] += 1
         self.label_pair = stats.label_pair(self.params["database"], self.params["user"],
                                            self.config.database_user_labels)
         stats.pair_sessions[self.label_pair] += 1

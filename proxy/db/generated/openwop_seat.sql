@@ -108,6 +108,78 @@ ALTER TABLE openwop_seat.claim_secret
         || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 193, 64)::bigint), 16, '0')
         || repeat('5c', 32), 'hex')) STORED;
 
+-- ==== layout step 9: add seats, sessions_seen and audit_verdicts (the cutover's progress: who connected, which seat serves, audit's verdicts) and their writers seen() and live_claims()
+CREATE TABLE openwop_seat.seats (
+    seat text PRIMARY KEY,
+    started_at timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    version text NOT NULL,
+    reported_by name NOT NULL,
+    stopped_at timestamptz
+);
+COMMENT ON TABLE openwop_seat.seats IS
+    'each seat process''s heartbeat (every few seconds while it serves) and when it stopped serving; written only '
+    'by openwop_seat.seen';
+GRANT SELECT ON openwop_seat.seats TO PUBLIC;
+CREATE TABLE openwop_seat.sessions_seen (
+    major text NOT NULL CHECK (major IN ('1', '2', 'raw')),
+    usename text NOT NULL,
+    first_seen timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    sessions bigint NOT NULL CHECK (sessions >= 0),
+    last_seat text NOT NULL,
+    PRIMARY KEY (major, usename)
+);
+COMMENT ON TABLE openwop_seat.sessions_seen IS
+    'which majors have connected through a seat and when last (to within a heartbeat), per database user; '
+    'written only by openwop_seat.seen, never moved back';
+GRANT SELECT ON openwop_seat.sessions_seen TO PUBLIC;
+CREATE TABLE openwop_seat.audit_verdicts (
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    ok boolean NOT NULL,
+    summary jsonb NOT NULL,
+    artifact_digest text NOT NULL,
+    declarations_digest text NOT NULL,
+    by_role name NOT NULL DEFAULT current_user
+);
+COMMENT ON TABLE openwop_seat.audit_verdicts IS
+    'the verdict of each openwop-seat audit run by a role that may insert here (the owner of openwop_seat)';
+GRANT SELECT ON openwop_seat.audit_verdicts TO PUBLIC;
+CREATE FUNCTION openwop_seat.seen(p_seat text, p_started text, p_version text, p_majors jsonb,
+                                  p_stopping boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    -- A seat's heartbeat and its tally since the last one: [[major, user, new sessions], ...]. The time is the
+    -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one. The last
+    -- beat of a seat that stops (p_stopping) says so, and a later beat of the same seat clears it.
+    INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by, stopped_at)
+    VALUES (p_seat, p_started::timestamptz, pg_catalog.now(), p_version, session_user,
+            CASE WHEN p_stopping THEN pg_catalog.now() END)
+    ON CONFLICT (seat) DO UPDATE SET last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
+        version = EXCLUDED.version, reported_by = EXCLUDED.reported_by, stopped_at = EXCLUDED.stopped_at;
+    INSERT INTO openwop_seat.sessions_seen AS t (major, usename, first_seen, last_seen, sessions, last_seat)
+    SELECT m ->> 0, m ->> 1, pg_catalog.now(), pg_catalog.now(), GREATEST((m ->> 2)::bigint, 0), p_seat
+    FROM pg_catalog.jsonb_array_elements(COALESCE(p_majors, '[]'::jsonb)) AS m
+    WHERE (m ->> 0) IN ('1', '2', 'raw') AND (m ->> 1) IS NOT NULL
+    ON CONFLICT (major, usename) DO UPDATE SET last_seen = GREATEST(t.last_seen, EXCLUDED.last_seen),
+        sessions = t.sessions + EXCLUDED.sessions, last_seat = EXCLUDED.last_seat;
+    DELETE FROM openwop_seat.seats s WHERE s.last_seen < pg_catalog.now() - interval '7 days';
+END
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, text, text, jsonb, boolean) TO PUBLIC;
+CREATE FUNCTION openwop_seat.live_claims()
+RETURNS TABLE (major smallint, sessions bigint) LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+    -- The claims of backends alive now (the same pid and start time in pg_stat_activity), by major.
+    SELECT c.major, count(*) FROM openwop_seat.claims c
+    JOIN pg_catalog.pg_stat_activity a ON a.pid = c.pid AND a.backend_start = c.backend_start
+    WHERE c.major IS NOT NULL GROUP BY c.major
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.live_claims() TO PUBLIC;
+
 -- ==== the operator's declarations (none: the default configuration)
 
 CREATE OR REPLACE FUNCTION openwop_seat.declared_v2(t2 text, p jsonb)
