@@ -68,11 +68,16 @@ class CutoverGauges:
         if f.newest_era2 is not None and f.newest_era2[1] is not None:
             g.add_metric([], f.newest_era2[1].timestamp())
         yield g
+        # Per major, the newest over the database users: users are unbounded here (`status` lists them), and a
+        # label per user would bypass metrics.database_user_labels.
         g = GaugeMetricFamily("openwop_seat_cutover_major_last_seen_timestamp_seconds",
-                              "When a session of this major last connected through any seat, per database user",
-                              labels=["major", "user"])
+                              "When a session of this major last connected through any seat (any database user)",
+                              labels=["major"])
+        newest: dict[str, float] = {}
         for s in f.sightings:
-            g.add_metric([s["major"], s["user"]], s["last_seen"].timestamp())
+            newest[s["major"]] = max(newest.get(s["major"], 0.0), s["last_seen"].timestamp())
+        for major, at in sorted(newest.items()):
+            g.add_metric([major], at)
         yield g
         yield GaugeMetricFamily("openwop_seat_cutover_seats_serving",
                                 "Seat processes whose heartbeat is younger than 30 s", value=len(
