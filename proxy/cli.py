@@ -214,6 +214,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.workers > 1 and args.worker is None:
         from proxy.serve.supervisor import run_supervisor
 
+        if config.translates:  # the workers' start checks, once here: a seat that cannot start says why once
+            from proxy.serve.listener import start_checks
+
+            try:
+                asyncio.run(start_checks(config))
+            except ConfigError:
+                raise  # main() reports it with exit status 2
+            except Exception as e:
+                if (why := describe(e, database="the host database (host.dsn)")) is None:
+                    raise
+                print(f"openwop-seat serve: {why}", file=sys.stderr)
+                return 1
+
         passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
         return run_supervisor(config, passed)
     if args.worker is not None:

@@ -32,6 +32,17 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def missing_claim_secret(config: "Config") -> ConfigError | None:
+    """The error of a configuration that gives sessions major 2 without a claim secret (docs/operations.md)."""
+    why = config.gives_major_2
+    if why is None:
+        return None
+    return ConfigError(f"claim secret: none configured (host.claim_secret_file, else $OPENWOP_SEAT_CLAIM_SECRET), "
+                       f"but {why} gives sessions major 2, and a session writes as a v2 writer only once it is "
+                       f"claimed with the secret migrate installed: set one of them (see docs/writer-rule.md"
+                       f"#the-claim-secret), or give no session major 2")
+
+
 def parse_hostport(text: Any, key: str) -> HostPort:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{key}: expected \"HOST:PORT\", got {text!r}")
@@ -169,6 +180,19 @@ class Config:
     def translates(self) -> bool:
         """Whether any session can get a translated major (1 or 2)."""
         return self.default_major != "raw" or any(rule.major != "raw" for rule in self.clients)
+
+    @property
+    def gives_major_2(self) -> str | None:
+        """The key that gives some session major 2 (``proxy.default_major`` or a ``proxy.clients[i]``), or None.
+
+        A major-2 session writes as a v2 writer only once it is claimed, which needs the claim secret: without one
+        its runs would be stored era 2 and its appends to era-3 runs refused, so ``serve`` refuses to start."""
+        if self.default_major == 2:
+            return "proxy.default_major = 2"
+        for i, rule in enumerate(self.clients):
+            if rule.major == 2:
+                return f"proxy.clients[{i}] (major = 2)"
+        return None
 
     def major_for(self, params: dict[str, str]) -> int | str:
         """The major of a session: the first matching client rule, else the default."""

@@ -8,7 +8,7 @@ import signal
 import socket
 from dataclasses import replace
 
-from proxy.config import RESTART_KEYS, Config, changed_keys, load_config
+from proxy.config import RESTART_KEYS, Config, changed_keys, load_config, missing_claim_secret
 from proxy.errors import ListenError, describe
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.context import (
@@ -51,6 +51,22 @@ class _ClientPeer(Peer):
     def connection_made(self, transport):  # type: ignore[override]
         super().connection_made(transport)
         self.server._accept(self)
+
+
+async def start_checks(config: Config) -> tuple[ReadContext, str | None]:
+    """What ``serve`` checks before it listens, when some major translates: the claim secret (a ConfigError, before
+    connecting, when a major-2 session could not be claimed), the host database (the read context; first boot
+    when the events table does not exist yet), and that the secret is the one migrate installed. Run once by the
+    supervisor before it starts its workers, so that a seat that cannot start says why once."""
+    from proxy.db.claims import load_claim_secret
+
+    secret = load_claim_secret(config)
+    if secret is None and (error := missing_claim_secret(config)) is not None:
+        raise error
+    read_context = await load_read_context(config)
+    if secret is not None and not read_context.first_boot:
+        await check_claim_secret(config, secret)
+    return read_context, secret
 
 
 class SeatServer:
@@ -101,16 +117,7 @@ class SeatServer:
 
     async def start(self) -> None:
         if self.config.translates:
-            self.read_context = await load_read_context(self.config)
-            from proxy.db.claims import load_claim_secret
-
-            self.claim_secret = load_claim_secret(self.config)
-            if self.claim_secret is None:
-                log.warning("no claim secret ([host] claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET): "
-                            "every session writes as a v1 writer: no era-3 stamps, and appends to runs "
-                            "already stamped era 3 are refused")
-            elif not self.read_context.first_boot:
-                await check_claim_secret(self.config, self.claim_secret)
+            self.read_context, self.claim_secret = await start_checks(self.config)
             if self.read_context.first_boot:
                 log.warning("first boot: the seat's rules are not in force in the host database yet: sessions are "
                             "not claimed and statements that read or write event rows are refused until "
@@ -525,8 +532,10 @@ class SeatServer:
                 if new.translates:
                     from proxy.db.claims import load_claim_secret
 
-                    read_context = await load_read_context(new)
                     claim_secret = load_claim_secret(new)
+                    if claim_secret is None and (error := missing_claim_secret(new)) is not None:
+                        raise error
+                    read_context = await load_read_context(new)
                     if claim_secret is not None and not read_context.first_boot:
                         await check_claim_secret(new, claim_secret)
             except Exception as e:  # whatever the reason, the running configuration stays
@@ -540,7 +549,7 @@ class SeatServer:
             if claim_secret != self.claim_secret:
                 changed.append("claim secret")
             if claim_secret is None and new.translates and self.claim_secret is not None:
-                log.warning("no claim secret after reload: new sessions write as v1 writers")
+                log.warning("no claim secret after reload: new sessions (major 1) are not claimed")
             self.config = new
             self.client_ssl_context, self.upstream_ssl_context = client_ctx, upstream_ctx
             was_first_boot = self.first_boot
