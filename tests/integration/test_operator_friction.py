@@ -85,3 +85,120 @@ def test_serve_with_workers_says_its_start_error_once(pg, host_db, tmp_path):
     assert out.returncode == 1
     assert out.stderr.count("openwop-seat serve:") == 1, out.stderr
     assert "migrate" in out.stderr
+
+
+# --- every GRANT named up front: migrate, backfill, audit ---------------------------------------------------------
+
+
+@pytest.fixture
+def roles(pg):
+    made: list[str] = []
+
+    def make(*attrs: str) -> str:
+        name = f"fr_{uuid.uuid4().hex[:8]}"
+        pg.psql(f"CREATE ROLE {name} {' '.join(attrs)}")
+        made.append(name)
+        return name
+
+    yield make
+    for name in reversed(made):
+        pg.psql(f"DROP OWNED BY {name} CASCADE; DROP ROLE IF EXISTS {name}", check=False)
+
+
+def _grants(stderr: str) -> list[str]:
+    return [line.split("--")[0].strip() for line in stderr.splitlines() if line.strip().startswith("GRANT ")]
+
+
+def test_migrate_names_every_grant_and_they_suffice_first_boot_layout(pg, roles, tmp_path):
+    """At first boot the host creates its tables as the role it logs in as; the seat's owner then needs that
+    role's rights (the net) and pg_read_all_stats: nothing else, and exactly those GRANTs make migrate pass."""
+    host, owner = roles("LOGIN"), roles("LOGIN")
+    db = f"f_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        pg.psql(f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT ALL ON SCHEMA public TO {host}", dbname=db)
+        pg.psql(HOST_SCHEMA, dbname=db, user=host)
+        out = _migrate(pg, db, user=owner)
+        assert out.returncode == 1, out
+        assert _grants(out.stderr) == [f"GRANT pg_read_all_stats TO {owner};", f"GRANT {host} TO {owner};"]
+        for grant in _grants(out.stderr):
+            pg.psql(grant, dbname=db)
+        out = _migrate(pg, db, user=owner)
+        assert out.returncode == 0, out.stderr
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
+
+
+def test_migrate_names_trigger_and_the_era_column_grants_on_a_runs_table_of_another_owner(pg, roles, tmp_path):
+    tables, other, owner = roles("NOLOGIN"), roles("NOLOGIN"), roles("LOGIN")
+    db = f"f_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        pg.psql(HOST_SCHEMA + "ALTER TABLE runs ADD COLUMN era smallint;"
+                f"ALTER TABLE events OWNER TO {tables}; ALTER TABLE runs OWNER TO {other};"
+                f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT pg_read_all_stats TO {owner};", dbname=db)
+        config = tmp_path / "seat.toml"
+        config.write_text('[host]\nera_column = "era"\n')
+        cmd = [sys.executable, "-m", "proxy", "migrate", "--config", str(config), "--dsn",
+               pg.dsn(dbname=db, user=owner)]
+        out = subprocess.run(cmd, cwd=ROOT, env=_env(True), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out
+        assert _grants(out.stderr) == [f"GRANT {tables} TO {owner};", f"GRANT TRIGGER ON public.runs TO {owner};",
+                                       f"GRANT SELECT, UPDATE ON public.runs TO {owner};"], out.stderr
+        for grant in _grants(out.stderr):
+            pg.psql(grant, dbname=db)
+        out = subprocess.run(cmd, cwd=ROOT, env=_env(True), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
+
+
+def _seed_runs(pg, db: str, n: int) -> None:
+    pg.psql("INSERT INTO runs (run_id, tenant_id) SELECT 'r' || i, 't' FROM generate_series(1, %d) i;"
+            "INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) "
+            "SELECT 'e' || i, 'r' || i, 0, 'run.started', '{}', now() FROM generate_series(1, %d) i" % (n, n),
+            dbname=db)
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy", *args, "--no-progress"], cwd=ROOT, env=_env(True),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_backfill_dry_run_and_audit_refuse_up_front_naming_every_grant(pg, host_db, roles):
+    assert _migrate(pg, host_db).returncode == 0
+    _seed_runs(pg, host_db, 30)
+    reader = roles("LOGIN")
+    pg.psql(f"GRANT SELECT ON events TO {reader}", dbname=host_db)
+    out = _tool("backfill", "--dsn", pg.dsn(dbname=host_db, user=reader), "--all", "--dry-run")
+    assert out.returncode == 3, out
+    assert "skipped run" not in out.stdout and out.stderr.count("openwop-seat backfill:") == 1, out
+    assert _grants(out.stderr) == [f"GRANT SELECT ON public.runs TO {reader};"]
+    pg.psql(f"REVOKE SELECT ON events FROM {reader}", dbname=host_db)
+    out = _tool("audit", "--dsn", pg.dsn(dbname=host_db, user=reader))
+    assert out.returncode == 3, out
+    assert _grants(out.stderr) == [f"GRANT SELECT ON public.events TO {reader};",
+                                   f"GRANT SELECT ON public.runs TO {reader};"]
+    for grant in _grants(out.stderr):
+        pg.psql(grant, dbname=host_db)
+    out = _tool("backfill", "--dsn", pg.dsn(dbname=host_db, user=reader), "--all", "--dry-run")
+    assert out.returncode == 1 and "schema_invalid: 30 runs" in out.stdout, out  # every run read (run.started {})
+
+
+def test_backfill_as_the_owner_names_the_update_grant(pg, roles):
+    owner = roles("LOGIN")
+    db = f"f_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        pg.psql(HOST_SCHEMA + f"GRANT CREATE ON DATABASE {db} TO {owner}; GRANT pg_read_all_stats TO {owner};"
+                f"GRANT TRIGGER, SELECT, DELETE ON runs, events TO {owner};", dbname=db)
+        # the net needs the events table's owner's rights: give the seat's owner the table itself
+        pg.psql(f"ALTER TABLE events OWNER TO {owner}; REVOKE UPDATE ON events FROM {owner}", dbname=db)
+        assert _migrate(pg, db, user=owner).returncode == 0
+        _seed_runs(pg, db, 3)
+        out = _tool("backfill", "--dsn", pg.dsn(dbname=db, user=owner), "--all")
+        assert out.returncode == 3, out
+        assert _grants(out.stderr) == [f"GRANT UPDATE ON public.events TO {owner};"], out.stderr
+        assert pg.psql("SELECT count(*) FROM openwop_seat.run_era", dbname=db).strip() == "0"
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
