@@ -33,7 +33,10 @@ class SeatView(Protocol):
     client_ssl_context: ssl.SSLContext | None
     upstream_ssl_context: ssl.SSLContext | None
     claim_secret: str | None
-    writer_rule_broken: str  # why the writer rule is not in force, or ""
+    writer_rule_verdict: str  # the last runtime check: why the writer rule is not in force, or ""
+
+    @property
+    def writer_rule_broken(self) -> str: ...  # the verdict, or at first boot that no trigger is installed yet
     paused: bool  # SIGUSR1: not accepting new connections until SIGUSR2
 
     @property

@@ -93,9 +93,9 @@ class SeatServer:
         self.read_context: ReadContext | None = None
         self.claim_secret: str | None = None  # None: sessions are not claimed, every writer is v1
         self._reload_lock = asyncio.Lock()
-        # The writer rule as the last check found it (ADR 0006): "" in force, else why not.  While it is not,
-        # new sessions on the host database are refused.
-        self.writer_rule_broken = ""
+        # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
+        # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)
+        self.writer_rule_verdict = ""
         self._checks_done = 0
         self._check_lock = asyncio.Lock()
 
@@ -108,6 +108,18 @@ class SeatServer:
     def listening(self) -> bool:
         """Started, and not stopped by a signal while it started."""
         return self._started
+
+    @property
+    def writer_rule_broken(self) -> str:
+        """Why the writer rule is not in force, or "" (what the admin console's SHOW STATE reports): the last
+        runtime check's verdict, and at first boot that no trigger guards the host's tables yet. New sessions are
+        refused by the verdict only (writer_rule_refusal): first boot has its own rules (docs/operations.md)."""
+        if self.writer_rule_verdict:
+            return self.writer_rule_verdict
+        if self.first_boot:
+            return (f"first boot: the writer rule's triggers are not installed until `openwop-seat migrate` has run "
+                    f"({self.first_boot})")
+        return ""
 
     @property
     def first_boot(self) -> str:
@@ -352,8 +364,11 @@ class SeatServer:
         log.warning("the seat's rules are in force in the host database: translating and claiming new sessions",
                     extra={"fields": {"first_boot_sessions_ending": len(retiring)}})
         for session in retiring:
-            session.end_when_idle(0.0, "57P01", "terminating connection: openwop-seat's rules came into force in "
-                                  "this database after this session began; reconnect", "rules came into force")
+            # PostgreSQL's own words and SQLSTATE for a server restart: pools and hosts reconnect on them and log them
+            # as such, not as an error of the application
+            session.end_when_idle(0.0, "57P01", "terminating connection due to administrator command: openwop-seat's "
+                                  "rules came into force in this database after this session began; reconnect",
+                                  "rules came into force")
 
     async def check_writer_rule(self) -> str:
         """Check that the writer rule is in force as migrate installed it (``verify``: layout, digest,
@@ -377,17 +392,17 @@ class SeatServer:
         except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             self.stats.writer_rule_checks["error"] += 1
             log.warning("writer rule check: host database (host.dsn) unreachable: %s", e)
-            return self.writer_rule_broken
+            return self.writer_rule_verdict
         self.stats.writer_rule_checks["broken" if why else "ok"] += 1
         self._checks_done += 1
-        if why and why != self.writer_rule_broken:
+        if why and why != self.writer_rule_verdict:
             log.error("the writer rule is not in force: new sessions on the host database are refused and open "
                       "ones ended", extra={"fields": {"why": why}})
         if why:
             self._end_host_sessions(why)
-        elif not why and self.writer_rule_broken:
+        elif not why and self.writer_rule_verdict:
             log.warning("the writer rule is in force again: new sessions on the host database are accepted")
-        self.writer_rule_broken = why
+        self.writer_rule_verdict = why
         return why
 
     def _end_host_sessions(self, why: str) -> None:
@@ -404,13 +419,13 @@ class SeatServer:
         """Why a new session on the host database is refused, or "": while the last check found the writer rule
         broken, each new session checks again (one check at a time, shared by the sessions that wait for it), so
         that a repair is seen at once."""
-        if not self.writer_rule_broken:
+        if not self.writer_rule_verdict:
             return ""
         seen = self._checks_done
         async with self._check_lock:
             if self._checks_done == seen:  # no check finished while this session waited: run one
                 await self.check_writer_rule()
-        return self.writer_rule_broken
+        return self.writer_rule_verdict
 
     async def _check_writer_rule_periodically(self) -> None:
         while True:
@@ -452,8 +467,8 @@ class SeatServer:
             writer.close()
         except (OSError, asyncio.TimeoutError) as e:
             return False, f"upstream {up} unreachable: {e}"
-        if self.writer_rule_broken:
-            return False, f"writer rule not in force: {self.writer_rule_broken}"
+        if self.writer_rule_verdict:
+            return False, f"writer rule not in force: {self.writer_rule_verdict}"
         ctx = self.read_context
         if ctx is not None and ctx.first_boot:
             # Ready, so that the host can reach its database through the seat and create its tables (first boot).

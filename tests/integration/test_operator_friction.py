@@ -202,3 +202,45 @@ def test_backfill_as_the_owner_names_the_update_grant(pg, roles):
         assert pg.psql("SELECT count(*) FROM openwop_seat.run_era", dbname=db).strip() == "0"
     finally:
         pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
+
+
+# --- first boot: SHOW STATE tells the truth; the sessions ended when the rules come into force read as a restart --
+
+
+def test_first_boot_state_is_truthful_and_its_sessions_end_as_a_restart(pg, start_seat, tmp_path):
+    import time
+
+    from rawpg import RawConn, error_fields
+    from test_psql import psql
+
+    db = f"fb_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE DATABASE {db}")
+    try:
+        admin_port = free_port()
+        seat = start_seat(host={"dsn": pg.dsn(dbname=db)}, extra={"admin": {"listen": f"127.0.0.1:{admin_port}"}})
+        admin = f"host=127.0.0.1 port={admin_port} user=ops dbname=admin"
+
+        def state() -> dict[str, str]:
+            return dict(line.split("|", 1) for line in psql(admin, "-c", "SHOW STATE").stdout.splitlines())
+
+        writer = state()["writer_rule"]
+        assert writer.startswith("not in force: first boot: the writer rule's triggers are not installed"), writer
+        raw = RawConn(seat.port)
+        raw.login(database=db)  # a host session that begins at first boot (unclaimed)
+        pg.psql(HOST_SCHEMA, dbname=db)
+        time.sleep(2.5)  # the seat sees the events table, and no trigger on it yet
+        assert state()["writer_rule"].startswith("not in force: first boot"), state()
+        assert _migrate(pg, db).returncode == 0
+        deadline = time.monotonic() + 15
+        while state()["writer_rule"].startswith("not in force") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state()["writer_rule"].startswith("in force"), state()
+        ending = [body for t, body in raw.read_all_until_closed(timeout=10) if t == b"E"]
+        assert len(ending) == 1, ending
+        fields = error_fields(ending[0])
+        assert fields["S"] == "FATAL" and fields["C"] == "57P01", fields
+        assert fields["M"].startswith("terminating connection due to administrator command: openwop-seat's rules "
+                                      "came into force"), fields
+        raw.close()
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
