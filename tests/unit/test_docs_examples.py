@@ -4,7 +4,6 @@ the others run in tests/integration/test_docs_examples.py. Every example is one 
 from __future__ import annotations
 
 import pytest
-
 from examples import examples, run
 
 OFFLINE = {"openwop-seat explain", "openwop-seat config", "openwop-seat check"}
@@ -34,7 +33,8 @@ def test_readme_minimal_config_is_valid_with_the_exported_secret(tmp_path):
     import os
     import tomllib
 
-    from examples import ROOT, FENCE, FILE_NAME
+    from examples import FENCE, FILE_NAME, ROOT
+
     from proxy.config import parse_config
     from proxy.db.claims import load_claim_secret
 
