@@ -1,6 +1,6 @@
 """The documentation's examples, run: every ```console block of the README and docs/ holds commands (`$ …`) each
 followed by the output the page shows, and the tests run them and compare (tests/unit/test_docs_examples.py for
-the commands that need no database, tests/integration/test_docs_examples.py for the others).
+the commands that need no database, tests/integration/test_docs_examples_db.py for the others).
 
 - A ```toml or ```sql block whose first line is a comment naming a file (`# seat.toml`, `-- example.sql`) is that
   file for the console blocks after it on the same page; the commands run in a folder holding those files.

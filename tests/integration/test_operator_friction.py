@@ -244,3 +244,16 @@ def test_first_boot_state_is_truthful_and_its_sessions_end_as_a_restart(pg, star
         raw.close()
     finally:
         pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", check=False)
+
+
+def test_pg_dump_of_a_whole_database_as_a_translated_session_stops_at_ow004(pg, host_db, start_seat):
+    """docs/operations.md#backups-and-restores: a whole-database pg_dump through a translated session is refused at
+    its first LOCK TABLE of a seat relation (the -t events case, the view, is test_backups.py's)."""
+    assert _migrate(pg, host_db).returncode == 0
+    seat = start_seat(host={"dsn": pg.dsn(dbname=host_db)})
+    out = subprocess.run(["pg_dump", "-h", "127.0.0.1", "-p", str(seat.port), "-U", "postgres", "-d", host_db],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0
+    assert "statement_untranslatable: openwop_seat.events_v1_original is the seat's own relation" in out.stderr, \
+        out.stderr
+    assert "LOCK TABLE openwop_seat.events_v1_original" in out.stderr

@@ -1,5 +1,5 @@
 """The documentation's console examples that need no database, run and compared with the page (tests/examples.py);
-the others run in tests/integration/test_docs_examples.py. Every example is one or the other."""
+the others run in tests/integration/test_docs_examples_db.py. Every example is one or the other."""
 
 from __future__ import annotations
 
@@ -70,3 +70,11 @@ def test_tools_make_test_requires_are_said_to_be_required():
     for path in (ROOT / ".ci" / "run", ROOT / "tests" / "integration" / "test_deploy.py"):
         text = path.read_text()
         assert "skip" not in text.replace("skip_", ""), path
+
+
+def test_the_comparison_fails_on_a_difference():
+    from examples import pattern
+
+    p = pattern(["a…c", "…", "z"])
+    assert p.fullmatch("abbc\nx\ny\nz\n") and p.fullmatch("ac\nz\n")
+    assert not p.fullmatch("abd\nz\n") and not p.fullmatch("ac\nz\nextra\n")
