@@ -9,7 +9,6 @@ import sys
 import uuid
 
 import pytest
-
 from examples import ROOT, examples, run
 
 WITH_DATABASE = {"openwop-seat audit", "make demo"}
