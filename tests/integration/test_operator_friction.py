@@ -257,3 +257,49 @@ def test_pg_dump_of_a_whole_database_as_a_translated_session_stops_at_ow004(pg, 
     assert "statement_untranslatable: openwop_seat.events_v1_original is the seat's own relation" in out.stderr, \
         out.stderr
     assert "LOCK TABLE openwop_seat.events_v1_original" in out.stderr
+
+
+# --- an ordinary refusal leaves no ERROR in PostgreSQL's log -------------------------------------------------------
+
+
+def test_an_ordinary_refusal_leaves_no_error_in_postgresqls_log(pg, host_db, start_seat):
+    import psycopg
+
+    assert _migrate(pg, host_db).returncode == 0
+    seat = start_seat(host={"dsn": pg.dsn(dbname=host_db)})
+    refused = "DO $$ BEGIN PERFORM 1 FROM events; END $$"
+    marker = f"friction_{uuid.uuid4().hex[:8]}"
+    start = os.path.getsize(pg.logfile)
+    dsn = f"host=127.0.0.1 port={seat.port} user=postgres dbname={host_db} application_name={marker}"
+    from rawpg import RawConn, error_fields, query
+
+    raw = RawConn(seat.port)  # a simple Query
+    raw.login(database=host_db, application_name=marker)
+    raw.send(query(refused))
+    answers = raw.read_until(b"Z")
+    assert [t for t, _ in answers] == [b"E", b"Z"] and error_fields(answers[0][1])["C"] == "OW004", answers
+    assert answers[-1][1] == b"I"
+    raw.send(query("SELECT 1"))
+    assert [t for t, _ in raw.read_until(b"Z")] == [b"T", b"D", b"C", b"Z"]  # the session goes on
+    raw.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # an unnamed Parse (psycopg's extended protocol)
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("SELECT count(*) FROM events e WHERE EXISTS "
+                         "(SELECT FROM (WITH events AS (SELECT 1) SELECT 1) x) AND %s", (True,), prepare=False)
+        assert e.value.sqlstate == "OW004", e.value
+        assert conn.execute("SELECT %s::int", (1,)).fetchone() == (1,)  # the session goes on
+        # Inside a transaction block the server's transaction must fail as after any error: the poison is sent.
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(refused)
+        assert e.value.sqlstate == "OW004"
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute("SELECT 1")
+        conn.execute("ROLLBACK")
+    with open(pg.logfile, errors="replace") as f:
+        f.seek(start)
+        log = f.read()
+    # (the client's own statement in the failed block gets PostgreSQL's 25P02, logged as PostgreSQL logs it)
+    errors = [line for line in log.splitlines() if "ERROR:" in line and "current transaction is aborted" not in line]
+    assert len([line for line in errors if "refused_statement" in line]) == 1, errors  # the block's poison only
+    assert not [line for line in errors if "refused_statement" not in line], errors
