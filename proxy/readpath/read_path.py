@@ -436,6 +436,15 @@ class ReadPath:
 
     def _on_client(self, t: int, body: bytes) -> bytes | None:
         if self.skipping:  # after a refused Parse answered locally: PostgreSQL ignores all but Sync
+            if t == BIND:  # the statement metrics count an Execute by its portal's statement, as usual
+                portal_end = body.index(b"\x00")
+                stmt_end = body.index(b"\x00", portal_end + 1)
+                self.portals[body[:portal_end].decode()] = Portal(
+                    self.statements.get(body[portal_end + 1:stmt_end].decode()))
+            elif t == EXECUTE:
+                portal = self.portals.get(body[:body.index(b"\x00")].decode())
+                self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
+                                      "extended"] += 1
             if t != SYNC:
                 return b""
             self.skipping = False
