@@ -303,3 +303,32 @@ def test_an_ordinary_refusal_leaves_no_error_in_postgresqls_log(pg, host_db, sta
     errors = [line for line in log.splitlines() if "ERROR:" in line and "current transaction is aborted" not in line]
     assert len([line for line in errors if "refused_statement" in line]) == 1, errors  # the block's poison only
     assert not [line for line in errors if "refused_statement" not in line], errors
+
+
+def test_a_reload_that_would_leave_major_2_without_a_secret_is_rejected(pg, host_db, tmp_path):
+    import time
+
+    assert _migrate(pg, host_db).returncode == 0
+    secret = tmp_path / "claim-secret"
+    secret.write_text(os.environ[SECRET_ENV])
+    port = free_port()
+    base = {"proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{pg.port}", "workers": 1},
+            "host": {"dsn": pg.dsn(dbname=host_db)}}
+    config = tmp_path / "seat.toml"
+    config.write_text(render_config({**base, "host": {**base["host"], "claim_secret_file": str(secret)}}))
+    log = tmp_path / "seat.log"
+    with open(log, "wb") as err:
+        seat = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)], cwd=ROOT,
+                                env=_env(False), stderr=err)
+    try:
+        wait_listening(port, seat)
+        config.write_text(render_config(base))  # no secret any more, default major 2
+        seat.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "reload rejected" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "reload rejected: claim secret: none configured" in log.read_text(), log.read_text()
+        assert seat.poll() is None
+    finally:
+        seat.send_signal(signal.SIGINT)
+        seat.wait(timeout=20)
