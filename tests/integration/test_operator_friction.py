@@ -332,3 +332,20 @@ def test_a_reload_that_would_leave_major_2_without_a_secret_is_rejected(pg, host
     finally:
         seat.send_signal(signal.SIGINT)
         seat.wait(timeout=20)
+
+
+def test_pinned_runs_names_its_grants_before_reading(pg, host_db, roles, tmp_path):
+    assert _migrate(pg, host_db).returncode == 0
+    reader = roles("LOGIN")
+    implemented = tmp_path / "implemented"
+    implemented.write_text("# none\n")
+    cmd = [sys.executable, "-m", "proxy", "pinned-runs", "--dsn", pg.dsn(dbname=host_db, user=reader)]
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(True), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and _grants(out.stderr) == [f"GRANT SELECT ON public.events TO {reader};"], out
+    out = subprocess.run(cmd + ["--implemented", str(implemented), "--cancel"], cwd=ROOT, env=_env(True),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert _grants(out.stderr) == [f"GRANT SELECT, INSERT ON public.events TO {reader};"], out.stderr
+    pg.psql(f"GRANT SELECT ON events TO {reader}", dbname=host_db)
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(True), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
