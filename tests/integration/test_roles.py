@@ -88,3 +88,23 @@ def test_migrate_serve_audit_and_backfill_run_as_the_scripts_roles(pg, layout_db
     _cli("backfill", "--dsn", pg.dsn(dbname=db, user="openwop_seat_owner"), "--all", "--no-progress",
          "--allow-schema-invalid")  # the payload stands in: what is tested is the rights
     assert pg.psql("SELECT openwop_seat.era_of('old-run')", dbname=db).strip() == "3"
+
+
+def test_the_compose_init_scripts_make_a_database_migrate_accepts(pg, layout_db):
+    """deploy/docker-compose.yml runs deploy/roles.sql and its own init script (passwords, stand-in tables) when
+    the database is first initialised: as the image does, both as the superuser; then migrate as the owner."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    assert compose["configs"]["db-roles"]["file"] == "./roles.sql"
+    targets = [c["target"] for c in compose["services"]["db"]["configs"]]
+    assert targets == sorted(targets)  # the image runs them in name order: the roles first
+    db = layout_db
+    psql = [os.path.join(pg.bin, "psql"), "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", pg.dsn(dbname=db)]
+    out = subprocess.run([*psql, "-f", str(SCRIPT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run(psql, input=compose["configs"]["db-init"]["content"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    done = _cli("migrate", "--dsn", pg.dsn(dbname=db, user="openwop_seat_owner"))
+    assert "installed artifact objects" in done.stdout
+    pg.psql("INSERT INTO runs (run_id, tenant_id) VALUES ('r', 't')", user="openwop", dbname=db)
