@@ -63,6 +63,7 @@ from proxy.wire.types import (
     EMPTY_QUERY_RESPONSE,
     ERROR_RESPONSE,
     EXECUTE,
+    FLUSH,
     FUNCTION_CALL,
     NO_DATA,
     PARAMETER_DESCRIPTION,
@@ -307,6 +308,10 @@ class ReadPath:
         A message whose body does not hold what its type promises raises ProtocolViolation (08P01), as
         PostgreSQL ends such a session."""
         try:
+            if self.skipping:  # after a refused Parse answered locally: PostgreSQL ignores all but Sync
+                replacement = self._skipped(t, body)
+                if self.skipping:
+                    return replacement
             if not self.pending:
                 done, replacement = self._quiet_client(t, body)
                 if done:
@@ -314,6 +319,24 @@ class ReadPath:
             return self._on_client(t, body)
         except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
             raise ProtocolViolation(f"invalid {chr(t)!r} message from the client: {e}") from None
+
+    def _skipped(self, t: int, body: bytes) -> bytes | None:
+        """A client message after a refused Parse answered locally, up to its Sync: dropped, as PostgreSQL ignores
+        it after an error (a Flush goes on, so that a client waiting for the Parse's answer gets the refusal; the
+        Sync ends the skipping and is handled as always). The bytes to send (b"": none), or None."""
+        if t == BIND:  # the statement metrics count an Execute by its portal's statement, as usual
+            portal_end = body.index(b"\x00")
+            stmt_end = body.index(b"\x00", portal_end + 1)
+            self.portals[body[:portal_end].decode()] = Portal(
+                self.statements.get(body[portal_end + 1:stmt_end].decode()))
+        elif t == EXECUTE:
+            portal = self.portals.get(body[:body.index(b"\x00")].decode())
+            self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
+                                  "extended"] += 1
+        elif t == SYNC:
+            self.skipping = False
+            return None
+        return None if t == FLUSH else b""
 
     def _quiet_client(self, t: int, body: bytes) -> tuple[bool, bytes | None]:
         """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
@@ -435,19 +458,6 @@ class ReadPath:
         return not self.pending and self.tx_status == b"I"
 
     def _on_client(self, t: int, body: bytes) -> bytes | None:
-        if self.skipping:  # after a refused Parse answered locally: PostgreSQL ignores all but Sync
-            if t == BIND:  # the statement metrics count an Execute by its portal's statement, as usual
-                portal_end = body.index(b"\x00")
-                stmt_end = body.index(b"\x00", portal_end + 1)
-                self.portals[body[:portal_end].decode()] = Portal(
-                    self.statements.get(body[portal_end + 1:stmt_end].decode()))
-            elif t == EXECUTE:
-                portal = self.portals.get(body[:body.index(b"\x00")].decode())
-                self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
-                                      "extended"] += 1
-            if t != SYNC:
-                return b""
-            self.skipping = False
         if t == QUERY:  # 'Q'
             return self._query(body)
         if t == PARSE:  # 'P'

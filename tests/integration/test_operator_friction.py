@@ -349,3 +349,30 @@ def test_pinned_runs_names_its_grants_before_reading(pg, host_db, roles, tmp_pat
     pg.psql(f"GRANT SELECT ON events TO {reader}", dbname=host_db)
     out = subprocess.run(cmd, cwd=ROOT, env=_env(True), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out
+
+
+def test_a_locally_answered_refusal_with_asyncpgs_unnamed_statements(pg, host_db, start_seat):
+    """asyncpg without a statement cache prepares unnamed statements (Parse, Describe, then Flush or Sync): the
+    refusal answered without a server error reaches it, and the session goes on."""
+    import asyncio
+
+    import asyncpg
+
+    assert _migrate(pg, host_db).returncode == 0
+    seat = start_seat(host={"dsn": pg.dsn(dbname=host_db)})
+
+    async def go():
+        conn = await asyncpg.connect(host="127.0.0.1", port=seat.port, user="postgres", database=host_db,
+                                     statement_cache_size=0)
+        try:
+            for _ in range(3):
+                with pytest.raises(asyncpg.PostgresError) as e:
+                    await asyncio.wait_for(conn.fetch(
+                        "WITH events AS (SELECT 1 AS x) SELECT * FROM events, (SELECT type FROM public.events) y "
+                        "WHERE $1::int = 1", 1), 10)
+                assert e.value.sqlstate == "OW004"
+                assert await asyncio.wait_for(conn.fetchval("SELECT $1::int", 7), 10) == 7
+        finally:
+            await conn.close()
+
+    asyncio.run(go())

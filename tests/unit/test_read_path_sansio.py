@@ -233,6 +233,7 @@ def test_a_refused_unnamed_parse_outside_a_block_is_answered_without_a_server_er
     assert decoded(rp.on_client(ord("P"), parse("", REFUSED))) == (ord("P"), b"\x00\x00\x00\x00")
     assert rp.on_client(ord("B"), bind()) == b"" and rp.on_client(ord("D"), b"P\x00") == b""
     assert rp.on_client(ord("E"), b"\x00\x00\x00\x00\x00") == b""
+    assert rp.on_client(ord("H"), b"") is None  # a Flush goes on: the stand-in's answer must not wait
     assert rp.on_client(ord("S"), b"") is None  # the Sync goes on
     swapped = rp.on_server(ord("1"), b"")  # the stand-in's ParseComplete
     ((t, body),) = list(iter_messages(swapped))
