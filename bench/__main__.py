@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": stack.machine(cluster.psql("SHOW server_version").strip(), pgbouncer_bin, pgbench),
             "load_average_start": list(os.getloadavg()),
         }
-        results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin)
+        results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin,
+                          {"pgbouncer": bouncer.pid, "seat": seat.pid})
     except (stack.StackError, stack.PgBouncerError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
         _print_logs(running)
         print(f"bench: {e}", file=sys.stderr)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "what": "VmRSS after minus before N idle connections, over N"}},
         "goals": {k: {"op": op, "threshold": t, "goal": words} for k, (op, t, words) in report.GOALS.items()},
         "reported": {k: {"what": words} for k, words in report.REPORTED.items()},
-        "rounds": {"throughput": results.throughput, "latency": results.latency},
+        "rounds": {"throughput": results.throughput, "latency": results.latency, "cpu_ms_per_1000": results.cpu},
         "memory": results.memory,
         "summary": summary,
         "ratios": ratios,
@@ -160,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, cluster, pgbouncer_bin: str
-            ) -> report.Results:
-    """Every selected workload, against every target, round after round; then idle memory once."""
+def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, cluster, pgbouncer_bin: str,
+            pids: dict[str, int]) -> report.Results:
+    """Every selected workload, against every target, round after round; then idle memory once. For the
+    pgbench workloads, also the CPU time of the proxy process (``pids``) per 1,000 transactions."""
     results = report.Results()
     names = seed.renamed_types()
     scratch = Path(tempfile.mkdtemp(prefix="openwop-seat-bench-"))
@@ -198,10 +200,15 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
                     port = ports[target]
                     started = time.monotonic()
                     if workload in pgbench_args:
-                        figure = workloads.pgbench_tps(pgbench, port, pgbench_args[workload](target), args.seconds,
-                                                       env=pgbench_env.get(workload))
+                        cpu_before = stack.cpu_seconds(pids[target]) if target in pids else None
+                        figure, transactions = workloads.pgbench_run(pgbench, port, pgbench_args[workload](target),
+                                                                     args.seconds, env=pgbench_env.get(workload))
                         results.add_throughput(workload, round_no, target, figure)
                         shown = f"{figure:,.0f} {report.THROUGHPUT[workload][0]}"
+                        if cpu_before is not None and transactions:
+                            cpu = (stack.cpu_seconds(pids[target]) - cpu_before) / transactions * 1e6
+                            results.add_cpu(workload, round_no, target, cpu)
+                            shown += f", {cpu:.1f} ms CPU per 1,000"
                     elif workload in binary_runs:
                         figure = workloads.binary_pages(port, args.seconds, binary_runs[workload])
                         results.add_throughput(workload, round_no, target, figure)

@@ -8,11 +8,15 @@ unmodified reference host stores them (issue 22: ``run.started`` without owner, 
 type. For each type it times, in one session, the best of ``--repeat`` runs of
 
 * ``direct``: ``SELECT sum(length(payload::text)) FROM events WHERE type = $1`` (the scan and output);
-* ``view``: the same over ``openwop_seat.events_m2`` (what a major-2 reader pays: the compiled projection);
+* ``view``: the same over ``openwop_seat.events_m2_live`` (what a major-2 reader pays for a run not in the v2
+  store: the compiled projection, ADR 0011);
 * ``engine``: the same over ``events`` with ``openwop_seat.project_live(...)`` per row (the PL/pgSQL walk
   the compiled projection replaced, still the fallback and the tests' oracle);
 
-and prints µs per row above direct, and whether projection leaves the payload as stored or changes it.
+and prints µs per row above direct, and whether projection leaves the payload as stored or changes it. Then,
+for pages (the host's page statement run after run for 2,000 runs, evaluated inside the server, every column
+computed), µs per row of a direct read, of the live translation (``events_m2_live``), and of ``events_m2``
+once every run is filled into the v2 store (what a major-2 reader pays for a filled run, ADR 0015).
 ``--declarations FILE`` installs the operator's declarations (``[host] declarations_file``, ADR 0010), e.g.
 ``config/reference-host-declarations.toml``.
 Nothing here asserts a figure; docs/performance.md quotes a run.
@@ -52,6 +56,23 @@ ENGINE = ("SELECT sum(length(openwop_seat.project_live(type, payload, run_id, se
           "FROM events WHERE type = $1")
 
 
+# The host's page statement for runs r1..rN, evaluated in the server with every column of every row computed.
+PAGES_FUNCTION = """
+CREATE FUNCTION pg_temp.pages_{name}(n integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    total bigint := 0;
+    x bigint;
+BEGIN
+    FOR i IN 1..n LOOP
+        SELECT sum(pg_catalog.length(q::text)) INTO x
+        FROM (SELECT * FROM {rel} WHERE run_id = 'r' || i AND sequence > 0 ORDER BY sequence LIMIT 100) q;
+        total := total + x;
+    END LOOP;
+    RETURN total;
+END
+$$"""
+
+
 async def best(conn, sql: str, arg: str, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -74,16 +95,34 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         await conn.execute("ANALYZE")
         out = []
         for t, payload, _node in SHAPES:
-            await conn.fetchval(READ.format(rel="openwop_seat.events_m2"), t)  # plan and cache once
+            await conn.fetchval(READ.format(rel="openwop_seat.events_m2_live"), t)  # plan and cache once
             await conn.fetchval(ENGINE, t)
             direct = await best(conn, READ.format(rel="events"), t, repeat)
-            view = await best(conn, READ.format(rel="openwop_seat.events_m2"), t, repeat)
+            view = await best(conn, READ.format(rel="openwop_seat.events_m2_live"), t, repeat)
             engine = await best(conn, ENGINE, t, repeat)
-            changed = await conn.fetchval("SELECT payload IS DISTINCT FROM $2::jsonb FROM openwop_seat.events_m2 "
+            changed = await conn.fetchval("SELECT payload IS DISTINCT FROM $2::jsonb FROM openwop_seat.events_m2_live "
                                           "WHERE type = $1 LIMIT 1", t, json.dumps(payload))
             out.append({"type": t, "changed": changed, "direct_us": direct / rows * 1e6,
                         "compiled_added_us": (view - direct) / rows * 1e6,
                         "engine_added_us": (engine - direct) / rows * 1e6})
+        # Pages: the host's page statement, run after run, inside the server (no client round trip counted).
+        pages = min(rows, 2000)
+        for name, rel in (("direct", "events"), ("live", "openwop_seat.events_m2_live"),
+                          ("store", "openwop_seat.events_m2")):
+            await conn.execute(PAGES_FUNCTION.format(name=name, rel=rel))
+        page = {"direct": await best(conn, "SELECT pg_temp.pages_direct($1)", pages, repeat),
+                "live": await best(conn, "SELECT pg_temp.pages_live($1)", pages, repeat)}
+        filled = 0
+        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):  # one transaction each
+            filled += await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"]) == "filled"
+        if filled != rows:
+            raise RuntimeError(f"filled {filled} runs into the v2 store, not {rows}")
+        await conn.execute("VACUUM ANALYZE")
+        await conn.fetchval("SELECT pg_temp.pages_store(10)")
+        page["store"] = await best(conn, "SELECT pg_temp.pages_store($1)", pages, repeat)
+        page_rows = pages * len(SHAPES)
+        out.append({"pages": pages, "rows_per_page": len(SHAPES),
+                    **{f"page_{k}_us_per_row": v / page_rows * 1e6 for k, v in page.items()}})
         return out
     finally:
         await conn.close()
@@ -115,10 +154,16 @@ def main(argv=None) -> int:
         results = asyncio.run(measure(cluster.port, args.rows, args.repeat))
     finally:
         cluster.stop()
+    page = results.pop()
     print(f"{'stored type':<16} {'projection':<10} {'direct µs/row':>14} {'+compiled µs':>13} {'+engine µs':>11}")
     for r in results:
         print(f"{r['type']:<16} {'changes' if r['changed'] else 'as stored':<10} {r['direct_us']:>14.2f} "
               f"{r['compiled_added_us']:>13.2f} {r['engine_added_us']:>11.2f}")
+    print(f"\nthe host's page statement, {page['pages']} runs of {page['rows_per_page']} rows (one of each type "
+          f"above), µs per row:")
+    print(f"  direct {page['page_direct_us_per_row']:.2f}   through the live translation (ADR 0011) "
+          f"{page['page_live_us_per_row']:.2f}   filled into the v2 store (ADR 0015) "
+          f"{page['page_store_us_per_row']:.2f}")
     return 0
 
 

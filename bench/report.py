@@ -43,6 +43,7 @@ THROUGHPUT = {
                                    "COMMIT) into 1,000 era-2 runs, pgbench -M extended, 8 clients; the seat "
                                    "writes the v2 name, direct and PgBouncer the v1 name"),
 }
+PROXIES = ("pgbouncer", "seat")  # the targets with a process of their own between pgbench and PostgreSQL
 LATENCY = "pgbench -S -M extended, 1 client, per-transaction logs (-l)"
 
 # The issue's goals, one per ratio key: (comparison, threshold, the goal in words).
@@ -78,12 +79,20 @@ class Results:
         self.throughput: dict[str, list[dict[str, float]]] = {}  # workload -> one {target: figure} per round
         self.latency: list[dict[str, dict]] = []  # one {target: percentiles} per round
         self.memory: dict[str, dict] = {}  # target -> idle-connection RSS figures
+        # workload -> one {target: CPU ms of the proxy process per 1,000 transactions} per round (issue 27)
+        self.cpu: dict[str, list[dict[str, float]]] = {}
 
     def add_throughput(self, workload: str, round_no: int, target: str, figure: float) -> None:
         rounds = self.throughput.setdefault(workload, [])
         while len(rounds) <= round_no:
             rounds.append({})
         rounds[round_no][target] = figure
+
+    def add_cpu(self, workload: str, round_no: int, target: str, ms_per_1000: float) -> None:
+        rounds = self.cpu.setdefault(workload, [])
+        while len(rounds) <= round_no:
+            rounds.append({})
+        rounds[round_no][target] = ms_per_1000
 
     def add_latency(self, round_no: int, target: str, figures: dict) -> None:
         while len(self.latency) <= round_no:
@@ -106,6 +115,12 @@ def summarise(results: Results) -> dict:
             entry[f"seat_over_{ref}"] = {"median": per_target["seat"]["median"] / per_target[ref]["median"],
                                          "min": min(per_round), "max": max(per_round)}
         out["throughput"][workload] = entry
+    out["cpu_ms_per_1000"] = {}
+    for workload, rounds in results.cpu.items():
+        per = {t: statistics.median(r[t] for r in rounds) for t in PROXIES if all(t in r for r in rounds)}
+        if len(per) == len(PROXIES):
+            out["cpu_ms_per_1000"][workload] = {**per, "seat_over_pgbouncer": per["seat"] / per["pgbouncer"]
+                                                if per["pgbouncer"] else None}
     if results.latency:
         for t in TARGETS:
             out["latency"][t] = {k: statistics.median(r[t][k] for r in results.latency)
@@ -164,6 +179,13 @@ def table(results: Results, summary: dict) -> str:
         cells = "".join(_cell(statistics.median(v), min(v), max(v), 24) for v in per.values())
         seat, pgb, direct = (statistics.median(per[t]) for t in ("seat", "pgbouncer", "direct"))
         lines.append(f"{label:26} {'µs':8}{cells} {seat / pgb:>18.2f} {seat / direct:>18.2f}")
+    if summary.get("cpu_ms_per_1000"):
+        lines += ["", f"{'CPU of the proxy process':26} {'unit':8} {'pgbouncer':>24} {'seat':>24} "
+                      f"{'seat/pgbouncer':>18}"]
+        for workload, cpu in summary["cpu_ms_per_1000"].items():
+            ratio = cpu["seat_over_pgbouncer"]
+            lines.append(f"{workload:26} {'ms/1k tx':8} {_fmt(cpu['pgbouncer']):>24} {_fmt(cpu['seat']):>24} "
+                         f"{'—' if ratio is None else f'{ratio:.2f}':>18}")
     if results.memory:
         n = next(iter(results.memory.values()))["connections"]
         cells = "".join(f" {_fmt(results.memory[t]['kib_per_connection']) if t in results.memory else '—':>24}"

@@ -144,6 +144,13 @@ class Seat(_Process):
         self._wait_started()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far, from /proc/PID/stat (fields 14 and 15)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/status (VmRSS, in KiB)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

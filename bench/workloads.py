@@ -68,7 +68,13 @@ def append_script(directory: Path) -> Path:
 
 def pgbench_tps(pgbench: str, port: int, args: list[str], seconds: int, clients: int = CLIENTS,
                 threads: int = THREADS, env: dict[str, str] | None = None) -> float:
-    """Run pgbench against ``port`` for ``seconds``; its tps without initial connection time.
+    """Run pgbench against ``port`` for ``seconds``; its tps without initial connection time."""
+    return pgbench_run(pgbench, port, args, seconds, clients, threads, env)[0]
+
+
+def pgbench_run(pgbench: str, port: int, args: list[str], seconds: int, clients: int = CLIENTS,
+                threads: int = THREADS, env: dict[str, str] | None = None) -> tuple[float, int]:
+    """Run pgbench against ``port`` for ``seconds``: (tps without initial connection time, transactions).
 
     ``env``: extra environment variables for pgbench (libpq reads e.g. ``PGAPPNAME``).
     """
@@ -82,7 +88,8 @@ def pgbench_tps(pgbench: str, port: int, args: list[str], seconds: int, clients:
         shown = " ".join(a if len(a) < 80 else a[:77] + "..." for a in cmd)
         raise WorkloadError(f"pgbench failed (exit {done.returncode}): {shown}\n{done.stderr[-3000:]}"
                             f"{done.stdout[-1500:]}")
-    return float(tps.group(1))
+    done_tx = re.search(r"^number of transactions actually processed: (\d+)", done.stdout, re.M)
+    return float(tps.group(1)), int(done_tx.group(1)) if done_tx else 0
 
 
 def binary_pages(port: int, seconds: int, page_runs: range, connections: int = CLIENTS) -> float:

@@ -116,6 +116,11 @@ class HostConfig:
     # How often a running seat checks that the writer rule is in force (triggers, functions, digest); 0: only at
     # start, on /readyz and on SIGHUP.
     check_interval: float = 10.0
+    # The v2 store (ADR 0015): era-2 rows kept already translated beside the host's, so that a major-2 read of
+    # a filled run costs about a direct read; installed by migrate (false: not installed, every major-2 read
+    # of an era-2 row is translated at read time), filled by serve every store_fill_interval seconds (0: never).
+    store: bool = True
+    store_fill_interval: float = 5.0
 
 
 def cpu_count() -> int:
@@ -413,7 +418,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     host = _section(errors, data.get("host", {}), "host",
                     {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
                      "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
-                     "check_interval", "declarations_file",
+                     "check_interval", "declarations_file", "store", "store_fill_interval",
                      *_OPTIONAL_COLUMNS})
     host_kwargs: dict[str, Any] = {}
     for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column", "payload_column"):
@@ -434,6 +439,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             host["declarations_file"])
     if "check_interval" in host:
         put(host_kwargs, "check_interval", _number, host["check_interval"], "host.check_interval", 0)
+    if "store" in host:
+        put(host_kwargs, "store", _bool, host["store"], "host.store")
+    if "store_fill_interval" in host:
+        put(host_kwargs, "store_fill_interval", _number, host["store_fill_interval"], "host.store_fill_interval", 0)
     if "maintenance_role" in host:
         put(host_kwargs, "maintenance_role", _string, host["maintenance_role"], "host.maintenance_role")
     if "append_lock" in host:

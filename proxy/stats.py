@@ -71,6 +71,10 @@ class Stats:
         # and transaction blocks ended of the sessions that closed (the open ones count on their relay).
         self.pair_sessions: Counter[tuple[str, str]] = Counter()
         self.pair_transactions: Counter[tuple[str, str]] = Counter()
+        # The v2 store's background fill (proxy.serve.store_filler, ADR 0015).
+        self.store_runs_filled = 0
+        self.store_runs_busy = 0
+        self.store_fill_errors = 0
 
     def label_pair(self, database: str, user: str, limit: int) -> tuple[str, str]:
         """The label pair a session of this database and user counts under: its own while the process has seen

@@ -5,6 +5,8 @@ the commands that need no database, tests/integration/test_docs_examples_db.py f
 - A ```toml or ```sql block whose first line is a comment naming a file (`# seat.toml`, `-- example.sql`) is that
   file for the console blocks after it on the same page; the commands run in a folder holding those files.
 - In the output shown, `…` stands for any text within a line, and a line that is only `…` for any lines.
+- `python tests/examples.py --update` writes what the offline commands (explain, config, check) print now into
+  the pages' blocks that hold no `…` (review the diff: the pages then say what the code does).
 - `openwop-seat` runs as `python -m proxy`, `make demo` as `python -m proxy.dev.demo`; `$NAME` is taken from the
   environment the test gives. stdout is compared (progress lines go to stderr), or stderr for a command that
   fails and prints nothing on stdout.
@@ -118,3 +120,51 @@ def run(example: Example, workdir: Path, env: dict[str, str] | None = None, time
             raise AssertionError(
                 f"{example.name}: `{step.command}` printed (exit {out.returncode}):\n{out.stdout}\n"
                 f"stderr:\n{out.stderr[-2000:]}\nbut the page shows:\n" + "\n".join(step.expected))
+
+
+OFFLINE = {"openwop-seat explain", "openwop-seat config", "openwop-seat check"}
+EXAMPLE_SECRET = "an-example-claim-secret-0123456789"  # what the tests give as $OPENWOP_SEAT_CLAIM_SECRET
+
+
+def _output(example: Example, step: Step, workdir: Path, env: dict[str, str]) -> str:
+    out = subprocess.run(_argv(step.command, env), cwd=workdir, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    shown = out.stderr if out.returncode != 0 and not out.stdout else out.stdout
+    return "\n".join(line.rstrip() for line in shown.rstrip("\n").split("\n"))
+
+
+def update() -> list[str]:
+    """Rewrite the offline console blocks without `…` with what their commands print now; the pages changed."""
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_CONFIG"}
+    env["OPENWOP_SEAT_CLAIM_SECRET"] = EXAMPLE_SECRET
+    changed = []
+    by_page: dict[Path, list[Example]] = {}
+    for example in examples():
+        by_page.setdefault(example.page, []).append(example)
+    for page, found in by_page.items():
+        text = page.read_text()
+        blocks = [m for m in FENCE.finditer(text) if m.group(1) == "console"]
+        out, last = [], 0
+        for m, example in zip(blocks, found):
+            body = m.group(2)
+            if example.programs <= OFFLINE and not any("…" in line for s in example.steps for line in s.expected):
+                with tempfile.TemporaryDirectory() as d:
+                    for name, content in example.files.items():
+                        (Path(d) / name).write_text(content)
+                    body = "".join(f"$ {step.command}\n{_output(example, step, Path(d), env)}\n"
+                                   for step in example.steps)
+            out.append(text[last:m.start(2)] + body)
+            last = m.end(2)
+        new = "".join(out) + text[last:]
+        if new != text:
+            page.write_text(new)
+            changed.append(str(page.relative_to(ROOT)))
+    return changed
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/examples.py --update")
+    print("\n".join(update()) or "nothing to update")

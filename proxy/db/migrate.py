@@ -170,7 +170,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     sql = (declarations_objects_sql(decl)
            + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
            + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns,
-                                      frozenset(decl.types))
+                                      frozenset(decl.types), "runs" in tables)
               + net_sql.net_sql(events.table, [c.name for c in columns],
                                 (config.host.type_column, config.host.payload_column), seat_owner)
               if columns is not None else "")
@@ -180,7 +180,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             note(line)
     fingerprint = _objects_fingerprint(sql)
     installed = False
-    cleared = 0
+    cleared = emptied = 0
     async with conn.transaction():
         meta = await read_meta(conn) or {}
         expected = await _expected_triggers(conn, triggers)
@@ -198,6 +198,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             for rel, name in stray:  # left by a migrate with another [host] configuration
                 table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
                 await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
+            if await conn.fetchval(f"SELECT pg_catalog.to_regclass('{SCHEMA}.events_v2_runs') IS NOT NULL"):
+                emptied = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA}.events_v2_runs")
             await conn.execute(sql)
             # The payloads-clean marks were made by the fast check being replaced: they are checked again by
             # the next mark_payloads_clean, never trusted across a change of the generated functions.
@@ -231,6 +233,9 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
             say(line)
         if cleared:
             say(f"cleared {cleared} payloads-clean marks (the generated checks changed; mark the runs again)")
+        if emptied:
+            say(f"emptied the v2 store of {emptied} filled runs (ADR 0015): they are read at read time until "
+                f"serve fills them again")
     await _install_claim_secret(conn, secret, say, note)
 
 

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import HostConfig
+from proxy.db import store_sql
+from proxy.db.layout import TRIGGER_PREFIX
 from proxy.db.projection_compiled import compiled_sql
 from proxy.db.sql import jsonb_literal, quote_ident, quote_literal, quote_relation, text_array_literal
 
@@ -79,11 +81,13 @@ class _Era:
 
 
 def relations_sql(artifacts, host: HostConfig, columns: list[Column],
-                  declared_types: frozenset[str] = frozenset()) -> str:
+                  declared_types: frozenset[str] = frozenset(), runs_table: bool = True) -> str:
     """The DDL of the translated relations over the events table with these ``columns`` (attnum order);
     ``declared_types``: the v2 types the operator's declarations name (ADR 0010), whose compiled branches
-    apply ``declared_v2`` first."""
+    apply ``declared_v2`` first. ``runs_table``: whether the runs table exists; the v2 store (ADR 0015) needs
+    it, and the era in ``run_era`` (no ``era_column``)."""
     names = [c.name for c in columns]
+    store = runs_table and host.era_column is None and host.store
     for needed in (host.run_id_column, host.type_column, host.payload_column, "sequence"):
         if needed not in names:
             raise ValueError(f"the events table has no column {needed!r}")
@@ -101,25 +105,36 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column],
     era = _Era(host, f"{E}.{quote_ident(host.run_id_column)}", types[host.run_id_column])
     malformed_era = (f"{SCHEMA}.refuse_text('event_row_malformed', NULL, {run_text}, NULL)")
     type_ok = f"({jsonb_literal(forward)} OPERATOR(pg_catalog.?) {t} OR {_vendor(t, orgs)})"
-    unreadable = (f"{SCHEMA}.refuse_text(CASE WHEN {t} IS NULL THEN 'event_row_malformed' "
-                  f"ELSE 'event_type_unmapped' END, {t}, {run_text}, {seq})")
     malformed_arm = f"\n        WHEN {era.malformed} THEN {malformed_era}" if era.malformed else ""
 
     def cast(expr: str, name: str) -> str:
         return f"({expr})::{types[name]}"
 
-    # major 2
+    # major 2: an era-2 row's type and payload over a row alias (the host's table, or the v2 store's raw rows)
+    def era2_type(a: str) -> str:
+        ta, run_a, seq_a = (f"{a}.{quote_ident(host.type_column)}", col(host.run_id_column, a),
+                            f"({a}.sequence)::bigint")
+        refused = (f"{SCHEMA}.refuse_text(CASE WHEN {ta} IS NULL THEN 'event_row_malformed' "
+                   f"ELSE 'event_type_unmapped' END, {ta}, {run_a}, {seq_a})")
+        return (f"COALESCE({jsonb_literal(forward)} OPERATOR(pg_catalog.->>) {ta},\n"
+                f"                      CASE WHEN {_vendor(ta, orgs)} THEN {ta} ELSE {refused} END)")
+
+    def era2_payload_tail(a: str) -> str:
+        ta, pa = f"{a}.{quote_ident(host.type_column)}", f"{a}.{quote_ident(host.payload_column)}"
+        type_ok_a = f"({jsonb_literal(forward)} OPERATOR(pg_catalog.?) {ta} OR {_vendor(ta, orgs)})"
+        return (f"WHEN {pa} IS NULL AND {type_ok_a} THEN NULL\n"
+                f"        ELSE {SCHEMA}.payload_v2({ta}, ({pa})::jsonb, {col(host.run_id_column, a)}, "
+                f"({a}.sequence)::bigint, {col(host.event_id_column, a)},\n"
+                f"                                 {col(host.node_id_column, a)})")
+
     type_m2 = cast(f"""CASE
         WHEN {era.three} THEN {t}{malformed_arm}
-        ELSE COALESCE({jsonb_literal(forward)} OPERATOR(pg_catalog.->>) {t},
-                      CASE WHEN {_vendor(t, orgs)} THEN {t} ELSE {unreadable} END)
+        ELSE {era2_type(E)}
     END""", host.type_column)
     payload_m2 = cast(f"""CASE
         WHEN {era.three} THEN {p}{malformed_arm.replace(malformed_era, malformed_era + '::jsonb')}
         WHEN {C}_clean.run_id IS NOT NULL THEN {p}
-        WHEN {p} IS NULL AND {type_ok} THEN NULL
-        ELSE {SCHEMA}.payload_v2({t}, ({p})::jsonb, {run_text}, {seq}, {col(host.event_id_column)},
-                                 {col(host.node_id_column)})
+        {era2_payload_tail(E)}
     END""", host.payload_column)
     # major 1; a row that backfill rewrote reads as it was before (its original, preserved byte for byte)
     o = f"{C}_orig"
@@ -161,13 +176,28 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column],
             else:
                 out.append(f"{E}.{quote_ident(c.name)}")
         joins = f"{era.join}\n{clean_join}" if major == 2 else f"{era.join}\n{original_join}"
+        body = f"""SELECT {(','+chr(10)+'       ').join(out)}
+FROM {events} {E}
+{joins}
+WHERE {may_read};"""
+        if major == 2 and store:
+            in_force = store_sql.in_force_sql(host.events_table, TRIGGER_PREFIX)
+            # ADR 0015: the translation computed at read time for runs not in the v2 store, the store for the rest
+            return f"""
+DROP VIEW IF EXISTS {SCHEMA}.events_m2;
+DROP VIEW IF EXISTS {SCHEMA}.events_m2_live;
+CREATE VIEW {SCHEMA}.events_m2_live AS
+{body}
+COMMENT ON VIEW {SCHEMA}.events_m2_live IS
+    'events_m2 computed at read time (ADR 0011): read by events_m2 for runs not in the v2 store (ADR 0015)';
+REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
+{store_sql.store_tables_sql(host, columns, types[host.run_id_column])}{
+    store_sql.store_view_sql(host, columns, events, (E, C), era, clean_join, may_read, in_force, era2_type,
+                             era2_payload_tail)}"""
         return f"""
 DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
 CREATE VIEW {SCHEMA}.{VIEW[major]} AS
-SELECT {(','+chr(10)+'       ').join(out)}
-FROM {events} {E}
-{joins}
-WHERE {may_read};
+{body}
 COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS
     'the events table as a major-{major} reader sees it (openwop-seat reader rule); generated by migrate';
 GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
@@ -189,6 +219,28 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
                     f"ELSE 'v1_representation_refused' END, t, run, seq);")
         m1_payload = f"IF era {EQ} 3 THEN\n        {m1_three}\n    END IF;"
     return f"""
+-- The classifier's guard on an unqualified name of the events table (issue 23): the name is the host's table
+-- only where this session's search_path finds it there. No SET search_path (the caller's is the point), so
+-- everything here is qualified with its schema.
+CREATE OR REPLACE FUNCTION {SCHEMA}.events_named(name text)
+RETURNS boolean LANGUAGE plpgsql STABLE
+AS $ow$
+DECLARE
+    v_found pg_catalog.regclass := pg_catalog.to_regclass(pg_catalog.quote_ident(name));
+BEGIN
+    IF v_found IS NULL OR v_found OPERATOR(pg_catalog.<>) {quote_literal(events)}::pg_catalog.regclass THEN
+        PERFORM {SCHEMA}.refuse_statement('search_path', pg_catalog.format(
+            'in this session the name %s finds %s, not the host''s events table %s that the seat translates: '
+            'name the table with its schema, or set search_path so that it finds the host''s table',
+            pg_catalog.quote_ident(name),
+            COALESCE((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c
+                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE c.oid OPERATOR(pg_catalog.=) v_found), 'no table'), {quote_literal(events)}));
+    END IF;
+    RETURN true;
+END
+$ow$;
+
 CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_text(code text, t text, run text, seq bigint)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -297,7 +349,7 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION {SCHEMA}.mark_payloads_clean(text) FROM PUBLIC;
 
-{view(2)}{view(1)}"""
+{view(2)}{view(1)}{store_sql.store_functions_sql(host, columns, host.events_table) if store else ""}"""
 
 
 # ------------------------------------------------------------------ catalog

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import HostConfig
+from proxy.db import store_sql
 from proxy.db.layout import (
     _PROBE_SQLSTATE,
     CLAIM_SECRET_ENV,
@@ -815,6 +816,8 @@ CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE ON {events} FOR EACH ROW
 CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION {SCHEMA}.on_event_update_era3();"""))
+        if host.era_column is None and host.store and "runs" in tables:  # the v2 store (ADR 0015, proxy.db.store_sql)
+            out.extend(Trigger(*t) for t in store_sql.store_triggers_sql(host, TRIGGER_PREFIX))
         name = TRIGGER_PREFIX + "delete_era3"
         out.append(Trigger(host.events_table, name, f"""
 CREATE OR REPLACE TRIGGER {name} AFTER DELETE ON {events} FOR EACH ROW

@@ -29,6 +29,7 @@ identifier, or the seat's schema).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import OrderedDict
 from typing import NamedTuple
@@ -37,6 +38,9 @@ from proxy.config import HostConfig
 from proxy.errors import SeatException
 from proxy.readpath import encoding
 from proxy.readpath.pgnodes import walk as _walk
+
+log = logging.getLogger("openwop_seat.classify")
+CLASSIFIER_FAILED = "classifier error"  # the reason of the refusal made when the classifier raised
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
@@ -94,6 +98,24 @@ def _names(ref) -> list[str]:
     return [("*" if isinstance(f, ast.A_Star) else f.sval) for f in ref.fields]
 
 
+
+GUARD_FUNCTION = "events_named"  # openwop_seat.events_named(name): true, or refuses the statement (proxy.db.relations)
+
+
+def _guard_call(name: str):
+    from pglast import ast
+
+    return ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=GUARD_FUNCTION)),
+                        args=(ast.A_Const(val=ast.String(sval=name)),), funcformat=0)
+
+
+def _and(where, guard):
+    from pglast import ast
+
+    if where is None:
+        return guard
+    return ast.BoolExpr(boolop=0, args=(where, guard))  # AND_EXPR
+
 class Classifier:
     """Plans statements for one reader major against one host layout, with a byte-bounded LRU cache."""
 
@@ -150,7 +172,9 @@ class Classifier:
                 self._passed_bytes += len(sql)
             return plan
         self.misses += 1
-        plan = analysed or self._classify(sql)
+        plan = analysed or self._classify_or_refuse(sql)
+        if plan.refused is not None and plan.refused.kind == CLASSIFIER_FAILED:
+            return plan  # not kept: a fixed seat (or a reload) classifies it again
         cost = _cost(sql, plan)
         if cost <= self.cache_bytes:
             self._cache[sql] = plan
@@ -177,7 +201,7 @@ class Classifier:
         worker = copy.copy(self)
         generation = self.generation
         if worker._worth_parsing(sql):
-            return worker._classify(sql), generation
+            return worker._classify_or_refuse(sql), generation
         return _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql), generation
 
     def analysed(self, sql: str, plan: Plan, generation: int) -> None:
@@ -233,6 +257,18 @@ class Classifier:
             self.bytes = 0
 
     # -- internals
+
+    def _classify_or_refuse(self, sql: str) -> Plan:
+        """:meth:`_classify`, and a refusal of the statement (never the session) when the classifier itself fails:
+        a bug here must not pass an untranslated statement, nor end the client's connection."""
+        try:
+            return self._classify(sql)
+        except Exception:
+            log.exception("the classifier failed on a statement (refused); please report it with the statement")
+            refusal = StatementPlan(REFUSE, sql, CLASSIFIER_FAILED,
+                                    "the seat failed to analyse a statement that mentions the events table (an "
+                                    "error in the seat, logged): it is refused rather than passed untranslated")
+            return Plan((refusal,), sql, False, refusal, True)
 
     def _classify(self, sql: str) -> Plan:
         if not self._worth_parsing(sql):
@@ -430,11 +466,14 @@ class Classifier:
 
         changed = False
         self._kept: set[int] = set()
+        unqualified: list[str] = []
 
         def from_item(item, translate: bool):
             nonlocal changed
             if self._is_events(item):
                 changed = True
+                if item.schemaname is None and item.catalogname is None:
+                    unqualified.append(item.relname)
                 if not translate:
                     # ADR 0009: the events table itself is never read in a translated session (the net refuses
                     # it); a level that reads neither type nor payload reads events_keys, a join-free view.
@@ -458,6 +497,12 @@ class Classifier:
                 if items:
                     translate = self._reads_translated(n, items)
                     setattr(n, field, tuple(from_item(i, translate) for i in items))
+            if unqualified and "whereClause" in getattr(n, "__slots__", ()):
+                # An unqualified name is the host's table only where the session's search_path finds it there
+                # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
+                # once per execution, and refused otherwise, never read from the host's table instead.
+                n.whereClause = _and(n.whereClause, _guard_call(unqualified[0]))
+            unqualified.clear()
             if isinstance(n, ast.DeleteStmt) and self._is_events(n.relation) \
                     and not (n.returningClause is not None and n.returningClause.exprs) \
                     and not self._reads_translated(n, [n.relation]):

@@ -138,6 +138,10 @@ class SeatServer:
             self._spawn(self._watch_relations())
         if self.read_context is not None and self.config.host.check_interval > 0:
             self._spawn(self._check_writer_rule_periodically())
+        if self.read_context is not None and self.config.host.store and self.config.host.dsn:
+            from proxy.serve.store_filler import fill_forever
+
+            self._spawn(fill_forever(self.catalog, self.stats, lambda: self.config.host.store_fill_interval))
         if self._stopped.is_set():  # stopped by a signal while starting
             return
         # The admin console and the metrics first: once clients can connect, both answer.

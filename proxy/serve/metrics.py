@@ -91,6 +91,16 @@ class SeatCollector:
         for result in ("ok", "broken", "error"):
             c.add_metric([result], stats.writer_rule_checks[result])
         yield c
+        c = CounterMetricFamily("openwop_seat_store_fill_runs", "Runs the v2 store's background fill visited "
+                                "(ADR 0015): filled, or skipped while an append held the run's lock (busy)",
+                                labels=["result"])
+        c.add_metric(["filled"], stats.store_runs_filled)
+        c.add_metric(["busy"], stats.store_runs_busy)
+        yield c
+        c = CounterMetricFamily("openwop_seat_store_fill_errors", "Passes of the v2 store's background fill that "
+                                "failed (reads are translated at read time meanwhile)")
+        c.add_metric([], stats.store_fill_errors)
+        yield c
         catalog = getattr(server, "catalog", None)
         if catalog is not None:
             c = CounterMetricFamily("openwop_seat_catalog_connections_opened",

@@ -44,6 +44,12 @@ def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
     assert "seat/pgbouncer" in done.stdout and "goals (issues #6, #15):" in done.stdout
     for workload in ("projection_page_text", "host_mix_page_text"):  # goals since issue 22
         assert any(line.split()[:1] == [workload] for line in done.stdout.splitlines()), workload
+    # issue 27: the proxies' CPU per 1,000 transactions, per pgbench workload, in the file and the table
+    cpu = document["summary"]["cpu_ms_per_1000"]
+    assert "passthrough_simple" in cpu and "append_v2_into_era2" in cpu
+    for workload, figures in cpu.items():
+        assert figures["seat"] > 0 and figures["pgbouncer"] >= 0, workload
+    assert "CPU of the proxy process" in done.stdout
 
 
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path):

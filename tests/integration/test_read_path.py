@@ -235,3 +235,40 @@ def test_prepared_refusal_with_asyncpg(read_seat):
 
     err, after = asyncio.run(go())
     assert err.sqlstate == "OW004" and after == 1
+
+
+def test_an_unqualified_events_is_translated_only_where_the_search_path_finds_the_hosts_table(read_seat, pg, runs):
+    """Issue 23: a schema per tenant (``search_path = tenant, public``) or a temporary table named ``events``:
+    the unqualified name finds another table, so the seat's translation of ``public.events`` would answer for
+    the wrong table. PostgreSQL checks it per execution and the statement is refused (OW004); the qualified
+    name and the default search_path read translated as before."""
+    import uuid
+
+    era2, _era3 = runs
+    schema = f"tenant_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.events (LIKE public.events); "
+            f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC; GRANT SELECT ON {schema}.events TO PUBLIC")
+    try:
+        with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (era2,)).fetchone()[0] > 0
+            conn.execute(f"SET search_path = {schema}, public")
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute("SELECT type FROM events WHERE run_id = %s", (era2,))
+            assert refused.value.sqlstate == "OW004"
+            assert f"the name events finds {schema}.events, not the host's events table" in str(refused.value)
+            with pytest.raises(psycopg.Error) as refused:  # a prepared statement: checked per execution
+                conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (era2,), prepare=True)
+            assert refused.value.sqlstate == "OW004"
+            rows = conn.execute("SELECT type FROM public.events WHERE run_id = %s ORDER BY sequence",
+                                (era2,)).fetchall()
+            assert rows[0][0] == A.v1_to_v2[RENAMED[0]]  # the qualified name: translated
+            conn.execute("RESET search_path")
+            conn.execute("CREATE TEMP TABLE events (LIKE public.events)")
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute("SELECT type FROM events")
+            assert refused.value.sqlstate == "OW004" and "pg_temp" in str(refused.value)
+            conn.execute("DROP TABLE pg_temp.events")
+            assert conn.execute("SELECT type FROM events WHERE run_id = %s ORDER BY sequence",
+                                (era2,)).fetchone()[0] == A.v1_to_v2[RENAMED[0]]
+    finally:
+        pg.psql(f"DROP SCHEMA {schema} CASCADE")

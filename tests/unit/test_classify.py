@@ -12,7 +12,7 @@ import pytest
 from pglast import ast, parse_sql
 
 from proxy.config import HostConfig
-from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
+from proxy.readpath.classify import CLASSIFIER_FAILED, PASS, REFUSE, TRANSLATE, WRITTEN, Classifier
 
 VIEW2, VIEW1 = "openwop_seat.events_m2", "openwop_seat.events_m1"
 
@@ -226,8 +226,27 @@ def test_the_hosts_append_reads_max_sequence_from_the_keys_view_and_returns_tran
 
 def test_a_level_that_reads_a_translated_column_is_substituted_whatever_the_others_do():
     text = classify("WITH x AS (SELECT * FROM events) SELECT (SELECT count(*) FROM events) FROM x").text
-    assert "WITH x AS (SELECT * FROM openwop_seat.events_m2 AS events)" in text
-    assert "(SELECT count(*) FROM openwop_seat.events_keys AS events)" in text
+    assert "WITH x AS (SELECT * FROM openwop_seat.events_m2 AS events WHERE openwop_seat.events_named('events'))" \
+        in text
+    assert "(SELECT count(*) FROM openwop_seat.events_keys AS events WHERE openwop_seat.events_named('events'))" \
+        in text
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_an_unqualified_name_is_guarded_by_the_sessions_search_path_and_a_qualified_one_is_not(major):
+    """Issue 23: ``events`` is the host's table only where the session's search_path finds it there (a schema per
+    tenant, a temporary table of the same name): every level that read it unqualified gets PostgreSQL's check,
+    ANDed with its own WHERE (its precedence kept); ``public.events`` needs none."""
+    guard = "openwop_seat.events_named('events')"
+    view = f"openwop_seat.events_m{major}"
+    assert classify("SELECT * FROM events WHERE run_id = $1 OR sequence > 3", major).text == \
+        f"SELECT * FROM {view} AS events WHERE (run_id = $1 OR sequence > 3) AND {guard}"
+    assert classify("SELECT e.type FROM events e JOIN runs r USING (run_id)", major).text == \
+        f"SELECT e.type FROM {view} AS e INNER JOIN runs AS r USING (run_id) WHERE {guard}"
+    assert classify("SELECT type FROM public.events", major).text == f"SELECT type FROM {view} AS events"
+    text = classify("SELECT type FROM events WHERE run_id IN (SELECT run_id FROM events WHERE sequence = 1)",
+                    major).text
+    assert text.count(guard) == 2  # the subquery is a level of its own
 
 
 @pytest.mark.parametrize("sql", [APPEND, APPEND_COLUMNS, "DELETE FROM events WHERE run_id = $1 RETURNING type"])
@@ -458,3 +477,27 @@ def test_schema_qualified_column_references_follow_the_substitution(major):
     # another schema's table of the same name is not the events table: left as it is
     assert classify("SELECT other.events.type FROM other.events", major).text == \
         "SELECT other.events.type FROM other.events"
+
+
+def test_a_classifier_error_refuses_the_statement_and_is_not_cached(monkeypatch, caplog):
+    """A bug in the classifier (here: any exception while a statement is analysed) refuses that statement,
+    logged, instead of passing it untranslated or ending the client's session; the next classify tries again."""
+    c = Classifier(HostConfig(), 2)
+    calls = []
+
+    def broken(stmt, text):
+        calls.append(text)
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(c, "_statement", broken)
+    sql = "SELECT type FROM events WHERE run_id = $1"
+    for _ in range(2):
+        plan = c.classify(sql)
+        assert plan.refused is not None and plan.refused.kind == CLASSIFIER_FAILED and plan.refused.action == REFUSE
+        assert plan.text == sql
+    assert len(calls) == 2 and c.size == 0  # classified again, never cached
+    assert "the classifier failed on a statement" in caplog.text
+    monkeypatch.undo()
+    assert c.classify(sql).changed  # once fixed, the same text is translated
+    worker_plan, _generation = c.analyse("SELECT payload FROM events")
+    assert worker_plan.changed

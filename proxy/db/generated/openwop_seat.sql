@@ -1481,6 +1481,28 @@ REVOKE ALL ON FUNCTION openwop_seat.on_run_update() FROM PUBLIC;
 
 -- ==== translated relations
 
+-- The classifier's guard on an unqualified name of the events table (issue 23): the name is the host's table
+-- only where this session's search_path finds it there. No SET search_path (the caller's is the point), so
+-- everything here is qualified with its schema.
+CREATE OR REPLACE FUNCTION openwop_seat.events_named(name text)
+RETURNS boolean LANGUAGE plpgsql STABLE
+AS $ow$
+DECLARE
+    v_found pg_catalog.regclass := pg_catalog.to_regclass(pg_catalog.quote_ident(name));
+BEGIN
+    IF v_found IS NULL OR v_found OPERATOR(pg_catalog.<>) '"public"."events"'::pg_catalog.regclass THEN
+        PERFORM openwop_seat.refuse_statement('search_path', pg_catalog.format(
+            'in this session the name %s finds %s, not the host''s events table %s that the seat translates: '
+            'name the table with its schema, or set search_path so that it finds the host''s table',
+            pg_catalog.quote_ident(name),
+            COALESCE((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c
+                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE c.oid OPERATOR(pg_catalog.=) v_found), 'no table'), '"public"."events"'));
+    END IF;
+    RETURN true;
+END
+$ow$;
+
 CREATE OR REPLACE FUNCTION openwop_seat.refuse_text(code text, t text, run text, seq bigint)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -2880,7 +2902,8 @@ REVOKE ALL ON FUNCTION openwop_seat.mark_payloads_clean(text) FROM PUBLIC;
 
 
 DROP VIEW IF EXISTS openwop_seat.events_m2;
-CREATE VIEW openwop_seat.events_m2 AS
+DROP VIEW IF EXISTS openwop_seat.events_m2_live;
+CREATE VIEW openwop_seat.events_m2_live AS
 SELECT openwop_seat_e."event_id",
        openwop_seat_e."run_id",
        openwop_seat_e."sequence",
@@ -2903,8 +2926,71 @@ FROM "public"."events" openwop_seat_e
 LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
 LEFT JOIN openwop_seat.payloads_clean openwop_seat_c_clean ON openwop_seat_c_clean.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
 WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'));
+COMMENT ON VIEW openwop_seat.events_m2_live IS
+    'events_m2 computed at read time (ADR 0011): read by events_m2 for runs not in the v2 store (ADR 0015)';
+REVOKE ALL ON openwop_seat.events_m2_live FROM PUBLIC;
+
+DROP TABLE IF EXISTS openwop_seat.events_v2_store;
+DROP TABLE IF EXISTS openwop_seat.events_v2_runs;
+DROP TABLE IF EXISTS openwop_seat.events_v2_refused;
+CREATE TABLE openwop_seat.events_v2_store (
+    "event_id" text,
+    "run_id" text,
+    "sequence" integer,
+    "type" text,
+    "node_id" text,
+    "payload" jsonb,
+    "timestamp" timestamp with time zone,
+    "causation_id" text,
+    PRIMARY KEY ("run_id", sequence)
+);
+COMMENT ON TABLE openwop_seat.events_v2_store IS
+    'era-2 event rows as a major-2 reader reads them (ADR 0015): read for the runs in events_v2_runs only; '
+    'written only by openwop_seat.store_fill; emptied by migrate';
+REVOKE ALL ON TABLE openwop_seat.events_v2_store FROM PUBLIC;
+CREATE TABLE openwop_seat.events_v2_runs (
+    run_id text PRIMARY KEY,
+    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE openwop_seat.events_v2_runs IS
+    'the era-2 runs whose every event row is in events_v2_store as read (ADR 0015); any write to the run '
+    'removes its row in the same transaction';
+REVOKE ALL ON TABLE openwop_seat.events_v2_runs FROM PUBLIC;
+CREATE TABLE openwop_seat.events_v2_refused (
+    run_id text PRIMARY KEY,
+    refused_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE openwop_seat.events_v2_refused IS
+    'era-2 runs a fill left out: a row the reader rule refuses (read live, and refused, until the next write)';
+REVOKE ALL ON TABLE openwop_seat.events_v2_refused FROM PUBLIC;
+
+CREATE VIEW openwop_seat.events_m2 AS
+SELECT openwop_seat_u."event_id",
+       openwop_seat_u."run_id",
+       openwop_seat_u."sequence",
+       (CASE WHEN openwop_seat_u.openwop_seat_stored OR openwop_seat_u.openwop_seat_era3 THEN openwop_seat_u."type" ELSE COALESCE('{"agent.decided":"agent.decided","agent.handoff":"agent.handoff","agent.invocation.completed":"agent.invocation-completed","agent.invocation.started":"agent.invocation-started","agent.memory.consolidated":"agent.memory-consolidated","agent.promptResolved":"agent.prompt-resolved","agent.reasoned":"agent.reasoned","agent.reasoning.delta":"agent.reasoning-delta","agent.toolCalled":"agent.tool-called","agent.toolReturned":"agent.tool-returned","agent.verified":"agent.verified","approval.granted":"approval.granted","approval.overridden":"approval.overridden","approval.received":"approval.received","approval.rejected":"approval.rejected","approval.requested":"approval.requested","artifact.created":"artifact.created","authorization.decided":"authorization.decided","budget.consumed":"budget.consumed","budget.exhausted":"budget.exhausted","budget.reserved":"budget.reserved","budget.threshold.crossed":"budget.threshold-crossed","cap.breached":"cap.breached","channel.presence":"channel.presence","channel.written":"channel.written","clarification.requested":"clarification.requested","clarification.resolved":"clarification.resolved","commitment.fired":"commitment.fired","compensation.completed":"compensation.completed","compensation.failed":"compensation.failed","compensation.manual_intervention_required":"compensation.manual-intervention-required","compensation.paused":"compensation.paused","compensation.requested":"compensation.requested","compensation.started":"compensation.started","connector.auth_expired":"connector.auth-expired","connector.authorized":"connector.authorized","context.summarized":"context.summarized","conversation.closed":"conversation.closed","conversation.exchanged":"conversation.exchanged","conversation.opened":"conversation.opened","core.dispatch.fanOut":"dispatch.fanned-out","core.dispatch.join":"dispatch.joined","core.workflowChain.confidence-escalated":"workflow-chain.confidence-escalated","core.workflowChain.event":"workflow-chain.event","deployment.canary.adjusted":"deployment.canary-adjusted","deployment.promoted":"deployment.promoted","deployment.rolled-back":"deployment.rolled-back","deployment.state.changed":"deployment.state-changed","egress.decided":"egress.decided","envelope.nlToFormat.engaged":"envelope.nl-to-format-engaged","envelope.recovery.applied":"envelope.recovery-applied","envelope.refusal":"envelope.refusal","envelope.retry.attempted":"envelope.retry-attempted","envelope.retry.exhausted":"envelope.retry-exhausted","envelope.truncated":"envelope.truncated","eval.completed":"eval.completed","eval.scored":"eval.scored","eval.started":"eval.started","goal.closed":"goal.closed","goal.evaluated":"goal.evaluated","import.applied":"import.applied","interrupt.requested":"interrupt.requested","interrupt.resolved":"interrupt.resolved","lease.acquired":"lease.acquired","lease.handed-off":"lease.handed-off","lease.lost":"lease.lost","lease.renewed":"lease.renewed","log.appended":"log.appended","memory.compacted":"memory.compacted","memory.written":"memory.written","model.capability.insufficient":"model.capability-insufficient","model.capability.substituted":"model.capability-substituted","node.cancelled":"node.cancelled","node.completed":"node.completed","node.dispatched":"node.dispatched","node.failed":"node.failed","node.resumed":"node.resumed","node.retried":"node.retried","node.skipped":"node.skipped","node.started":"node.started","node.suspend-failed":"node.suspend-failed","node.suspended":"node.suspended","output.chunk":"output.chunk","prompt.composed":"prompt.composed","proposal.activated":"proposal.activated","proposal.created":"proposal.created","provider.usage":"provider.usage","replay.diverged":"replay.diverged","replay.divergedAtRefusal":"replay.diverged-at-refusal","roster.run.initiated":"roster.run-initiated","run.cancelled":"run.cancelled","run.completed":"run.completed","run.dead_lettered":"run.dead-lettered","run.failed":"run.failed","run.paused":"run.paused","run.restored-from-snapshot":"run.restored-from-snapshot","run.resumed":"run.resumed","run.resuming":"run.resume-started","run.started":"run.started","runOrchestrator.decided":"orchestrator.decided","tool.session.closed":"tool.session-closed","tool.session.opened":"tool.session-opened","trigger.delivery.attempted":"trigger.delivery-attempted","trigger.subscription.state.changed":"trigger.subscription-state-changed","variable.changed":"variable.changed","version.pinned":"version.pinned","voice.barge_in":"voice.barge-in","voice.cancelled":"voice.cancelled","voice.endpoint_candidate":"voice.endpoint-candidate","voice.speech_start":"voice.speech-start","voice.synthesis_chunk":"voice.synthesis-chunk","voice.transcript":"voice.transcript","voice.turn_commit":"voice.turn-commit","workflow.loopback-limit":"workflow.loopback-limit","workflow.restored":"workflow.restored","workflow.stalled":"workflow.stalled","workspace.updated":"workspace.updated"}'::jsonb OPERATOR(pg_catalog.->>) openwop_seat_u."type",
+                      CASE WHEN (pg_catalog.strpos(openwop_seat_u."type", '.') OPERATOR(pg_catalog.>) 0 AND pg_catalog.split_part(openwop_seat_u."type", '.', 1) OPERATOR(pg_catalog.=) ANY ('{"example","myndhyve","openwop-app"}'::text[])) THEN openwop_seat_u."type" ELSE openwop_seat.refuse_text(CASE WHEN openwop_seat_u."type" IS NULL THEN 'event_row_malformed' ELSE 'event_type_unmapped' END, openwop_seat_u."type", (openwop_seat_u."run_id")::text, (openwop_seat_u.sequence)::bigint) END) END)::text AS "type",
+       openwop_seat_u."node_id",
+       (CASE WHEN openwop_seat_u.openwop_seat_stored OR openwop_seat_u.openwop_seat_era3 OR openwop_seat_u.openwop_seat_clean THEN openwop_seat_u."payload"
+        WHEN openwop_seat_u."payload" IS NULL AND ('{"agent.decided":"agent.decided","agent.handoff":"agent.handoff","agent.invocation.completed":"agent.invocation-completed","agent.invocation.started":"agent.invocation-started","agent.memory.consolidated":"agent.memory-consolidated","agent.promptResolved":"agent.prompt-resolved","agent.reasoned":"agent.reasoned","agent.reasoning.delta":"agent.reasoning-delta","agent.toolCalled":"agent.tool-called","agent.toolReturned":"agent.tool-returned","agent.verified":"agent.verified","approval.granted":"approval.granted","approval.overridden":"approval.overridden","approval.received":"approval.received","approval.rejected":"approval.rejected","approval.requested":"approval.requested","artifact.created":"artifact.created","authorization.decided":"authorization.decided","budget.consumed":"budget.consumed","budget.exhausted":"budget.exhausted","budget.reserved":"budget.reserved","budget.threshold.crossed":"budget.threshold-crossed","cap.breached":"cap.breached","channel.presence":"channel.presence","channel.written":"channel.written","clarification.requested":"clarification.requested","clarification.resolved":"clarification.resolved","commitment.fired":"commitment.fired","compensation.completed":"compensation.completed","compensation.failed":"compensation.failed","compensation.manual_intervention_required":"compensation.manual-intervention-required","compensation.paused":"compensation.paused","compensation.requested":"compensation.requested","compensation.started":"compensation.started","connector.auth_expired":"connector.auth-expired","connector.authorized":"connector.authorized","context.summarized":"context.summarized","conversation.closed":"conversation.closed","conversation.exchanged":"conversation.exchanged","conversation.opened":"conversation.opened","core.dispatch.fanOut":"dispatch.fanned-out","core.dispatch.join":"dispatch.joined","core.workflowChain.confidence-escalated":"workflow-chain.confidence-escalated","core.workflowChain.event":"workflow-chain.event","deployment.canary.adjusted":"deployment.canary-adjusted","deployment.promoted":"deployment.promoted","deployment.rolled-back":"deployment.rolled-back","deployment.state.changed":"deployment.state-changed","egress.decided":"egress.decided","envelope.nlToFormat.engaged":"envelope.nl-to-format-engaged","envelope.recovery.applied":"envelope.recovery-applied","envelope.refusal":"envelope.refusal","envelope.retry.attempted":"envelope.retry-attempted","envelope.retry.exhausted":"envelope.retry-exhausted","envelope.truncated":"envelope.truncated","eval.completed":"eval.completed","eval.scored":"eval.scored","eval.started":"eval.started","goal.closed":"goal.closed","goal.evaluated":"goal.evaluated","import.applied":"import.applied","interrupt.requested":"interrupt.requested","interrupt.resolved":"interrupt.resolved","lease.acquired":"lease.acquired","lease.handed-off":"lease.handed-off","lease.lost":"lease.lost","lease.renewed":"lease.renewed","log.appended":"log.appended","memory.compacted":"memory.compacted","memory.written":"memory.written","model.capability.insufficient":"model.capability-insufficient","model.capability.substituted":"model.capability-substituted","node.cancelled":"node.cancelled","node.completed":"node.completed","node.dispatched":"node.dispatched","node.failed":"node.failed","node.resumed":"node.resumed","node.retried":"node.retried","node.skipped":"node.skipped","node.started":"node.started","node.suspend-failed":"node.suspend-failed","node.suspended":"node.suspended","output.chunk":"output.chunk","prompt.composed":"prompt.composed","proposal.activated":"proposal.activated","proposal.created":"proposal.created","provider.usage":"provider.usage","replay.diverged":"replay.diverged","replay.divergedAtRefusal":"replay.diverged-at-refusal","roster.run.initiated":"roster.run-initiated","run.cancelled":"run.cancelled","run.completed":"run.completed","run.dead_lettered":"run.dead-lettered","run.failed":"run.failed","run.paused":"run.paused","run.restored-from-snapshot":"run.restored-from-snapshot","run.resumed":"run.resumed","run.resuming":"run.resume-started","run.started":"run.started","runOrchestrator.decided":"orchestrator.decided","tool.session.closed":"tool.session-closed","tool.session.opened":"tool.session-opened","trigger.delivery.attempted":"trigger.delivery-attempted","trigger.subscription.state.changed":"trigger.subscription-state-changed","variable.changed":"variable.changed","version.pinned":"version.pinned","voice.barge_in":"voice.barge-in","voice.cancelled":"voice.cancelled","voice.endpoint_candidate":"voice.endpoint-candidate","voice.speech_start":"voice.speech-start","voice.synthesis_chunk":"voice.synthesis-chunk","voice.transcript":"voice.transcript","voice.turn_commit":"voice.turn-commit","workflow.loopback-limit":"workflow.loopback-limit","workflow.restored":"workflow.restored","workflow.stalled":"workflow.stalled","workspace.updated":"workspace.updated"}'::jsonb OPERATOR(pg_catalog.?) openwop_seat_u."type" OR (pg_catalog.strpos(openwop_seat_u."type", '.') OPERATOR(pg_catalog.>) 0 AND pg_catalog.split_part(openwop_seat_u."type", '.', 1) OPERATOR(pg_catalog.=) ANY ('{"example","myndhyve","openwop-app"}'::text[]))) THEN NULL
+        ELSE openwop_seat.payload_v2(openwop_seat_u."type", (openwop_seat_u."payload")::jsonb, (openwop_seat_u."run_id")::text, (openwop_seat_u.sequence)::bigint, (openwop_seat_u."event_id")::text,
+                                 (openwop_seat_u."node_id")::text)
+    END)::jsonb AS "payload",
+       openwop_seat_u."timestamp",
+       openwop_seat_u."causation_id"
+FROM (SELECT openwop_seat_e."event_id", openwop_seat_e."run_id", openwop_seat_e."sequence", openwop_seat_e."type", openwop_seat_e."node_id", openwop_seat_e."payload", openwop_seat_e."timestamp", openwop_seat_e."causation_id",
+             openwop_seat_x.run_id IS NOT NULL AS openwop_seat_era3, openwop_seat_c_clean.run_id IS NOT NULL AS openwop_seat_clean, false AS openwop_seat_stored
+      FROM "public"."events" openwop_seat_e
+      LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
+      LEFT JOIN openwop_seat.payloads_clean openwop_seat_c_clean ON openwop_seat_c_clean.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
+      WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))
+        AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id" AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])))
+      UNION ALL
+      SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id", false, false, true
+      FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id"
+      WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))) openwop_seat_u;
 COMMENT ON VIEW openwop_seat.events_m2 IS
-    'the events table as a major-2 reader sees it (openwop-seat reader rule); generated by migrate';
+    'the events table as a major-2 reader sees it (openwop-seat reader rule; ADR 0011, 0015); generated by migrate';
 GRANT SELECT ON openwop_seat.events_m2 TO PUBLIC;
 
 DROP VIEW IF EXISTS openwop_seat.events_m1;
@@ -2933,6 +3019,139 @@ WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SEL
 COMMENT ON VIEW openwop_seat.events_m1 IS
     'the events table as a major-1 reader sees it (openwop-seat reader rule); generated by migrate';
 GRANT SELECT ON openwop_seat.events_m1 TO PUBLIC;
+
+-- The v2 store (ADR 0015). store_fill: one run's rows written again as events_m2_live reads them, then the
+-- run marked filled; a run with a row the reader rule refuses is recorded refused instead. Takes the run's
+-- lock exclusively, or returns 'busy' at once when a writer holds it.
+CREATE OR REPLACE FUNCTION openwop_seat.store_fill(run text)
+RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF run IS NULL THEN
+        RETURN 'missing';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(openwop_seat.run_lock_key(run)) THEN
+        RETURN 'busy';
+    END IF;
+    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_store WHERE ("run_id")::text OPERATOR(pg_catalog.=) run;
+    IF openwop_seat.era_now(run) OPERATOR(pg_catalog.=) 3 THEN
+        RETURN 'era3';
+    END IF;
+    BEGIN
+        INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
+        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE (openwop_seat_l."run_id")::text OPERATOR(pg_catalog.=) run;
+    EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
+        INSERT INTO openwop_seat.events_v2_refused (run_id) VALUES (run);
+        RETURN 'refused';
+    END;
+    INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text);
+    RETURN 'filled';
+END
+$ow$;
+-- Callable by the role serve connects as (host.dsn, usually the host's role): it changes no answer, only its cost.
+GRANT EXECUTE ON FUNCTION openwop_seat.store_fill(text) TO PUBLIC;
+
+-- Runs to fill: era-2 runs of the runs table neither filled nor refused; run ids only for a session whose
+-- login role may read the runs table.
+CREATE OR REPLACE FUNCTION openwop_seat.store_pending(n integer)
+RETURNS SETOF text LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+    SELECT (openwop_seat_e."run_id")::text FROM "public"."runs" openwop_seat_e
+    WHERE pg_catalog.has_table_privilege(session_user, '"public"."runs"'::regclass, 'SELECT')
+      AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (openwop_seat_m.run_id)::text OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+      AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_refused openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+      AND NOT EXISTS (SELECT 1 FROM openwop_seat.run_era x WHERE x.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+    LIMIT n
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.store_pending(integer) TO PUBLIC;
+
+-- A run leaves the store's marks (its rows are read at read time until it is filled again). Under READ
+-- COMMITTED the DELETE, after the run's lock, sees a fill that committed meanwhile; under REPEATABLE READ or
+-- SERIALIZABLE it would not, so the mark is upserted first: a fill committed after this transaction's
+-- snapshot is a conflict, and the writer gets a serialization failure and retries.
+CREATE OR REPLACE FUNCTION openwop_seat.store_unmark(run text)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF run IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(openwop_seat.run_lock_key(run));
+    IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text)
+        ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
+    END IF;
+    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
+END
+$ow$;
+REVOKE ALL ON FUNCTION openwop_seat.store_unmark(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION openwop_seat.on_event_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
+        PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION openwop_seat.on_event_store() FROM PUBLIC;
+
+-- run.started reads the run's tenant (ADR 0007): a runs row written or removed unmarks its run.
+CREATE OR REPLACE FUNCTION openwop_seat.on_run_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
+        PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION openwop_seat.on_run_store() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION openwop_seat.on_events_truncate_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    TRUNCATE openwop_seat.events_v2_store, openwop_seat.events_v2_runs, openwop_seat.events_v2_refused;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION openwop_seat.on_events_truncate_store() FROM PUBLIC;
+
+-- A run stamped era 3 (or unstamped by backfill --restore) leaves the store in the same transaction.
+CREATE OR REPLACE FUNCTION openwop_seat.on_run_era_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM openwop_seat.store_unmark(OLD.run_id);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.run_id IS DISTINCT FROM NEW.run_id) THEN
+        PERFORM openwop_seat.store_unmark(NEW.run_id);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION openwop_seat.on_run_era_store() FROM PUBLIC;
 
 -- ==== the net (ADR 0009; the policies name the migrating role, here openwop_seat_owner)
 
@@ -3014,6 +3233,17 @@ CREATE OR REPLACE TRIGGER zz_openwop_seat_clean AFTER INSERT OR UPDATE ON "event
 CREATE OR REPLACE TRIGGER zz_openwop_seat_update_era3 AFTER UPDATE ON "events" FOR EACH ROW
     WHEN (openwop_seat.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION openwop_seat.on_event_update_era3();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_store AFTER INSERT OR UPDATE OR DELETE ON "events" FOR EACH ROW
+    EXECUTE FUNCTION openwop_seat.on_event_store();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_store_truncate AFTER TRUNCATE ON "events" FOR EACH STATEMENT
+    EXECUTE FUNCTION openwop_seat.on_events_truncate_store();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run AFTER INSERT OR DELETE ON "runs" FOR EACH ROW
+    EXECUTE FUNCTION openwop_seat.on_run_store();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run_update AFTER UPDATE ON "runs" FOR EACH ROW
+    WHEN (OLD."run_id" IS DISTINCT FROM NEW."run_id" OR OLD."tenant_id" IS DISTINCT FROM NEW."tenant_id")
+    EXECUTE FUNCTION openwop_seat.on_run_store();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_store_era AFTER INSERT OR UPDATE OR DELETE ON openwop_seat.run_era FOR EACH ROW
+    EXECUTE FUNCTION openwop_seat.on_run_era_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_delete_era3 AFTER DELETE ON "events" FOR EACH ROW
     WHEN (openwop_seat.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION openwop_seat.on_event_delete_era3();

@@ -1,0 +1,323 @@
+"""The v2 store: era-2 rows kept beside the host's, already read as a major-2 reader reads them (ADR 0015).
+
+A major-2 page of an era-2 run costs a payload projection per row when it is computed at read time
+(:mod:`proxy.db.projection_compiled`). The store keeps that work out of the read: for every era-2 run it has
+*filled*, ``events_v2_store`` holds each of the run's event rows, with the table's own columns, as
+``events_m2_live`` (the translation computed at read time, ADR 0011) reads them, and ``events_v2_runs`` marks
+the run filled. ``events_m2`` reads a ``UNION ALL`` of
+
+* the host's rows of every run not marked filled, with the inputs of the translation (era, payloads-clean),
+* the store's rows of the runs marked filled,
+
+and translates above the union, so a row of a filled run costs one ``CASE`` test, and the translation (which
+may refuse) runs only for rows the statement keeps, where the plain view ran it (a join above the view sees
+the same rows and the same refusals as before). A page of a filled run reads one index range of the store, as
+a direct read reads the host's table.
+
+Why it is never stale: a run is marked only with every row of the run in the store, and any change to what
+its rows read as removes the mark in the changing transaction (``store_unmark``):
+
+* every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id); the run is read at read
+  time until the next fill;
+* ``run.started`` reads the run's tenant from the runs table (ADR 0007): a runs row inserted, deleted, or
+  updated in its id or tenant unmarks its run;
+* stamping a run era 3 (``run_era``, or unstamping it) unmarks it; ``TRUNCATE`` of the events table empties
+  the store;
+* a fill (``store_fill``) takes the run's lock exclusively (``run_lock_key``), where every unmark takes it
+  shared; under READ COMMITTED an unmark's DELETE, after the lock, sees a fill that committed meanwhile;
+  under REPEATABLE READ or SERIALIZABLE it would not, so the unmark upserts the mark first: a fill committed
+  after the writer's snapshot is a conflict, and the writer gets a serialization failure and retries;
+* the store is read only while the store's triggers on the events table are enabled (checked once per
+  statement from ``pg_trigger``): ``ALTER TABLE … DISABLE TRIGGER`` turns every read back to the live
+  translation. Like the writer rule's triggers they do not fire in a session with
+  ``session_replication_role = replica`` (a superuser's, logical replication's apply worker,
+  ``pg_restore --disable-triggers``): rows written that way into a filled run are not seen by readers of
+  the store until the run is written or filled again (docs/operations.md);
+* ``migrate`` empties the store whenever it installs the generated objects again (the codemap, the
+  declarations or the table's columns changed), and ``serve`` fills it again in the background.
+
+A run whose fill meets a row the reader rule refuses is recorded in ``events_v2_refused`` and read live (so it
+is refused as before) until its next write. Only with ``[host] era_column`` unset (the era in ``run_era``):
+with the era in the host's runs table, a stamp is an update the store cannot tell from any other, and
+``events_m2`` stays the live translation.
+"""
+
+from __future__ import annotations
+
+from proxy.db.sql import quote_ident, quote_literal, quote_relation
+
+SCHEMA = "openwop_seat"
+EQ = "OPERATOR(pg_catalog.=)"
+STORE = f"{SCHEMA}.events_v2_store"
+RUNS = f"{SCHEMA}.events_v2_runs"
+REFUSED = f"{SCHEMA}.events_v2_refused"
+S, M, U = "openwop_seat_s", "openwop_seat_m", "openwop_seat_u"  # aliases inside events_m2
+# The union's own columns (never seen by a reader): the inputs of the translation above it.
+ERA3, CLEAN, STORED = "openwop_seat_era3", "openwop_seat_clean", "openwop_seat_stored"
+
+# The triggers that keep the store current (created by migrate with the writer rule's).
+ROW_TRIGGER = "store"
+TRUNCATE_TRIGGER = "store_truncate"
+RUN_TRIGGER = "store_run"
+RUN_UPDATE_TRIGGER = "store_run_update"
+ERA_TRIGGER = "store_era"
+
+
+def in_force_sql(events_table: str, trigger_prefix: str) -> str:
+    """True while both store triggers on the events table fire always; evaluated once per statement."""
+    names = ", ".join(quote_literal(trigger_prefix + n) for n in (ROW_TRIGGER, TRUNCATE_TRIGGER))
+    return (f"(SELECT pg_catalog.count(*) {EQ} 2 FROM pg_catalog.pg_trigger {M}_t "
+            f"WHERE {M}_t.tgrelid {EQ} {quote_literal(quote_relation(events_table))}::regclass "
+            f"AND {M}_t.tgname {EQ} ANY (ARRAY[{names}]::name[]) AND {M}_t.tgenabled {EQ} ANY ('{{O,A}}'::\"char\"[]))")
+
+
+def store_tables_sql(host, columns, run_type: str) -> str:
+    """The store, its marks and its refused runs, created empty (after events_m2 is dropped: it reads them)."""
+    cols = ",\n    ".join(f"{quote_ident(c.name)} {c.type}" for c in columns)
+    run = quote_ident(host.run_id_column)
+    return f"""
+DROP TABLE IF EXISTS {STORE};
+DROP TABLE IF EXISTS {RUNS};
+DROP TABLE IF EXISTS {REFUSED};
+CREATE TABLE {STORE} (
+    {cols},
+    PRIMARY KEY ({run}, sequence)
+);
+COMMENT ON TABLE {STORE} IS
+    'era-2 event rows as a major-2 reader reads them (ADR 0015): read for the runs in events_v2_runs only; '
+    'written only by openwop_seat.store_fill; emptied by migrate';
+REVOKE ALL ON TABLE {STORE} FROM PUBLIC;
+CREATE TABLE {RUNS} (
+    run_id {run_type} PRIMARY KEY,
+    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE {RUNS} IS
+    'the era-2 runs whose every event row is in events_v2_store as read (ADR 0015); any write to the run '
+    'removes its row in the same transaction';
+REVOKE ALL ON TABLE {RUNS} FROM PUBLIC;
+CREATE TABLE {REFUSED} (
+    run_id text PRIMARY KEY,
+    refused_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE {REFUSED} IS
+    'era-2 runs a fill left out: a row the reader rule refuses (read live, and refused, until the next write)';
+REVOKE ALL ON TABLE {REFUSED} FROM PUBLIC;
+"""
+
+
+def store_view_sql(host, columns, events: str, aliases: tuple[str, str], era, clean_join: str, may_read: str,
+                   in_force: str, type_expr, payload_tail) -> str:
+    """events_m2 over the union of the host's rows of runs not filled and the store's rows of filled ones.
+
+    ``era``: the era join and condition over the host's rows (``relations._Era``); ``type_expr(alias)``: the
+    era-2 type translation over ``alias``; ``payload_tail(alias)``: the era-2 payload translation's
+    ``WHEN … ELSE …`` arms over ``alias``; ``aliases``: the host table's alias and the payloads-clean join's
+    prefix, as ``era`` and ``clean_join`` name them."""
+    E, C = aliases  # noqa: N806 (relations' names for the same aliases)
+    run = quote_ident(host.run_id_column)
+    out = []
+    for c in columns:
+        q = quote_ident(c.name)
+        if c.name == host.type_column:
+            out.append(f"(CASE WHEN {U}.{STORED} OR {U}.{ERA3} THEN {U}.{q} ELSE {type_expr(U)} END)::{c.type} AS {q}")
+        elif c.name == host.payload_column:
+            out.append(f"(CASE WHEN {U}.{STORED} OR {U}.{ERA3} OR {U}.{CLEAN} THEN {U}.{q}\n        "
+                       f"{payload_tail(U)}\n    END)::{c.type} AS {q}")
+        else:
+            out.append(f"{U}.{q}")
+    host_cols = ", ".join(f"{E}.{quote_ident(c.name)}" for c in columns)
+    store_cols = ", ".join(f"{S}.{quote_ident(c.name)}" for c in columns)
+    sep = ",\n       "
+    return f"""
+CREATE VIEW {SCHEMA}.events_m2 AS
+SELECT {sep.join(out)}
+FROM (SELECT {host_cols},
+             {era.three} AS {ERA3}, {C}_clean.run_id IS NOT NULL AS {CLEAN}, false AS {STORED}
+      FROM {events} {E}
+      {era.join}
+      {clean_join}
+      WHERE {may_read}
+        AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE {M}.run_id {EQ} {E}.{run} AND {in_force})
+      UNION ALL
+      SELECT {store_cols}, false, false, true
+      FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run}
+      WHERE {in_force} AND {may_read}) {U};
+COMMENT ON VIEW {SCHEMA}.events_m2 IS
+    'the events table as a major-2 reader sees it (openwop-seat reader rule; ADR 0011, 0015); generated by migrate';
+GRANT SELECT ON {SCHEMA}.events_m2 TO PUBLIC;
+"""
+
+
+def store_functions_sql(host, columns, events_table: str) -> str:
+    """store_fill, store_pending, store_unmark and the store triggers' functions."""
+    run = quote_ident(host.run_id_column)
+    names = [quote_ident(c.name) for c in columns]
+    col_list = ", ".join(names)
+    live = f"{SCHEMA}_l"
+    l_cols = ", ".join(f"{live}.{n}" for n in names)
+    runs_src = quote_relation(host.runs_table)
+    run_type = _run_type_cast(columns, host)
+    e = f"{SCHEMA}_e"
+    refusals = "SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003'"
+    return f"""
+-- The v2 store (ADR 0015). store_fill: one run's rows written again as events_m2_live reads them, then the
+-- run marked filled; a run with a row the reader rule refuses is recorded refused instead. Takes the run's
+-- lock exclusively, or returns 'busy' at once when a writer holds it.
+CREATE OR REPLACE FUNCTION {SCHEMA}.store_fill(run text)
+RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF run IS NULL THEN
+        RETURN 'missing';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock({SCHEMA}.run_lock_key(run)) THEN
+        RETURN 'busy';
+    END IF;
+    DELETE FROM {RUNS} WHERE (run_id)::text {EQ} run;
+    DELETE FROM {REFUSED} WHERE run_id {EQ} run;
+    DELETE FROM {STORE} WHERE ({run})::text {EQ} run;
+    IF {SCHEMA}.era_now(run) {EQ} 3 THEN
+        RETURN 'era3';
+    END IF;
+    BEGIN
+        INSERT INTO {STORE} ({col_list})
+        SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE ({live}.{run})::text {EQ} run;
+    EXCEPTION WHEN {refusals} THEN
+        INSERT INTO {REFUSED} (run_id) VALUES (run);
+        RETURN 'refused';
+    END;
+    INSERT INTO {RUNS} (run_id) VALUES ((run)::{run_type});
+    RETURN 'filled';
+END
+$ow$;
+-- Callable by the role serve connects as (host.dsn, usually the host's role): it changes no answer, only its cost.
+GRANT EXECUTE ON FUNCTION {SCHEMA}.store_fill(text) TO PUBLIC;
+
+-- Runs to fill: era-2 runs of the runs table neither filled nor refused; run ids only for a session whose
+-- login role may read the runs table.
+CREATE OR REPLACE FUNCTION {SCHEMA}.store_pending(n integer)
+RETURNS SETOF text LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+    SELECT ({e}.{run})::text FROM {runs_src} {e}
+    WHERE pg_catalog.has_table_privilege(session_user, {quote_literal(runs_src)}::regclass, 'SELECT')
+      AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE ({M}.run_id)::text {EQ} ({e}.{run})::text)
+      AND NOT EXISTS (SELECT 1 FROM {REFUSED} {M} WHERE {M}.run_id {EQ} ({e}.{run})::text)
+      AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.run_era x WHERE x.run_id {EQ} ({e}.{run})::text)
+    LIMIT n
+$ow$;
+GRANT EXECUTE ON FUNCTION {SCHEMA}.store_pending(integer) TO PUBLIC;
+
+-- A run leaves the store's marks (its rows are read at read time until it is filled again). Under READ
+-- COMMITTED the DELETE, after the run's lock, sees a fill that committed meanwhile; under REPEATABLE READ or
+-- SERIALIZABLE it would not, so the mark is upserted first: a fill committed after this transaction's
+-- snapshot is a conflict, and the writer gets a serialization failure and retries.
+CREATE OR REPLACE FUNCTION {SCHEMA}.store_unmark(run text)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF run IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(run));
+    IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        INSERT INTO {RUNS} (run_id) VALUES ((run)::{run_type})
+        ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
+    END IF;
+    DELETE FROM {RUNS} WHERE (run_id)::text {EQ} run;
+    DELETE FROM {REFUSED} WHERE run_id {EQ} run;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
+        PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.on_event_store() FROM PUBLIC;
+
+-- run.started reads the run's tenant (ADR 0007): a runs row written or removed unmarks its run.
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
+        PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.on_run_store() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_events_truncate_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    TRUNCATE {STORE}, {RUNS}, {REFUSED};
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.on_events_truncate_store() FROM PUBLIC;
+
+-- A run stamped era 3 (or unstamped by backfill --restore) leaves the store in the same transaction.
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_era_store()
+RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM {SCHEMA}.store_unmark(OLD.run_id);
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.run_id IS DISTINCT FROM NEW.run_id) THEN
+        PERFORM {SCHEMA}.store_unmark(NEW.run_id);
+    END IF;
+    RETURN NULL;
+END
+$ow$;
+REVOKE ALL ON FUNCTION {SCHEMA}.on_run_era_store() FROM PUBLIC;
+"""
+
+
+def _run_type_cast(columns, host) -> str:
+    return next(c.type for c in columns if c.name == host.run_id_column)
+
+
+def store_triggers_sql(host, prefix: str) -> list[tuple[str, str, str]]:
+    """The store's triggers, as (table, name, DDL): events rows and TRUNCATE, runs rows, and the seat's run_era."""
+    events, runs = quote_relation(host.events_table), quote_relation(host.runs_table)
+    changed = [host.run_id_column] + ([host.tenant_column] if host.tenant_column else [])
+    when = " OR ".join(f"OLD.{quote_ident(c)} IS DISTINCT FROM NEW.{quote_ident(c)}" for c in changed)
+    return [
+        (host.events_table, prefix + ROW_TRIGGER,
+         f"\nCREATE OR REPLACE TRIGGER {prefix + ROW_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {events} "
+         f"FOR EACH ROW\n    EXECUTE FUNCTION {SCHEMA}.on_event_store();"),
+        (host.events_table, prefix + TRUNCATE_TRIGGER,
+         f"\nCREATE OR REPLACE TRIGGER {prefix + TRUNCATE_TRIGGER} AFTER TRUNCATE ON {events} FOR EACH STATEMENT\n"
+         f"    EXECUTE FUNCTION {SCHEMA}.on_events_truncate_store();"),
+        (host.runs_table, prefix + RUN_TRIGGER,
+         f"\nCREATE OR REPLACE TRIGGER {prefix + RUN_TRIGGER} AFTER INSERT OR DELETE ON {runs} FOR EACH ROW\n"
+         f"    EXECUTE FUNCTION {SCHEMA}.on_run_store();"),
+        (host.runs_table, prefix + RUN_UPDATE_TRIGGER,
+         f"\nCREATE OR REPLACE TRIGGER {prefix + RUN_UPDATE_TRIGGER} AFTER UPDATE ON {runs} FOR EACH ROW\n"
+         f"    WHEN ({when})\n    EXECUTE FUNCTION {SCHEMA}.on_run_store();"),
+        (f"{SCHEMA}.run_era", prefix + ERA_TRIGGER,
+         f"\nCREATE OR REPLACE TRIGGER {prefix + ERA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {SCHEMA}.run_era "
+         f"FOR EACH ROW\n    EXECUTE FUNCTION {SCHEMA}.on_run_era_store();"),
+    ]

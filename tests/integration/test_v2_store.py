@@ -1,0 +1,365 @@
+"""The v2 store (ADR 0015): filled runs read from ``events_v2_store``, and never differently from the translation
+computed at read time (``events_m2_live``, ADR 0011), whatever writes the host's tables meanwhile.
+
+The oracle: for a run, ``SELECT * FROM openwop_seat.events_m2 WHERE run_id = … ORDER BY sequence`` gives the same
+rows as the same statement over ``events_m2_live``, or the same refusal (SQLSTATE, message, DETAIL). Each test
+also shows that the store is what was read, where it says so: a store row changed by hand shows through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_projection_property import PROPERTY, rows
+
+from harness import HOST_SCHEMA, PASSWORD
+from proxy.artifacts.load import load_artifacts
+from proxy.config import Config, HostConfig
+from proxy.db.migrate import migrate as db_migrate
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = load_artifacts()
+FIXTURES = [ROOT / "tests" / "fixtures" / name / "cases.json"
+            for name in ("payload-projection-v1", "payload-projection-v2")]
+REFERENCE_HOST = [
+    ("run.started", {"workflowId": "openwop-app.uppercase"}, None),
+    ("node.started", {}, "n1"),
+    ("node.completed", {"outputs": {"text": "T0-49"}}, "n1"),
+    ("memory.written", {"tags": ["a", "b"], "memoryId": "mem_1", "memoryRef": "tenant-memory"}, None),
+    ("run.completed", {"output": {"text": "HELLO SEAT"}}, None),
+    ("node.suspended", {"kind": "approval", "interruptId": "60f9a8"}, "n2"),
+]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def db(pg):
+    name = f"ow_store_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    pg.psql(HOST_SCHEMA, dbname=name)
+    asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+    yield name
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+
+
+@pytest.fixture
+def conn(pg, db):
+    with psycopg.connect(pg.dsn(dbname=db), autocommit=True) as c:
+        yield c
+
+
+def new_run(conn, events, tenant: str | None = "acme") -> str:
+    run = f"store-run-{next(_names)}"
+    if tenant is not None:
+        conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, %s)", (run, tenant))
+    for seq, (t, payload, node) in enumerate(events, 1):
+        append(conn, run, seq, t, payload, node)
+    return run
+
+
+def append(conn, run, seq, t, payload, node=None) -> None:
+    conn.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                 "VALUES (%s, %s, %s, %s, %s, %s::jsonb, '2026-01-01')",
+                 (f"{run}-{seq}", run, seq, t, node, None if payload is None else json.dumps(payload)))
+
+
+def read(conn, rel: str, run: str):
+    try:
+        with conn.transaction():
+            return "ok", conn.execute(f"SELECT *, payload::text FROM openwop_seat.{rel} WHERE run_id = %s "
+                                      f"ORDER BY sequence", (run,)).fetchall()
+    except psycopg.Error as e:
+        return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
+
+
+def same(conn, run: str):
+    """The run as events_m2 reads it, asserted equal to the live translation."""
+    stored, live = read(conn, "events_m2", run), read(conn, "events_m2_live", run)
+    assert stored == live, run
+    return stored
+
+
+def fill(conn, run: str) -> str:
+    return conn.execute("SELECT openwop_seat.store_fill(%s)", (run,)).fetchone()[0]
+
+
+def stored(conn, run: str) -> int:
+    return conn.execute("SELECT count(*) FROM openwop_seat.events_v2_store WHERE run_id = %s", (run,)).fetchone()[0]
+
+
+def refused(conn, run: str) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_refused WHERE run_id = %s)",
+                        (run,)).fetchone()[0]
+
+
+def filled(conn, run: str) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
+                        (run,)).fetchone()[0]
+
+
+def tamper(conn, run: str) -> None:
+    """Change the store's copy of the run's rows by hand: a read that shows it read the store."""
+    conn.execute("UPDATE openwop_seat.events_v2_store SET node_id = 'from-the-store' WHERE run_id = %s", (run,))
+
+
+def read_store_node_ids(conn, run: str) -> set:
+    return {r[0] for r in conn.execute("SELECT node_id FROM openwop_seat.events_m2 WHERE run_id = %s", (run,))}
+
+
+# --- the oracle ---------------------------------------------------------------------------------------------
+
+
+@settings(PROPERTY, max_examples=120)
+@given(st.lists(rows(), min_size=1, max_size=6), st.sampled_from(["acme", "", None]))
+def test_a_filled_run_reads_as_the_live_translation_on_generated_rows(conn, events, tenant):
+    run = new_run(conn, [(t, payload, node) for t, _v2, payload, node, _tenant in events], tenant)
+    before = same(conn, run)
+    assert fill(conn, run) == ("filled" if before[0] == "ok" else "refused")
+    assert same(conn, run) == before
+    assert stored(conn, run) == (len(events) if before[0] == "ok" else 0)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.name)
+def test_a_filled_run_reads_as_the_live_translation_on_the_frozen_fixtures(conn, path):
+    cases = json.loads(path.read_text())["cases"]
+    assert cases
+    for case in cases:
+        event = case["event"]
+        run = new_run(conn, [(event["type"], event["payload"], event.get("nodeId"))], case.get("tenantId"))
+        before = same(conn, run)
+        assert fill(conn, run) == ("filled" if before[0] == "ok" else "refused")
+        assert same(conn, run) == before
+
+
+def test_the_reference_host_shapes_are_stored_projected_and_read_from_the_store(conn):
+    run = new_run(conn, REFERENCE_HOST)
+    before = same(conn, run)
+    assert before[0] == "ok" and len(before[1]) == len(REFERENCE_HOST)
+    assert fill(conn, run) == "filled" and stored(conn, run) == len(REFERENCE_HOST)
+    assert same(conn, run) == before
+    tamper(conn, run)
+    assert read_store_node_ids(conn, run) == {"from-the-store"}  # read from the store, not computed
+
+
+def test_a_run_with_a_refused_row_is_left_out_and_refused_exactly_as_live_until_its_next_write(conn):
+    for bad in [("no.such.type", {}, None), ("vendor.nope.x", [], None)]:
+        run = new_run(conn, [REFERENCE_HOST[0], bad, REFERENCE_HOST[1]])
+        live = same(conn, run)
+        assert live[0] == "error" and live[1] == "OW001"
+        assert fill(conn, run) == "refused" and stored(conn, run) == 0 and refused(conn, run)
+        assert run not in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+        assert same(conn, run) == live
+        conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 2", (run,))  # the operator's repair
+        assert not refused(conn, run)
+        assert fill(conn, run) == "filled" and same(conn, run)[0] == "ok"
+
+
+def test_era3_runs_and_unfilled_runs_read_live(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    assert same(conn, run)[0] == "ok" and not filled(conn, run)
+    conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (run,))
+    assert fill(conn, run) == "era3" and stored(conn, run) == 0 and not filled(conn, run)
+    same(conn, run)
+
+
+# --- writes after a fill ------------------------------------------------------------------------------------
+
+
+def test_an_append_into_a_filled_run_unmarks_it_in_the_same_transaction(conn, pg, db):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    tamper(conn, run)
+    with psycopg.connect(pg.dsn(dbname=db)) as w:
+        append(w, run, 4, "run.completed", {"output": {"text": "late"}})
+        assert not w.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
+                             (run,)).fetchone()[0]
+        assert filled(conn, run)  # not committed yet: other readers still read the filled run
+        w.rollback()
+    assert read_store_node_ids(conn, run) == {"from-the-store"}
+    append(conn, run, 4, "no.such.type", {})
+    assert not filled(conn, run) and same(conn, run)[0] == "error"  # read live, and refused
+    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))
+    assert run in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+    assert fill(conn, run) == "filled"
+    assert len(same(conn, run)[1]) == 3
+
+
+def test_updates_and_deletes_of_a_filled_run_unmark_it(conn):
+    for change in ("UPDATE events SET payload = '{\"output\": {\"text\": \"changed\"}}' "
+                   "WHERE run_id = %s AND sequence = 2",
+                   "UPDATE events SET sequence = 40 WHERE run_id = %s AND sequence = 3",
+                   "UPDATE events SET node_id = 'elsewhere' WHERE run_id = %s AND sequence = 1",
+                   "DELETE FROM events WHERE run_id = %s AND sequence = 3"):
+        run = new_run(conn, REFERENCE_HOST[:4])
+        fill(conn, run)
+        conn.execute(change, (run,))
+        assert not filled(conn, run), change
+        got = same(conn, run)
+        fill(conn, run)
+        assert same(conn, run) == got
+
+
+def test_a_fill_committed_after_a_repeatable_read_writers_snapshot_makes_it_retry(conn, pg, db):
+    """The writer's snapshot predates the fill: its unmark would not see the mark, so the mark's conflict check
+    fails it (serialization failure); nothing stale is left. Without a fill in between it goes through."""
+    run = new_run(conn, REFERENCE_HOST[:3])
+    with psycopg.connect(pg.dsn(dbname=db)) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rr.execute("SELECT count(*) FROM runs").fetchone()  # the snapshot
+        assert fill(conn, run) == "filled"
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            append(rr, run, 4, "node.started", {}, "n4")
+        rr.rollback()
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        append(rr, run, 4, "node.started", {}, "n4")
+        rr.commit()
+    assert not filled(conn, run) and len(same(conn, run)[1]) == 4
+
+
+def test_a_tenant_change_unmarks_the_run_and_reads_the_new_tenant(conn, pg, db):
+    run = new_run(conn, REFERENCE_HOST[:2])
+    fill(conn, run)
+    before = same(conn, run)
+    conn.execute("UPDATE runs SET tenant_id = 'globex' WHERE run_id = %s", (run,))
+    assert not filled(conn, run)
+    after = same(conn, run)
+    assert after != before and "globex" in after[1][0][-1]
+    fill(conn, run)
+    assert same(conn, run) == after and filled(conn, run)
+    # under REPEATABLE READ, a fill committed after the writer's snapshot: a serialization failure
+    with psycopg.connect(pg.dsn(dbname=db)) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rr.execute("SELECT 1 FROM runs LIMIT 1").fetchone()
+        conn.execute("DELETE FROM openwop_seat.events_v2_runs WHERE run_id = %s", (run,))
+        assert fill(conn, run) == "filled"
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            rr.execute("UPDATE runs SET tenant_id = 'initech' WHERE run_id = %s", (run,))
+        rr.rollback()
+    assert same(conn, run) == after
+    conn.execute("DELETE FROM runs WHERE run_id = %s", (run,))
+    assert not filled(conn, run)
+    same(conn, run)
+
+
+def test_a_stamp_and_an_unstamp_take_the_run_out_of_the_store(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    conn.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (run,))
+    assert not filled(conn, run)
+    same(conn, run)
+    conn.execute("DELETE FROM openwop_seat.run_era WHERE run_id = %s", (run,))
+    assert fill(conn, run) == "filled"
+    same(conn, run)
+
+
+def test_truncate_empties_the_store(pg):
+    name = f"ow_store_t_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+            run = new_run(c, REFERENCE_HOST[:3])
+            fill(c, run)
+            c.execute("TRUNCATE events")
+            assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_store").fetchone()[0] == 0
+            assert not filled(c, run)
+            assert same(c, run) == ("ok", [])
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+
+
+def test_with_a_store_trigger_disabled_every_read_is_live(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    tamper(conn, run)
+    assert read_store_node_ids(conn, run) == {"from-the-store"}
+    try:
+        conn.execute("ALTER TABLE events DISABLE TRIGGER zz_openwop_seat_store")
+        assert read_store_node_ids(conn, run) == {None, "n1"}  # the host's rows, translated at read time
+        append(conn, run, 4, "node.started", {})  # the store does not see it while its trigger is disabled
+        assert filled(conn, run)
+    finally:
+        conn.execute("ALTER TABLE events ENABLE TRIGGER zz_openwop_seat_store")
+    assert read_store_node_ids(conn, run) == {"from-the-store"}  # documented: fill again after such writes
+    fill(conn, run)
+    assert len(same(conn, run)[1]) == 4
+
+
+def test_migrate_installing_again_empties_the_store(pg):
+    name = f"ow_store_m_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+            run = new_run(c, REFERENCE_HOST[:3])
+            fill(c, run)
+            decl = ROOT / "config" / "reference-host-declarations.toml"
+            said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(declarations_file=str(decl))),
+                                          ARTIFACTS, out=lambda _line: None))
+            assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
+            assert not filled(c, run) and stored(c, run) == 0
+            got = same(c, run)
+            assert '"typeId": "legacy.unrecorded"' in got[1][1][-1]  # the declarations apply, live
+            fill(c, run)
+            assert same(c, run) == got
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+
+
+def test_without_the_store_events_m2_is_the_live_view(pg):
+    name = f"ow_store_off_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(store=False)), ARTIFACTS,
+                               out=lambda _line: None))
+        assert pg.psql("SELECT to_regclass('openwop_seat.events_v2_store') IS NULL, "
+                       "to_regclass('openwop_seat.events_m2_live') IS NULL, "
+                       "(SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'zz_openwop_seat_store%')",
+                       dbname=name).strip() == "t|t|0"
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+
+
+def test_the_store_is_not_readable_by_the_host_role_and_pending_names_no_run_to_a_role_without_runs(pg, db, conn):
+    run = new_run(conn, REFERENCE_HOST[:2])
+    del run
+    with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD)) as c:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("SELECT * FROM openwop_seat.events_v2_store")
+        c.rollback()
+        assert c.execute("SELECT count(*) FROM openwop_seat.store_pending(100)").fetchone()[0] == 0
+
+
+# --- serve fills it -----------------------------------------------------------------------------------------
+
+
+def test_serve_fills_the_store_in_the_background_and_counts_it(start_seat, pg, conn, db):
+    runs = [new_run(conn, REFERENCE_HOST) for _ in range(3)]
+    seat = start_seat(host={"dsn": pg.dsn(dbname=db), "store_fill_interval": 0.2})
+    deadline = time.monotonic() + 30
+    while not all(filled(conn, r) for r in runs):
+        assert time.monotonic() < deadline, "the seat did not fill the store"
+        time.sleep(0.2)
+    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert re.search(r'openwop_seat_store_fill_runs_total\{result="filled"\} [1-9]', metrics), metrics
+    for r in runs:
+        same(conn, r)
