@@ -230,9 +230,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
         return run_supervisor(config, passed)
     if args.worker is not None:
+        from proxy.serve.session import number_sessions
         from proxy.serve.supervisor import install_worker_log_fields
 
         install_worker_log_fields(args.worker)
+        number_sessions(args.worker, config.workers)  # ids unique across the workers (the admin console's KILL)
 
     async def run() -> None:
         server = SeatServer(config)

@@ -171,8 +171,13 @@ class Config:
     # Also accept clients on <dir>/.s.PGSQL.<listen port>, as PostgreSQL names its socket (None: TCP only).
     unix_socket_dir: str | None = None
     metrics_listen: HostPort | None = None
-    admin_listen: HostPort | None = None  # the read-only admin console ([admin]); off by default
+    admin_listen: HostPort | None = None  # the admin console ([admin]); off by default
     admin_unix_socket: str | None = None
+    # Who may log in to the admin console, and how (ADR 0014): names listed here, each with a secret in the
+    # auth file (PgBouncer's userlist.txt format); "trust" only for a console on a Unix socket alone.
+    admin_users: tuple[str, ...] = ()
+    admin_auth_file: str | None = None
+    admin_auth: str = "scram-sha-256"
     database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
     host: HostConfig = field(default_factory=HostConfig)
@@ -392,11 +397,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         put(kwargs, "database_user_labels", _integer, metrics["database_user_labels"],
             "metrics.database_user_labels", 0)
 
-    admin = _section(errors, data.get("admin", {}), "admin", {"listen", "unix_socket"})
-    if "listen" in admin:
-        put(kwargs, "admin_listen", parse_hostport, admin["listen"], "admin.listen")
-    if "unix_socket" in admin:
-        put(kwargs, "admin_unix_socket", _admin_unix_socket, admin["unix_socket"], source)
+    kwargs.update(_admin_keys(errors, data.get("admin", {}), source))
 
     tls = _section(errors, data.get("tls", {}), "tls",
                    {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
@@ -453,10 +454,6 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     workers = kwargs.get("workers", cpu_count())
     if kwargs.get("unix_socket_dir") and workers > 1:
         errors.add("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
-    for key in ("admin_listen", "admin_unix_socket"):
-        if kwargs.get(key) and workers > 1:
-            errors.add(f"{key.replace('_', '.', 1)}: needs proxy.workers = 1 (the admin console shows "
-                       "one process's sessions)")
 
     log = _section(errors, data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
@@ -484,6 +481,47 @@ def _payload_carrier(value: Any) -> str:
         return check_carrier(value)
     except CarrierError as e:
         raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
+
+
+ADMIN_AUTH = ("scram-sha-256", "md5", "trust")
+
+
+def _admin_users(users: Any) -> tuple[str, ...]:
+    if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+        raise ConfigError(f"admin.users: expected a list of user names, got {users!r}")
+    return tuple(users)
+
+
+def _admin_keys(errors: _Errors, section: Any, source: str | None) -> dict[str, Any]:
+    """[admin]: the console's listeners and who may log in (docs/operations.md#admin-console, ADR 0014).
+
+    Never open by default: a console needs admin.users and admin.auth_file, or admin.auth = "trust" with a Unix
+    socket alone (mode 0700: the seat's own user)."""
+    admin = _section(errors, section, "admin", {"listen", "unix_socket", "users", "auth_file", "auth"})
+    out: dict[str, Any] = {}
+    put = errors.set
+    if "listen" in admin:
+        put(out, "admin_listen", parse_hostport, admin["listen"], "admin.listen")
+    if "unix_socket" in admin:
+        put(out, "admin_unix_socket", _admin_unix_socket, admin["unix_socket"], source)
+    if "users" in admin:
+        put(out, "admin_users", _admin_users, admin["users"])
+    if "auth_file" in admin:
+        put(out, "admin_auth_file",
+            lambda v: _existing_file(_string(v, "admin.auth_file"), "admin.auth_file", source), admin["auth_file"])
+    if "auth" in admin:
+        put(out, "admin_auth", _choice, admin["auth"], "admin.auth", ADMIN_AUTH)
+    if "listen" in admin or "unix_socket" in admin:
+        if admin.get("auth") == "trust":
+            if "listen" in admin:
+                errors.add("admin.auth: \"trust\" only for a console on admin.unix_socket alone (mode 0700, the "
+                           "seat's own user); with admin.listen set, list admin.users and their secrets in "
+                           "admin.auth_file")
+        elif not admin.get("users") or "auth_file" not in admin:
+            errors.add("admin.users and admin.auth_file: required with admin.listen or admin.unix_socket (the "
+                       "console is never open by default: list the admin users and give each a secret in the auth "
+                       "file, or set admin.auth = \"trust\" for a Unix socket alone)")
+    return out
 
 
 def unix_socket_path(directory: str, port: int) -> str:
@@ -538,6 +576,7 @@ _SECTIONED = {"tls": "tls", "host": "host"}
 
 _TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
         "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
+        "admin_users": "admin.users", "admin_auth_file": "admin.auth_file", "admin_auth": "admin.auth",
         "log_format": "log.format", "log_level": "log.level"}
 
 
@@ -613,6 +652,8 @@ def _toml_value(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML for {value!r}")  # pragma: no cover - config_document holds no other type
 
 

@@ -86,6 +86,11 @@ class SeatServer:
         self._sockets: list[socket.socket] = []
         self._servers: list[asyncio.AbstractServer] = []
         self.paused = False
+        # The admin console's PAUSE: sessions are held at their transaction boundaries until RESUME (serve/admin.py)
+        self.holding = False
+        self._held_changed = asyncio.Event()
+        self.closed_totals: dict[str, list[int]] = {}  # SHOW STATS: per database label, the ended sessions' counts
+        self.last_reload_error = ""
         self._started = False
         self._stopped = asyncio.Event()
         self._draining = False
@@ -275,13 +280,88 @@ class SeatServer:
         self.unix_socket = path
 
     async def _start_admin(self) -> None:
-        """[admin]: the read-only admin console (serve/admin.py), when configured."""
-        if self.config.admin_listen is None and self.config.admin_unix_socket is None:
+        """[admin]: the admin console (serve/admin.py), when configured; with workers > 1 the supervisor runs it."""
+        if self.config.admin_listen is None and self.config.admin_unix_socket is None or self.config.workers > 1:
             return
-        from proxy.serve.admin import AdminConsole
+        from proxy.serve.admin import AdminConsole, ProcessCommands
 
-        self.admin = AdminConsole(self)
-        await self.admin.start(self.config.admin_listen, self.config.admin_unix_socket)
+        commands = ProcessCommands(self)
+        self.admin = AdminConsole(self.config, commands.local, self.admin_action)
+        await self.admin.start()
+
+    def admin_action(self, action: str) -> None:
+        """SHUTDOWN from the console of a single process: "now" (as SIGINT), or a drain (as SIGTERM) in shutdown
+        mode "drain" (WAIT_FOR_CLIENTS) or "idle" (WAIT_FOR_SERVERS)."""
+        if action == "now":
+            self.stop_now()
+        else:
+            self._spawn(self.drain(action))
+
+    # ------------------------------------------------------------------ the console's PAUSE, RESUME, KILL
+
+    async def hold_sessions(self) -> int:
+        """PAUSE: stop accepting (as SIGUSR1) and hold every session at its next transaction boundary; return once
+        each is held (or ended), with the number held. Raises RuntimeError when RESUME comes first."""
+        if self._draining or self._stopped.is_set():
+            raise RuntimeError("the seat is shutting down")
+        self.holding = True
+        await self.pause()
+        for session in list(self.sessions):
+            session.hold(self._held_changed.set)
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.holding:
+                raise RuntimeError("RESUME came before every session was held")
+            waiting = [s for s in self.sessions if not s.pause_ok]
+            if not waiting:
+                return sum(1 for s in self.sessions if s.held)
+            self._held_changed.clear()
+            changed = loop.create_task(self._held_changed.wait())
+            try:
+                await asyncio.wait([changed, *(s.done for s in waiting)], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+
+    async def release_sessions(self) -> int:
+        """RESUME: release the held sessions and accept again; the number released."""
+        was = self.holding
+        self.holding = False
+        self._held_changed.set()
+        released = 0
+        for session in list(self.sessions):
+            released += session.held
+            session.release()
+        if was or self.paused:
+            await self.resume()
+        return released
+
+    def kill(self, target: str) -> int:
+        """KILL: end a session by its id, every session on a database (PgBouncer's KILL db), or every session ("");
+        the number ended."""
+        ended = 0
+        for session in list(self.sessions):
+            if session.closed:
+                continue
+            if (not target or (str(session.id) == target if target.isdigit()
+                               else session.params.get("database") == target)):
+                if session.upstream is not None and (session.relay is None or session.relay.client_at_boundary):
+                    session.upstream.write(b"X\x00\x00\x00\x04")  # a clean Terminate for the backend
+                session.end_now("57P01", "terminating connection due to administrator command (openwop-seat KILL)",
+                                "admin KILL")
+                ended += 1
+        return ended
+
+    async def wait_close(self) -> int:
+        """WAIT_CLOSE: wait until every session that started under an older configuration (before a RELOAD that
+        changed it) has ended; the number waited for."""
+        from proxy.config import changed_keys
+
+        old = [s for s in self.sessions if not s.closed and s.config is not self.config
+               and changed_keys(s.config, self.config)]
+        log.info("WAIT_CLOSE waiting", extra={"fields": {"sessions": len(old)}})
+        if old:
+            await asyncio.wait([s.done for s in old])
+        return len(old)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -454,15 +534,29 @@ class SeatServer:
         self.stats.client_connections += 1
         session = Session(self, peer)
         self.sessions.add(session)
-        session.done.add_done_callback(lambda _: self.sessions.discard(session))
+        session.done.add_done_callback(lambda _: self._ended(session))
+        if self.holding:  # accepted as PAUSE began
+            session.hold(self._held_changed.set)
         task = asyncio.get_running_loop().create_task(session.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _ended(self, session: Session) -> None:
+        self.sessions.discard(session)
+        if session.major is not None:  # SHOW STATS: what the ended sessions did, by database (bounded labels)
+            totals = self.closed_totals.setdefault(session.label_pair[0], [0, 0, 0, 0])
+            relay = session.relay
+            totals[0] += relay.transactions if relay is not None else 0
+            totals[1] += relay.queries_sent if relay is not None else 0
+            totals[2] += session.bytes_in
+            totals[3] += session.bytes_out
 
     async def readiness(self) -> tuple[bool, str]:
         if not self._sockets or self._draining:
             return False, "not accepting connections"
         if self.paused:
+            if self.holding:
+                return False, "paused (PAUSE on the admin console): sessions held, not accepting new connections"
             return False, "paused (SIGUSR1): not accepting new connections"
         up = self.config.upstream
         try:
@@ -557,9 +651,14 @@ class SeatServer:
                     read_context = await load_read_context(new)
                     if claim_secret is not None and not read_context.first_boot:
                         await check_claim_secret(new, claim_secret)
+                admin_secrets = self.admin.check_auth(new) if self.admin is not None else None
             except Exception as e:  # whatever the reason, the running configuration stays
-                log.error("reload rejected: %s", _reload_reason(e), extra={"fields": {"config": old.source}})
+                self.last_reload_error = _reload_reason(e)
+                log.error("reload rejected: %s", self.last_reload_error, extra={"fields": {"config": old.source}})
                 return False
+            self.last_reload_error = ""
+            if self.admin is not None:
+                self.admin.set_auth(new, admin_secrets)
             changed = changed_keys(old, new)
             old_digest = getattr(self.read_context.artifacts, "digest", None) if self.read_context else None
             new_digest = getattr(read_context.artifacts, "digest", None) if read_context else None
@@ -582,8 +681,11 @@ class SeatServer:
                 "artifact_digest": new_digest or "-"}})
             return True
 
-    async def drain(self) -> None:
+    async def drain(self, mode: str | None = None) -> None:
         """SIGTERM: stop accepting, wait for sessions to end (up to shutdown_timeout), then close.
+
+        ``mode`` is proxy.shutdown_mode unless the admin console's SHUTDOWN WAIT_FOR_CLIENTS ("drain") or
+        WAIT_FOR_SERVERS ("idle") says otherwise. Sessions held by PAUSE are released first, so that they can end.
 
         The connections the kernel already queued on the listen sockets are accepted and served before the sockets
         close (with SO_REUSEPORT, new ones go to the other seats on the port). A connection that has not sent its
@@ -593,7 +695,12 @@ class SeatServer:
             return
         self._draining = True
         timeout = self.config.shutdown_timeout
-        mode = self.config.shutdown_mode
+        mode = mode or self.config.shutdown_mode
+        if self.holding:
+            self.holding = False
+            self._held_changed.set()
+            for session in list(self.sessions):
+                session.release()
         log.info("draining", extra={"fields": {"sessions": len(self.sessions), "timeout_s": timeout,
                                                "shutdown_mode": mode}})
         self._stop_serving()

@@ -76,9 +76,13 @@ class SeatCollector:
                               "sessions on the host database are refused meanwhile")
         g.add_metric([], 1 if server.writer_rule_verdict else 0)
         yield g
-        g = GaugeMetricFamily("openwop_seat_paused", "1 while paused by SIGUSR1: new connections wait in the "
-                              "kernel's backlog until SIGUSR2")
+        g = GaugeMetricFamily("openwop_seat_paused", "1 while paused (SIGUSR1 or the admin console's PAUSE): new "
+                              "connections wait in the kernel's backlog until SIGUSR2 or RESUME")
         g.add_metric([], 1 if server.paused else 0)
+        yield g
+        g = GaugeMetricFamily("openwop_seat_sessions_held", "Sessions held at a transaction boundary by the admin "
+                              "console's PAUSE")
+        g.add_metric([], sum(1 for s in live if getattr(s, "held", False)))
         yield g
         g = GaugeMetricFamily("openwop_seat_first_boot", "1 while the seat's rules are not in force in the host "
                               "database yet (first boot: no events table, or migrate has not run): sessions are not "

@@ -51,6 +51,13 @@ log = logging.getLogger("openwop_seat.session")
 _session_ids = itertools.count(1)
 
 
+def number_sessions(first: int, step: int) -> None:
+    """Session ids first, first + step, …: with ``proxy.workers`` > 1 worker W of N numbers W, W + N, …, so that an
+    id names one session of the whole seat (the admin console's KILL, the log lines)."""
+    global _session_ids
+    _session_ids = itertools.count(first, step)
+
+
 class Session:
     """A client connection relayed to one upstream connection for its whole life."""
 
@@ -93,6 +100,14 @@ class Session:
         self._ending: tuple[float, str, str, str] | None = None
         self._ending_timer: asyncio.TimerHandle | None = None
         self.first_boot = False  # started while the seat's rules were not in force: unclaimed, event rows refused
+        # The admin console's PAUSE (hold): from the next transaction boundary on, what the client sends waits in
+        # _held_data (up to buffer_limit, then it is no longer read) until release(); on_held is called once held.
+        self._pausing = False
+        self.held = False
+        self.held_since = 0.0
+        self._held_data = bytearray()
+        self._on_held = None
+        self._bytes_at_ready = 0  # relay.bytes_in at the last ReadyForQuery: more since means a statement is sent
         client.on_lost = self._client_lost
         client.on_eof = self._client_eof
 
@@ -292,6 +307,9 @@ class Session:
     # ------------------------------------------------------------------ relay
 
     def _from_client(self, data: bytes) -> None:
+        if self._pausing and (self.held or self._at_rest()):
+            self._hold_here(data)
+            return
         start = perf_counter()
         relay = self.relay
         out = relay.from_client(data)
@@ -323,8 +341,11 @@ class Session:
         if relay.readies != self._readies:
             self._readies = relay.readies
             self._ready_at = time.monotonic()
+            self._bytes_at_ready = relay.bytes_in
             if self._ending is not None:
                 self._ending_check()
+            if self._pausing:
+                self._check_held()
         if self._claim_open:
             self._claim_progress(relay)
         if relay.ending is not None:
@@ -426,6 +447,66 @@ class Session:
                                        f"than {self.config.startup_timeout} s (proxy.startup_timeout)",
                               reason="claim timeout")
 
+    # ------------------------------------------------------------------ PAUSE (the admin console)
+
+    def hold(self, on_held) -> None:
+        """PAUSE: hold this session at its next transaction boundary (a ReadyForQuery 'I' with every statement
+        answered and nothing sent since): nothing it sends reaches the server until release(). ``on_held()`` is
+        called when it is held (at once if it is at a boundary now)."""
+        self._pausing = True
+        self._on_held = on_held
+        self._check_held()
+
+    def release(self) -> None:
+        """RESUME: relay what the client sent while held, and read it again."""
+        self._pausing = False
+        self._on_held = None
+        if not self.held:
+            return
+        self.held = False
+        pending, self._held_data = bytes(self._held_data), bytearray()
+        self._hold_client("pause", False)
+        if pending and not self.closed:
+            self._from_client(pending)
+        if self.client.eof and not self.closed:
+            self._client_eof()
+
+    @property
+    def pause_ok(self) -> bool:
+        """What PAUSE waits for: held, or not (yet) relayed to a backend, or ended."""
+        return self.closed or self.held or self.upstream is None
+
+    @property
+    def waiting(self) -> bool:
+        """Held with a message of the client's waiting (PgBouncer's client state "waiting")."""
+        return self.held and bool(self._held_data)
+
+    def _at_rest(self) -> bool:
+        return (self.upstream is not None and self.relay is not None and self._is_idle()
+                and self.relay.bytes_in == self._bytes_at_ready)
+
+    def _check_held(self) -> None:
+        if self.closed or self.held or not self._at_rest():
+            return
+        self.held = True
+        self.held_since = time.monotonic()
+        if self._on_held is not None:
+            self._on_held()
+
+    def _hold_here(self, data: bytes) -> None:
+        """What a held client sends waits here (so SHOW CLIENTS can say it is waiting); past buffer_limit the
+        client is no longer read."""
+        if not self.held:
+            self.held = True
+            self.held_since = time.monotonic()
+            if self._on_held is not None:
+                self._on_held()
+        if not self._held_data:
+            self.held_since = time.monotonic()  # PgBouncer's wait: since the statement arrived
+        self._held_data += data
+        if len(self._held_data) > self.config.buffer_limit:
+            self._hold_client("pause", True)
+
     # ------------------------------------------------------------------ endings
 
     def _client_at_boundary(self) -> bool:
@@ -437,6 +518,8 @@ class Session:
     def _client_eof(self) -> None:
         if self._analysing:
             return  # its last statements are still being analysed: the session ends once they are relayed
+        if self._held_data:
+            return  # what it sent before leaving waits for the end of a PAUSE (release() relays it, then ends)
         if not self._client_at_boundary():
             self._fail_client("08P01", "unexpected EOF within message")
         else:
@@ -462,7 +545,8 @@ class Session:
         relay = self.relay
         return (relay is not None and relay.state.phase is Phase.READY and not relay.state.in_transaction
                 and not relay.awaiting_ready and relay.queries_sent < relay.readies and relay.client_at_boundary
-                and not relay.deferred)  # a statement being analysed (and what follows it) is not idle
+                and not relay.deferred  # a statement being analysed (and what follows it) is not idle
+                and not self._held_data)  # nor one whose statement waits for the end of a PAUSE
 
     def _idle_check(self) -> None:
         """client_idle_timeout: end the session if it has been idle that long, else look again later.

@@ -17,8 +17,11 @@ The supervisor owns no client connection. It
   now), SIGHUP (reload), SIGUSR1 (pause: stop accepting) and SIGUSR2 (resume); a worker it starts while
   paused is paused too. It exits once every worker has: 0 when each exited 0 (it never exits first);
 - serves `[metrics] listen` itself: /metrics is the sum over the workers of each series (info
-  series are not summed; counters of exited workers are kept as of their last scrape), plus its
-  own openwop_seat_workers* series; /healthz and /readyz are answered from the workers' answers.
+  series are not summed, nor the gauges of MAX_OVER_WORKERS, a setting or a flag: their maximum;
+  counters of exited workers are kept as of their last scrape), plus its own openwop_seat_workers*
+  series; /healthz and /readyz are answered from the workers' answers;
+- runs the admin console (`[admin]`, ADR 0014): each command goes to every worker over its socket
+  pair (one JSON line each way), and the answers are merged (serve/admin.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ from proxy.serve.metrics import PROMETHEUS_TEXT, serve_http
 log = logging.getLogger("openwop_seat.supervisor")
 
 SCRAPE_TIMEOUT = 5.0
+LINK_LIMIT = 64 << 20  # the longest answer line a worker sends over its link (SHOW CLIENTS of many sessions)
+# Per-worker gauges whose sum means nothing (a setting, a flag): the supervisor exports their maximum.
+MAX_OVER_WORKERS = frozenset({"openwop_seat_buffer_limit_bytes", "openwop_seat_paused",
+                              "openwop_seat_writer_rule_broken", "openwop_seat_first_boot",
+                              "openwop_seat_parse_cache_capacity_bytes"})
 RESTART_MIN_DELAY = 0.1
 RESTART_MAX_DELAY = 10.0
 STABLE_AFTER = 10.0  # a worker that ran this long resets the restart backoff
@@ -70,27 +78,86 @@ def install_worker_log_fields(worker: int) -> None:
         handler.addFilter(_WorkerFields(worker))
 
 
-def attach_worker(server, fd: int) -> socket.socket:
-    """In a worker, once listening: tell the supervisor, and drain if the supervisor goes away."""
-    loop = asyncio.get_running_loop()
+def attach_worker(server, fd: int) -> asyncio.Task:
+    """In a worker, once listening: tell the supervisor; answer its admin commands; drain if it goes away."""
     sock = socket.socket(fileno=fd)
     sock.sendall(orjson.dumps({"pid": os.getpid(), "metrics_port": server.metrics.port}) + b"\n")
     sock.setblocking(False)
+    return asyncio.get_running_loop().create_task(_worker_link(server, sock))  # kept referenced by the caller
 
-    def readable() -> None:
+
+async def _worker_link(server, sock: socket.socket) -> None:
+    from proxy.serve.admin import AdminError, ProcessCommands
+
+    commands = ProcessCommands(server)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    tasks: set[asyncio.Task] = set()
+
+    async def answer(n: int, command: str, arg: str) -> None:
         try:
-            data = sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            loop.remove_reader(sock.fileno())
-            log.warning("supervisor gone: draining")
-            loop.create_task(server.drain())
+            reply = {"n": n, "result": await commands.run(command, arg)}
+        except AdminError as e:
+            reply = {"n": n, "error": [e.sqlstate, e.message]}
+        except Exception as e:  # a bug must fail this command only
+            log.exception("admin command failed")
+            reply = {"n": n, "error": ["XX000", f"internal error in the worker: {type(e).__name__}"]}
+        writer.write(orjson.dumps(reply) + b"\n")
 
-    loop.add_reader(sock.fileno(), readable)
-    return sock  # the caller keeps it referenced for the life of the worker
+    while True:
+        try:
+            line = await reader.readline()
+        except (OSError, ValueError):
+            line = b""
+        if not line:
+            log.warning("supervisor gone: draining")
+            await server.drain()
+            return
+        ask = orjson.loads(line)
+        task = asyncio.get_running_loop().create_task(answer(ask["n"], ask["command"], ask.get("arg", "")))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+class WorkerLink:
+    """The supervisor's end of a worker's socket pair: admin commands out, answers back, matched by number."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._reading = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        from proxy.serve.admin import AdminError
+
+        try:
+            while line := await reader.readline():
+                reply = orjson.loads(line)
+                future = self._waiting.pop(reply["n"], None)
+                if future is None or future.done():
+                    continue
+                if "error" in reply:
+                    future.set_exception(AdminError(*reply["error"]))
+                else:
+                    future.set_result(reply["result"])
+        except (OSError, ValueError):
+            pass
+        finally:
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(AdminError("08006", "a worker exited before it answered"))
+            self._waiting.clear()
+
+    async def ask(self, command: str, arg: str = "") -> object:
+        self._next += 1
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[self._next] = future
+        self.writer.write(orjson.dumps({"n": self._next, "command": command, "arg": arg}) + b"\n")
+        return await future
+
+    def close(self) -> None:
+        self._reading.cancel()
+        self.writer.close()
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -104,6 +171,14 @@ class Worker:
     started: float = field(default_factory=time.monotonic)
     metrics_port: int | None = None
     counters: dict = field(default_factory=dict)  # counter samples as of the last scrape
+    link: WorkerLink | None = None  # the admin commands' channel, once the worker listens
+
+    def close_link(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        else:
+            self.sock.close()
 
     @property
     def pid(self) -> int:
@@ -131,6 +206,8 @@ class Supervisor:
         self.failed = False
         self._stop_signal: signal.Signals = signal.SIGTERM
         self.paused = False  # SIGUSR1 until SIGUSR2: forwarded, and sent to every worker started meanwhile
+        self.holding = False  # the console's PAUSE until RESUME: asked of every worker started meanwhile
+        self.admin = None  # the admin console ([admin]), run here for every worker
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -174,9 +251,14 @@ class Supervisor:
             await exited
             return worker, False
         worker.metrics_port = orjson.loads(line)["metrics_port"]
+        reader, writer = await asyncio.open_connection(sock=parent, limit=LINK_LIMIT)
+        worker.link = WorkerLink(reader, writer)
         log.info("worker started", extra={"fields": {"worker": wid, "pid": proc.pid}})
         if self.paused:
             _signal(worker, signal.SIGUSR1)
+        if self.holding:  # started while the console's PAUSE holds the others
+            task = loop.create_task(worker.link.ask("pause"))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return worker, True
 
     async def run(self) -> int:
@@ -200,6 +282,17 @@ class Supervisor:
                 print(f"openwop-seat serve: {ListenError('metrics.listen', m, e).describe()}", file=sys.stderr)
                 await self._close()
                 return 1
+        if self.config.admin_listen is not None or self.config.admin_unix_socket is not None:
+            from proxy.config import ConfigError
+            from proxy.serve.admin import AdminConsole
+
+            self.admin = AdminConsole(self.config, self.ask_workers, self._admin_action)
+            try:
+                await self.admin.start()
+            except (ListenError, ConfigError) as e:
+                print(f"openwop-seat serve: {e.describe()}", file=sys.stderr)
+                await self._close()
+                return 2 if isinstance(e, ConfigError) else 1
         if self.stopping:  # signalled before any worker started
             await self._close()
             return 0
@@ -235,10 +328,12 @@ class Supervisor:
         if self._http is not None:
             self._http.close()
             await self._http.wait_closed()
+        if self.admin is not None:
+            await self.admin.close()
         if self._reserved is not None:
             self._reserved.close()
         for w in self.workers.values():
-            w.sock.close()
+            w.close_link()
 
     def _watch(self, worker: Worker) -> None:
         task = asyncio.get_running_loop().create_task(self._supervise(worker))
@@ -249,7 +344,7 @@ class Supervisor:
         delay = RESTART_MIN_DELAY / 2  # doubled before use while a worker keeps dying young
         while True:
             code = await worker.proc.wait()
-            worker.sock.close()
+            worker.close_link()
             for key, value in worker.counters.items():
                 self.retired[key] = self.retired.get(key, 0.0) + value
             worker.counters = {}
@@ -309,8 +404,67 @@ class Supervisor:
 
     def _reload(self) -> None:
         log.info("SIGHUP received: forwarding to the workers ([proxy] workers itself is read at start only)")
+        self._reload_admin()
         for w in self.workers.values():
             _signal(w, signal.SIGHUP)
+
+    def _reload_admin(self) -> str:
+        """The console's admin users and secrets, re-read with the configuration (SIGHUP, RELOAD); "" or why not."""
+        if self.admin is None:
+            return ""
+        from proxy.config import load_config
+
+        try:
+            new = load_config(self.config.source).with_overrides(**dict(self.config.overrides))
+            secrets_ = self.admin.check_auth(new)
+        except Exception as e:  # noqa: BLE001 - reported; the running admin users stay
+            why = e.describe() if hasattr(e, "describe") else f"{type(e).__name__}: {e}"
+            log.error("reload rejected: %s", why)
+            return why
+        self.admin.set_auth(new, secrets_)
+        return ""
+
+    # ---------------------------------------------------------------- the admin console
+
+    async def ask_workers(self, command: str, arg: str = "") -> list[tuple[int, object]]:
+        """An admin command for every worker that listens; their answers, by worker id."""
+        from proxy.serve.admin import AdminError
+
+        if command == "pause":
+            self.holding = True
+        elif command == "resume":
+            self.holding = False
+        workers = sorted((w for w in self.workers.values() if w.alive and w.link is not None), key=lambda w: w.id)
+        if not workers:
+            raise AdminError("57P03", "no worker is running")
+        answers = await asyncio.gather(*(w.link.ask(command, arg) for w in workers), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        out = list(zip((w.id for w in workers), answers))
+        if command == "reload":
+            why = self._reload_admin()
+            if why:
+                out.append((0, {"ok": False, "error": f"supervisor: {why}"}))
+        return out
+
+    def _admin_action(self, mode: str) -> None:
+        """SHUTDOWN: "now" as SIGINT; a drain in shutdown mode "drain" or "idle" asked of every worker."""
+        if mode == "now":
+            self._stop(signal.SIGINT)
+            return
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("draining", extra={"fields": {"shutdown_mode": mode,
+                                               "workers": sum(w.alive for w in self.workers.values())}})
+        loop = asyncio.get_running_loop()
+        for w in self.workers.values():
+            if w.alive and w.link is not None:
+                task = loop.create_task(w.link.ask("shutdown", mode))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if self._watchers:
+            self._check_all_exited()
 
     # ---------------------------------------------------------------- metrics and health
 
@@ -334,6 +488,8 @@ class Supervisor:
                     key = (s.name, tuple(sorted(s.labels.items())))
                     if fam.name.endswith("_info"):
                         entry[2][key] = s.value
+                    elif fam.name in MAX_OVER_WORKERS:
+                        entry[2][key] = max(entry[2].get(key, s.value), s.value)
                     else:
                         entry[2][key] = entry[2].get(key, 0.0) + s.value
                     if fam.type == "counter":

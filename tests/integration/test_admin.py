@@ -1,4 +1,5 @@
-"""The admin console ([admin]): psql and raw protocol against a real seat; SHOW commands, refusals."""
+"""The admin console ([admin]): psql and raw protocol against a real seat; SHOW commands, refusals.
+PgBouncer's commands (PAUSE, KILL, RELOAD, SHOW CLIENTS, …) and the login: test_admin_console.py."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import psycopg
 from test_psql import psql
 
 from proxy.dev.devcluster import free_port
+from proxy.serve.admin import scram_secret
 from proxy.wire import messages
+
+PW = "admin-pw"
 
 
 def _seat(start_seat, tmp_path, **proxy):
     port = free_port()
     sock_dir = tmp_path / "admin"
     sock_dir.mkdir()
-    seat = start_seat(proxy=proxy or None, extra={"admin": {"listen": f"127.0.0.1:{port}",
-                                                            "unix_socket": str(sock_dir / ".s.PGSQL.6434")}})
+    (tmp_path / "users.txt").write_text(f'"ops" "{scram_secret(PW)}"\n')
+    seat = start_seat(proxy=proxy or None, extra={"admin": {
+        "listen": f"127.0.0.1:{port}", "unix_socket": str(sock_dir / ".s.PGSQL.6434"), "users": ["ops"],
+        "auth_file": str(tmp_path / "users.txt")}})
     return seat, port, sock_dir
+
+
+def ask(dsn: str, *args: str, check: bool = True):
+    return psql(dsn, *args, password=PW, check=check)
 
 
 def rows(text: str) -> list[list[str]]:
@@ -27,41 +37,41 @@ def rows(text: str) -> list[list[str]]:
 
 def test_show_commands_through_psql(start_seat, pg, tmp_path):
     seat, port, sock_dir = _seat(start_seat, tmp_path)
-    admin = f"host=127.0.0.1 port={port} user=anyone dbname=openwop_seat"
+    admin = f"host=127.0.0.1 port={port} user=ops dbname=openwop_seat"
     with psycopg.connect(seat.dsn(application_name="watched")) as conn:
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # psycopg: now in a transaction
-        out = rows(psql(admin, "-c", "SHOW SESSIONS").stdout)
+        out = rows(ask(admin, "-c", "SHOW SESSIONS").stdout)
         (mine,) = [r for r in out if r[4] == "watched"]
         assert mine[2:6] == ["postgres", "postgres", "watched", "2"]
         assert mine[6] == str(pid) and mine[7] == "in transaction" and mine[8] == "f"
         assert int(mine[9]) > 0 and int(mine[10]) > 0 and mine[11].endswith("+00:00") and "T" in mine[11]
         assert mine[1].startswith("127.0.0.1:")
         conn.commit()
-        (mine,) = [r for r in rows(psql(admin, "-c", "SHOW SESSIONS").stdout) if r[4] == "watched"]
+        (mine,) = [r for r in rows(ask(admin, "-c", "SHOW SESSIONS").stdout) if r[4] == "watched"]
         assert mine[7] == "idle"
         conn.execute("SELECT type FROM events WHERE false").fetchall()
-        caches = rows(psql(admin, "-c", "SHOW CACHES").stdout)
+        caches = rows(ask(admin, "-c", "SHOW CACHES").stdout)
         plan = {r[1]: r for r in caches if r[0] == "plan"}
         assert set(plan) == {"1", "2"} and int(plan["2"][2]) >= 1 and int(plan["2"][4]) == 32 << 20
         assert caches[-1][0] == "prepared_statements"
-    state = dict(rows(psql(admin, "-c", "SHOW STATE").stdout))
+    state = dict(rows(ask(admin, "-c", "SHOW STATE").stdout))
     assert state["writer_rule"].startswith("in force") and state["claim_secret"].startswith("present")
     assert state["read_context"].startswith("loaded: database postgres") and state["accepting"] == "yes"
-    assert psql(admin, "-c", "SHOW CLAIMS").stdout == psql(admin, "-c", "show state;").stdout
-    (version,) = rows(psql(admin, "-c", "SHOW VERSION").stdout)
+    assert ask(admin, "-c", "SHOW CLAIMS").stdout == ask(admin, "-c", "show state;").stdout
+    (version,) = rows(ask(admin, "-c", "SHOW VERSION").stdout)
     assert version[0] and len(version[2]) == 64
-    config = dict(rows(psql(admin, "-c", "SHOW CONFIG").stdout))
+    config = dict(rows(ask(admin, "-c", "SHOW CONFIG").stdout))
     assert config["proxy.listen"] == f"127.0.0.1:{seat.port}" and config["admin.listen"] == f"127.0.0.1:{port}"
     assert config["metrics.database_user_labels"] == "100"
-    helps = [r[0] for r in rows(psql(admin, "-c", "SHOW HELP").stdout)]
+    helps = [r[0] for r in rows(ask(admin, "-c", "SHOW HELP").stdout)]
     assert {"SHOW SESSIONS", "SHOW CACHES", "SHOW STATE", "SHOW CLAIMS", "SHOW VERSION", "SHOW CONFIG",
-            "SHOW HELP"} == set(helps)
+            "SHOW HELP", "SHOW CLIENTS", "PAUSE"} <= set(helps)
     # over the Unix socket, named as libpq looks for it
-    out = psql(f"host={sock_dir} port=6434 user=ops dbname=x", "-c", "SHOW VERSION")
+    out = ask(f"host={sock_dir} port=6434 user=ops dbname=x", "-c", "SHOW VERSION")
     assert rows(out.stdout) == [version]
     assert oct((sock_dir / ".s.PGSQL.6434").stat().st_mode & 0o777) == "0o700"
     # an unknown command is an error; the console stays usable
-    bad = psql(admin, "-c", "SELECT 1", check=False)
+    bad = ask(admin, "-c", "SELECT 1", check=False)
     assert bad.returncode != 0 and "unknown admin command" in bad.stderr
 
 
@@ -75,8 +85,10 @@ def test_secrets_are_redacted(start_seat, pg, tmp_path):
     assert redact("proxy.listen", "password=x") == "password=x"
 
 
-def _raw(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+def _raw(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
     s.sendall(messages.startup_message({"user": "ops", "database": "x"}))
     return s
 
@@ -97,8 +109,10 @@ def _read_until(s: socket.socket, last: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def test_raw_protocol(start_seat, tmp_path):
-    seat, port, _ = _seat(start_seat, tmp_path)
-    with _raw(port) as s:
+    # admin.auth = "trust": a console on a Unix socket alone (mode 0700), no password
+    path = str(tmp_path / ".s.PGSQL.6434")
+    start_seat(extra={"admin": {"unix_socket": path, "auth": "trust"}})
+    with _raw(path) as s:
         startup = _read_until(s, b"Z")
         assert startup[0] == (b"R", b"\x00\x00\x00\x00")  # AuthenticationOk, no password
         assert {t for t, _ in startup} == {b"R", b"S", b"Z"}
@@ -115,6 +129,8 @@ def test_raw_protocol(start_seat, tmp_path):
         reply = _read_until(s, b"never")
         assert reply[0][0] == b"E" and b"FATAL" in reply[0][1] and b"0A000" in reply[0][1]
         assert s.recv(1) == b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # SSLRequest: answered N
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # SSLRequest: answered N
+        s.settimeout(10)
+        s.connect(path)
         s.sendall(messages.ssl_request())
         assert s.recv(1) == b"N"

@@ -11,17 +11,15 @@ from test_admin import rows
 from test_backpressure import rss_bytes
 from test_psql import psql
 
-from proxy.dev.devcluster import free_port
 
-
-def caches(port: int) -> dict[tuple[str, str], list[str]]:
-    out = rows(psql(f"host=127.0.0.1 port={port} user=anyone dbname=openwop_seat", "-c", "SHOW CACHES").stdout)
+def caches(sock_dir) -> dict[tuple[str, str], list[str]]:
+    out = rows(psql(f"host={sock_dir} port=6434 user=ops dbname=openwop_seat", "-c", "SHOW CACHES").stdout)
     return {(r[0], r[1]): r for r in out}
 
 
-def test_long_statements_do_not_stay_after_their_session(start_seat, pg):
-    admin = free_port()
-    seat = start_seat(extra={"admin": {"listen": f"127.0.0.1:{admin}"}})
+def test_long_statements_do_not_stay_after_their_session(start_seat, pg, tmp_path):
+    admin = tmp_path  # the console on a Unix socket alone, admin.auth = "trust"
+    seat = start_seat(extra={"admin": {"unix_socket": str(tmp_path / ".s.PGSQL.6434"), "auth": "trust"}})
     with psycopg.connect(seat.dsn(), autocommit=True) as conn:  # warm: the parser, the plans every session makes
         conn.execute("SELECT count(*) FROM events").fetchone()
         conn.execute("SELECT 'short passthrough'").fetchone()

@@ -247,7 +247,8 @@ def test_promtool_test_rules():
     out = _promtool("test", "rules", "openwop-seat.rules.test.yml")
     assert "SUCCESS" in out, out
     tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "prometheus" / "openwop-seat.rules.test.yml").read_text()))
-    assert {"OpenwopSeatWorkerRestarts", "OpenwopSeatPrivilegedSessions", "OpenwopSeatDown"} <= tested
+    assert {"OpenwopSeatWorkerRestarts", "OpenwopSeatPrivilegedSessions", "OpenwopSeatDown",
+            "OpenwopSeatPaused"} <= tested
     assert tested <= {rule["alert"] for rule in rules()}
 
 

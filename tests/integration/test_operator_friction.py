@@ -216,12 +216,17 @@ def test_first_boot_state_is_truthful_and_its_sessions_end_as_a_restart(pg, star
     db = f"fb_{uuid.uuid4().hex[:8]}"
     pg.psql(f"CREATE DATABASE {db}")
     try:
+        from proxy.serve.admin import scram_secret
+
         admin_port = free_port()
-        seat = start_seat(host={"dsn": pg.dsn(dbname=db)}, extra={"admin": {"listen": f"127.0.0.1:{admin_port}"}})
+        (tmp_path / "users.txt").write_text(f'"ops" "{scram_secret("admin-pw")}"\n')
+        seat = start_seat(host={"dsn": pg.dsn(dbname=db)}, extra={"admin": {
+            "listen": f"127.0.0.1:{admin_port}", "users": ["ops"], "auth_file": str(tmp_path / "users.txt")}})
         admin = f"host=127.0.0.1 port={admin_port} user=ops dbname=admin"
 
         def state() -> dict[str, str]:
-            return dict(line.split("|", 1) for line in psql(admin, "-c", "SHOW STATE").stdout.splitlines())
+            out = psql(admin, "-c", "SHOW STATE", password="admin-pw").stdout
+            return dict(line.split("|", 1) for line in out.splitlines())
 
         writer = state()["writer_rule"]
         assert writer.startswith("not in force: first boot: the writer rule's triggers are not installed"), writer

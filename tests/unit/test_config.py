@@ -154,20 +154,35 @@ def test_unix_socket_dir(tmp_path):
 
 
 def test_admin_keys(tmp_path):
-    config = parse_config({"proxy": {"workers": 1}, "admin": {"listen": "127.0.0.1:6434",
-                                                              "unix_socket": str(tmp_path / ".s.PGSQL.6434")}})
-    assert config.admin_listen == HostPort("127.0.0.1", 6434)
+    users = tmp_path / "users.txt"
+    users.write_text('"ops" "pw"\n')
+    config = parse_config({"proxy": {"workers": 2}, "admin": {
+        "listen": "127.0.0.1:6434", "unix_socket": str(tmp_path / ".s.PGSQL.6434"), "users": ["ops"],
+        "auth_file": str(users)}})
+    assert config.admin_listen == HostPort("127.0.0.1", 6434)  # with workers > 1 too: the supervisor answers
     assert config.admin_unix_socket == str(tmp_path / ".s.PGSQL.6434")
+    assert config.admin_users == ("ops",) and config.admin_auth_file == str(users)
+    assert config.admin_auth == "scram-sha-256"
     assert Config().admin_listen is None and Config().admin_unix_socket is None  # off by default
-    for bad, why in (({"proxy": {"workers": 2}, "admin": {"listen": "127.0.0.1:6434"}},
-                      "admin.listen: needs proxy.workers = 1"),
-                     ({"proxy": {"workers": 1}, "admin": {"unix_socket": str(tmp_path / "no" / "s")}},
+    trust = parse_config({"admin": {"unix_socket": str(tmp_path / "s"), "auth": "trust"}})
+    assert trust.admin_auth == "trust" and trust.admin_users == ()
+    for bad, why in (({"admin": {"unix_socket": str(tmp_path / "no" / "s"), "auth": "trust"}},
                       "admin.unix_socket: no such directory"),
                      ({"admin": {"listen": "nowhere"}}, "admin.listen: expected"),
-                     ({"admin": {"password": "x"}}, "unknown key admin.password")):
+                     ({"admin": {"password": "x"}}, "unknown key admin.password"),
+                     # never open by default: no admin users, or trust on TCP, is refused
+                     ({"admin": {"listen": "127.0.0.1:6434"}}, "admin.users and admin.auth_file: required"),
+                     ({"admin": {"unix_socket": str(tmp_path / "s")}}, "admin.users and admin.auth_file: required"),
+                     ({"admin": {"listen": "127.0.0.1:6434", "users": ["ops"]}}, "admin.users and admin.auth_file"),
+                     ({"admin": {"listen": "127.0.0.1:6434", "unix_socket": str(tmp_path / "s"), "auth": "trust"}},
+                      "admin.auth: \"trust\" only for a console on admin.unix_socket alone"),
+                     ({"admin": {"users": "ops"}}, "admin.users: expected a list"),
+                     ({"admin": {"auth_file": str(tmp_path / "none")}}, "admin.auth_file: no such file"),
+                     ({"admin": {"auth": "password"}}, "admin.auth")):
         with pytest.raises(ConfigError, match=why):
             parse_config(bad)
     assert {"admin.listen", "admin.unix_socket"} <= set(RESTART_KEYS.values())
+    assert not {"admin.users", "admin.auth_file", "admin.auth"} & set(RESTART_KEYS.values())  # a reload applies
 
 
 def test_shutdown_mode_and_so_reuseport():
