@@ -38,6 +38,7 @@ from . import report, seed, stack, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = (*report.THROUGHPUT, "latency", "idle_memory")
+GROUPS = {"connect": report.CONNECT}  # --only connect: both connect workloads
 
 
 def _positive(text: str) -> int:
@@ -60,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=_positive, default=3, help="rounds over all targets (default 3)")
     parser.add_argument("--seconds", type=_positive, default=15,
                         help="seconds per measurement of one workload against one target (default 15)")
-    parser.add_argument("--only", action="append", choices=WORKLOADS, metavar="WORKLOAD",
-                        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}; the ratios of the "
-                             f"others are written as null")
+    parser.add_argument("--only", action="append", choices=(*WORKLOADS, *GROUPS), metavar="WORKLOAD",
+                        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}, or connect (both "
+                             f"connect workloads); the ratios of the others are written as null")
     parser.add_argument("--idle-connections", type=_positive, default=1000,
                         help="idle client connections for the memory figure (default 1000)")
     parser.add_argument("--scale", type=_positive, default=10, help="pgbench -i scale factor (default 10)")
@@ -77,7 +78,8 @@ def _terminate(signum, frame):  # SIGTERM: clean up as for Ctrl-C
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    selected = [w for w in WORKLOADS if not args.only or w in args.only]
+    only = {w for name in args.only or () for w in GROUPS.get(name, (name,))}
+    selected = [w for w in WORKLOADS if not only or w in only]
     os.environ.setdefault(CLAIM_SECRET_ENV, secrets.token_hex(16))  # migrate and the seat share it
     signal.signal(signal.SIGTERM, _terminate)
     commit, dirty = stack.git_commit()
@@ -174,6 +176,7 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
         projection = workloads.page_script(scratch, seed.PROJECTION_RUNS, "projection-page")
         host_mix = workloads.page_script(scratch, seed.HOST_MIX_RUNS, "host-mix-page")
         append = workloads.append_script(scratch)
+        select1 = workloads.select1_script(scratch)
         payload = json.dumps(seed.APPEND_PAYLOAD)
         pgbench_args = {
             "passthrough_simple": lambda t: ["-S", "-M", "simple"],
@@ -188,7 +191,10 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
             "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended",
                                               "-D", f"type={names[seed.APPEND_V1] if t == 'seat' else seed.APPEND_V1}",
                                               "-D", "node=n-1", "-D", f"payload={payload}"],
+            "connect_1": lambda t: ["-C", "-f", str(select1), "-M", "extended"],
+            "connect_8": lambda t: ["-C", "-f", str(select1), "-M", "extended"],
         }
+        pgbench_clients = {"connect_1": (1, 1)}  # (clients, threads); else workloads.CLIENTS, THREADS
         # the major-1 session: the seat's [[proxy.clients]] rule; the same application_name on every target
         pgbench_env = {"era2_page_major1_text": {"PGAPPNAME": seed.V1_APPLICATION}}
         binary_runs = {"era3_page_binary": seed.ERA3_RUNS, "translated_binary": seed.PAGE_RUNS}
@@ -201,8 +207,10 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
                     started = time.monotonic()
                     if workload in pgbench_args:
                         cpu_before = stack.cpu_seconds(pids[target]) if target in pids else None
+                        clients, threads = pgbench_clients.get(workload, (workloads.CLIENTS, workloads.THREADS))
                         figure, transactions = workloads.pgbench_run(pgbench, port, pgbench_args[workload](target),
-                                                                     args.seconds, env=pgbench_env.get(workload))
+                                                                     args.seconds, clients=clients, threads=threads,
+                                                                     env=pgbench_env.get(workload))
                         results.add_throughput(workload, round_no, target, figure)
                         shown = f"{figure:,.0f} {report.THROUGHPUT[workload][0]}"
                         if cpu_before is not None and transactions:

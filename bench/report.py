@@ -42,7 +42,12 @@ THROUGHPUT = {
     "append_v2_into_era2": ("tps", "the host's append (BEGIN, advisory xact lock, CTE INSERT … RETURNING, "
                                    "COMMIT) into 1,000 era-2 runs, pgbench -M extended, 8 clients; the seat "
                                    "writes the v2 name, direct and PgBouncer the v1 name"),
+    "connect_1": ("conn/s", "connect (libpq, as psycopg), SELECT 1, close: pgbench -C -M extended, 1 client; the "
+                            "seat's sessions are major 2 (claimed), PgBouncer hands out a server connection it keeps"),
+    "connect_8": ("conn/s", "the same, 8 clients, 2 threads"),
 }
+# The connect workloads are also held to a goal against direct PostgreSQL (issue 26).
+CONNECT = ("connect_1", "connect_8")
 PROXIES = ("pgbouncer", "seat")  # the targets with a process of their own between pgbench and PostgreSQL
 LATENCY = "pgbench -S -M extended, 1 client, per-transaction logs (-l)"
 
@@ -66,10 +71,18 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "p50_added_us": ("<=", 30.0, "latency at 1 client: seat p50 <= PgBouncer p50 + 30 us"),
     "p99_ratio": ("<=", 2.0, "latency at 1 client: seat p99 <= 2x PgBouncer p99"),
     "idle_conn_kib": ("<=", 64.0, "memory: <= 64 KiB of seat RSS per idle client connection"),
+    "connect_1_vs_direct": (">=", 1 / 1.5, "connects at 1 client, without reuse: seat connect time <= 1.5x direct "
+                                          "(connects/s >= 0.67x direct)"),
+    "connect_8_vs_direct": (">=", 1 / 1.5, "connects at 8 clients, without reuse: seat connect time <= 1.5x direct "
+                                          "(connects/s >= 0.67x direct)"),
 }
 
 # Ratio keys measured and reported with no goal yet (issue #15): never counted as met or not met.
-REPORTED: dict[str, str] = {}
+REPORTED: dict[str, str] = {
+    "connect_1": "connects at 1 client: seat ÷ PgBouncer (PgBouncer reuses its server connections; the seat does not "
+                 "yet: the goal with reuse, <= 1.2x PgBouncer's connect time, waits for pooled server connections)",
+    "connect_8": "connects at 8 clients: seat ÷ PgBouncer (as connect_1)",
+}
 
 
 class Results:
@@ -133,6 +146,8 @@ def ratios(results: Results, summary: dict) -> dict[str, float | None]:
     out: dict[str, float | None] = {key: None for key in (*GOALS, *REPORTED)}
     for workload, entry in summary["throughput"].items():
         out[workload] = entry["seat_over_pgbouncer"]["median"]
+        if workload in CONNECT:
+            out[f"{workload}_vs_direct"] = entry["seat_over_direct"]["median"]
     lat = summary["latency"]
     if lat:
         out["p50_added_us"] = lat["seat"]["p50_us"] - lat["pgbouncer"]["p50_us"]
@@ -201,7 +216,7 @@ def goal_lines(values: dict[str, float | None]) -> str:
         v = values[key]
         state = "not measured" if v is None else ("met" if met[key] else "NOT MET")
         shown = "—" if v is None else f"{v:.2f}"
-        lines.append(f"  {key:22} {shown:>9} {op} {threshold:<5g} {state:13} {words}")
+        lines.append(f"  {key:22} {shown:>9} {op} {threshold:<5.3g} {state:13} {words}")
     for key, words in REPORTED.items():
         v = values[key]
         shown = "—" if v is None else f"{v:.2f}"

@@ -4,6 +4,8 @@
   The passthrough workloads (``-S`` in each protocol mode), the page reads in text format (a custom
   script over one set of runs, :func:`page_script`, ``-M extended`` as the host sends it; the major-1
   read with ``PGAPPNAME`` set) and the host's append are all pgbench.
+* The connect workloads are pgbench ``-C`` (a new connection for each transaction) over ``SELECT 1``
+  (:func:`select1_script`): connects per second at 1 client and at 8, the connection time included.
 * :func:`binary_pages`: the same page read by asyncpg, which binds binary result formats; several
   connections in one process, pages per second.
 * :func:`latency`: pgbench ``-S -M extended`` at one client with per-transaction logs (``-l``);
@@ -47,6 +49,13 @@ def page_script(directory: Path, runs: range, name: str = "page") -> Path:
     return path
 
 
+def select1_script(directory: Path) -> Path:
+    """``SELECT 1``: with pgbench ``-C``, a connect (libpq, as psycopg connects), the statement, a close."""
+    path = directory / "select1.sql"
+    path.write_text("SELECT 1;\n")
+    return path
+
+
 def append_script(directory: Path) -> Path:
     """The host's append as a pgbench script; the type, node and payload come from ``-D`` variables.
 
@@ -83,7 +92,9 @@ def pgbench_run(pgbench: str, port: int, args: list[str], seconds: int, clients:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
                           env={**os.environ, **env} if env else None)
     failed = re.search(r"^number of failed transactions: (\d+)", done.stdout, re.M)
-    tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", done.stdout, re.M)
+    # with -C (a connection per transaction) pgbench counts the reconnections in
+    tps = re.search(r"^tps = ([\d.]+) \((?:without initial connection time|including reconnection times)\)",
+                    done.stdout, re.M)
     if done.returncode != 0 or tps is None or (failed and int(failed.group(1)) > 0):
         shown = " ".join(a if len(a) < 80 else a[:77] + "..." for a in cmd)
         raise WorkloadError(f"pgbench failed (exit {done.returncode}): {shown}\n{done.stderr[-3000:]}"

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                         args.major))
     _add_audit(commands)
     _add_backfill(commands)
+    _add_lifecycle(commands)
     return parser
 
 
@@ -158,6 +159,62 @@ def _add_backfill(commands) -> None:
                           help="run ids listed per step of --all and per progress update (default 100)")
     backfill.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     backfill.set_defaults(run=lambda args: _lazy("tools.backfill", "cmd_backfill")(load_config(args.config), args))
+
+
+def _add_lifecycle(commands) -> None:
+    """status, retire and uninstall: where the cutover stands, and the two ways out (docs/lifecycle.md)."""
+    quiet_help = ("seconds without a v1 writer (major 1 or raw) connecting through a seat before retire is possible "
+                  "(default 604800: 7 days)")
+    status = commands.add_parser(
+        "status", help="where the cutover stands: runs by era, majors seen, seats serving, what blocks retire",
+        description="Read the seat's schema and the host's tables (read only): the artifacts and declarations in "
+                    "force, runs by era and how they became era 3, open era-2 runs, audit's last verdict, the majors "
+                    "that connected through a seat per database user and when last, the seats serving, and whether "
+                    "retire and uninstall are possible now and what blocks them. Exit 0: reported; 2: bad flags or "
+                    "configuration; 3: the database is unreachable or has no openwop_seat schema (or a newer one).")
+    status.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    status.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database (any "
+                        "role that can read the host's tables)")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    status.add_argument("--quiet", type=float, default=604800.0, metavar="SECONDS", help=quiet_help)
+    status.set_defaults(run=lambda args: _lazy("tools.lifecycle", "cmd_status")(load_config(args.config), args))
+
+    retire = commands.add_parser(
+        "retire", help="the way forward: remove the seat's machinery once every run is era 3 and no v1 host is left",
+        description="Refuse, naming every blocker, while an era-2 run remains (unless --allow-era2), while a v1 "
+                    "writer (major 1 or raw) connected through a seat within the quiet period, or while a seat is "
+                    "serving. Then, in one transaction: drop the writer rule's triggers and the net on the host's "
+                    "tables, the translated views, every function, the claims and counters; keep the era records "
+                    "and the preserved originals as evidence (unless --drop-evidence); print the ADR addendum. "
+                    "Connect as the owner of openwop_seat, a member of the host tables' owner. Exit 0: retired (or "
+                    "already); 1: refused; 2: bad flags; 3: cannot run (unreachable, no schema, missing grants).")
+    retire.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    retire.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database, as "
+                        "the owner of openwop_seat")
+    retire.add_argument("--quiet", type=float, default=604800.0, metavar="SECONDS", help=quiet_help)
+    retire.add_argument("--allow-era2", action="store_true",
+                        help="retire although era-2 runs remain: they stay v1-only (listed in the record)")
+    retire.add_argument("--drop-evidence", action="store_true",
+                        help="also drop the era records and the preserved originals (the whole openwop_seat schema)")
+    retire.add_argument("--adr", metavar="FILE", help="also write the ADR addendum to FILE (a new file)")
+    retire.set_defaults(run=lambda args: _lazy("tools.lifecycle", "cmd_retire")(load_config(args.config), args))
+
+    uninstall = commands.add_parser(
+        "uninstall", help="the way back: the database as it was before the first migrate",
+        description="Restore every backfilled run (backfill --restore, one run per transaction under the same "
+                    "locks), then drop everything migrate created, the triggers, policies and grants included, and "
+                    "the schema. Refuse, listing them, while an era-3 run has no v1 original (a v2 host created it), "
+                    "unless --keep-era3 leaves those runs' rows as they are; and while a seat is serving. Resumable. "
+                    "Connect as the owner of openwop_seat, a member of the host tables' owner. Exit 0: done (or "
+                    "nothing to do); 1: refused; 2: bad flags; 3: cannot run (unreachable, missing grants).")
+    uninstall.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    uninstall.add_argument("--dsn", required=True, metavar="DSN", help="connection string of the host database, "
+                           "as the owner of openwop_seat")
+    uninstall.add_argument("--keep-era3", action="store_true",
+                           help="leave the era-3 runs that have no v1 original as they are (listed)")
+    uninstall.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    uninstall.set_defaults(run=lambda args: _lazy("tools.lifecycle", "cmd_uninstall")(load_config(args.config),
+                                                                                       args))
 
 
 def _lazy(module: str, name: str):

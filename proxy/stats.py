@@ -56,8 +56,11 @@ class Stats:
         self.refusals: Counter[str] = Counter()
         self.privileged_sessions: Counter[str] = Counter()  # sessions whose role can bypass the guard
         self.writer_rule_checks: Counter[str] = Counter()  # runtime checks of the writer rule, by result
+        self.claims: Counter[str] = Counter()  # sessions claimed, by how: "once", "challenge", "challenge after …"
         self.statements_refused: Counter[str] = Counter()  # by refused statement kind
         self.upstream_connections = 0  # upstream connections opened (sessions and forwarded cancels)
+        # (major, user) -> sessions on the host database since the last heartbeat (proxy.serve.heartbeat)
+        self.majors_seen: Counter = Counter()
         # Connections the seat turned away, by reason (`Session.run`; the limits add their own reasons).
         self.connections_refused: Counter[str] = Counter()
         self.upstream_refused: Counter[str] = Counter()  # failed upstream connections, by reason

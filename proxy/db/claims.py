@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from typing import Callable
 
 from proxy.config import Config, ConfigError
@@ -67,6 +68,22 @@ def claim_proof(secret: str, challenge_answer: str, major: int) -> str:
     salt, _, challenge = challenge_answer.partition(":")
     return hmac.new(claim_key(salt, secret), f"openwop_seat.claim:{challenge}:{major}".encode("utf-8"),
                     hashlib.sha256).hexdigest()
+
+
+def claim_once_proof(secret: str, salt: str, pid: int, at_us: int, nonce: str, major: int) -> str:
+    """The proof ``claim_once(pid, at_us, nonce, major, proof)`` verifies (ADR 0013): no challenge, one round trip."""
+    return hmac.new(claim_key(salt, secret), f"openwop_seat.claim_once:{pid}:{at_us}:{nonce}:{major}".encode("utf-8"),
+                    hashlib.sha256).hexdigest()
+
+
+def claim_once_params(secret: str, salt: str, pid: int, major: int, at_us: int | None = None,
+                      nonce: str | None = None) -> tuple[int, int, str, int, str]:
+    """The five parameters of ``claim_once`` for a backend ``pid``: a fresh nonce and the seat's time, unless given."""
+    if at_us is None:
+        at_us = time.time_ns() // 1000
+    if nonce is None:
+        nonce = secrets.token_hex(16)
+    return pid, at_us, nonce, major, claim_once_proof(secret, salt, pid, at_us, nonce, major)
 
 
 async def claim_async(conn, secret: str, major: int):

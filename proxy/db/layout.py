@@ -35,6 +35,18 @@ CHALLENGE_SQL = "SELECT openwop_seat.claim_challenge(), pg_catalog.pg_backend_pi
 CLAIM_SQL = ("SELECT openwop_seat.claim($1, $2), pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
              "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
 CLAIM_PARAM_OIDS = (25, 23)  # text, integer
+# The claim in one round trip (ADR 0013): the seat's nonce and time, the proof bound to the backend's pid; the same
+# schema-qualified form. Parameters: pid, at_us, nonce, major, proof.
+CLAIM_ONCE_SQL = ("SELECT openwop_seat.claim_once($1, $2, $3, $4, $5), "
+                  "pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER') "
+                  "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'openwop_seat'")
+# The same without the question whether the session's role owns openwop_seat, when the seat knows the answer from an
+# earlier claim of the role (pg_has_role is a fifth of the claim's time in a fresh backend).
+CLAIM_ONCE_ONLY_SQL = "SELECT openwop_seat.claim_once($1, $2, $3, $4, $5)"
+CLAIM_ONCE_PARAM_OIDS = (23, 20, 25, 23, 25)  # integer, bigint, text, integer, text
+# How far the seat's clock may be from the server's for a one-round-trip claim (else the seat falls back to the
+# challenge), and so how long a proof is good for, and how long after a crash emptied claims no proof is taken.
+CLAIM_CLOCK_TOLERANCE_US = 60_000_000
 
 # The SQLSTATE of the refusal of an UPDATE of events.type/run_id.  Not one of
 # proxy.errors' codes: it is not a refusal of the OpenWOP writer rule but of a
@@ -94,6 +106,15 @@ class DeclarationsMismatch(DigestMismatch):
 
 
 # --- layout steps ----------------------------------------------------------------
+
+
+def _padded_key_sql(pad: str) -> str:
+    """SQL of claim_secret's HMAC key (``hash``: 32 bytes in hex) zero-padded to 64 bytes and XOR-ed with ``pad``
+    repeated: the key as a 256-bit string XOR the pad, written out in hex 64 bits at a time, then the pad itself."""
+    xor = f"('x' || hash)::bit(256) # ('x' || repeat('{pad}', 32))::bit(256)"
+    parts = [f"lpad(to_hex(substring({xor}, {start}, 64)::bigint), 16, '0')" for start in (1, 65, 129, 193)]
+    return "decode(" + "\n        || ".join(parts) + f"\n        || repeat('{pad}', 32), 'hex')"
+
 
 
 @dataclass(frozen=True)
@@ -190,9 +211,99 @@ COMMENT ON COLUMN openwop_seat.claims.major IS
     '2: a v2 host; 1: a v1 host (reads translated); 0: a raw session (a v1 writer that reads as stored); '
     'NULL: a challenge without a claim yet';
 """),
+    Step(8, "claims: the seat time of a pid's last one-round-trip claim; claim_secret: the HMAC key's pads", """
+-- claim_once (ADR 0013): a pid's claims row keeps the seat's time of its last one-round-trip claim (a proof is good
+-- once: a later claim of the pid must come with a later time), and the row of pid 0 says since when claims is
+-- complete (-infinity; claims is UNLOGGED, and claim_once writes that row again when a crash has emptied it)
+ALTER TABLE openwop_seat.claims ADD COLUMN seat_time bigint;
+COMMENT ON COLUMN openwop_seat.claims.seat_time IS
+    'the seat''s time (µs since 1970) of the last one-round-trip claim of this pid: the next must be later';
+INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (0, '-infinity', NULL, now())
+ON CONFLICT (pid) DO NOTHING;
+-- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
+ALTER TABLE openwop_seat.claim_secret
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("36") + """) STORED,
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (""" + _padded_key_sql("5c") + """) STORED;
+"""),
+    Step(9, "add seats, sessions_seen and audit_verdicts (the cutover's progress: who connected, which seat serves, "
+            "audit's verdicts) and their writers seen() and live_claims()", """
+CREATE TABLE openwop_seat.seats (
+    seat text PRIMARY KEY,
+    started_at timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    version text NOT NULL,
+    reported_by name NOT NULL,
+    stopped_at timestamptz
+);
+COMMENT ON TABLE openwop_seat.seats IS
+    'each seat process''s heartbeat (every few seconds while it serves) and when it stopped serving; written only '
+    'by openwop_seat.seen';
+GRANT SELECT ON openwop_seat.seats TO PUBLIC;
+CREATE TABLE openwop_seat.sessions_seen (
+    major text NOT NULL CHECK (major IN ('1', '2', 'raw')),
+    usename text NOT NULL,
+    first_seen timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    sessions bigint NOT NULL CHECK (sessions >= 0),
+    last_seat text NOT NULL,
+    PRIMARY KEY (major, usename)
+);
+COMMENT ON TABLE openwop_seat.sessions_seen IS
+    'which majors have connected through a seat and when last (to within a heartbeat), per database user; '
+    'written only by openwop_seat.seen, never moved back';
+GRANT SELECT ON openwop_seat.sessions_seen TO PUBLIC;
+CREATE TABLE openwop_seat.audit_verdicts (
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    ok boolean NOT NULL,
+    summary jsonb NOT NULL,
+    artifact_digest text NOT NULL,
+    declarations_digest text NOT NULL,
+    by_role name NOT NULL DEFAULT current_user
+);
+COMMENT ON TABLE openwop_seat.audit_verdicts IS
+    'the verdict of each openwop-seat audit run by a role that may insert here (the owner of openwop_seat)';
+GRANT SELECT ON openwop_seat.audit_verdicts TO PUBLIC;
+CREATE FUNCTION openwop_seat.seen(p_seat text, p_started text, p_version text, p_majors jsonb,
+                                  p_stopping boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    -- A seat's heartbeat and its tally since the last one: [[major, user, new sessions], ...]. The time is the
+    -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one. The last
+    -- beat of a seat that stops (p_stopping) says so, and a later beat of the same seat clears it.
+    INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by, stopped_at)
+    VALUES (p_seat, p_started::timestamptz, pg_catalog.now(), p_version, session_user,
+            CASE WHEN p_stopping THEN pg_catalog.now() END)
+    ON CONFLICT (seat) DO UPDATE SET last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
+        version = EXCLUDED.version, reported_by = EXCLUDED.reported_by, stopped_at = EXCLUDED.stopped_at;
+    INSERT INTO openwop_seat.sessions_seen AS t (major, usename, first_seen, last_seen, sessions, last_seat)
+    SELECT m ->> 0, m ->> 1, pg_catalog.now(), pg_catalog.now(), GREATEST((m ->> 2)::bigint, 0), p_seat
+    FROM pg_catalog.jsonb_array_elements(COALESCE(p_majors, '[]'::jsonb)) AS m
+    WHERE (m ->> 0) IN ('1', '2', 'raw') AND (m ->> 1) IS NOT NULL
+    ON CONFLICT (major, usename) DO UPDATE SET last_seen = GREATEST(t.last_seen, EXCLUDED.last_seen),
+        sessions = t.sessions + EXCLUDED.sessions, last_seat = EXCLUDED.last_seat;
+    DELETE FROM openwop_seat.seats s WHERE s.last_seen < pg_catalog.now() - interval '7 days';
+END
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, text, text, jsonb, boolean) TO PUBLIC;
+CREATE FUNCTION openwop_seat.live_claims()
+RETURNS TABLE (major smallint, sessions bigint) LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+    -- The claims of backends alive now (the same pid and start time in pg_stat_activity), by major.
+    SELECT c.major, count(*) FROM openwop_seat.claims c
+    JOIN pg_catalog.pg_stat_activity a ON a.pid = c.pid AND a.backend_start = c.backend_start
+    WHERE c.major IS NOT NULL GROUP BY c.major
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.live_claims() TO PUBLIC;
+"""),
 )
 
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 9
+
+# The functions layout steps create (the generated ones are writer_sql.FUNCTIONS), as regprocedure prints them.
+STEP_FUNCTIONS = ("seen(text,text,text,jsonb,boolean)", "live_claims()")
 
 # Counters the writer rule keeps in the database (sequences: nextval neither blocks nor rolls back).
 WRITER_COUNTERS = {

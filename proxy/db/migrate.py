@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import sys
 from typing import Any, Callable
 
@@ -46,6 +47,28 @@ from proxy.db.writer_sql import FUNCTIONS, artifact_objects_sql, writer_triggers
 # meta keys of the operator's declarations (ADR 0010): their digest, and the operator's version of the file
 DECLARATIONS_DIGEST = "declarations_digest"
 DECLARATIONS_VERSION = "declarations_version"
+# meta key: the events table's row-level security flags before the first migrate installed the net (JSON
+# {"rls", "force", "known"}), which uninstall and retire put back (docs/lifecycle.md)
+EVENTS_RLS_BEFORE = "events_rls_before"
+# meta keys of the way out (docs/lifecycle.md): set by retire (the schema then keeps only the evidence) and by an
+# uninstall under way; a seat, a tool and migrate refuse such a database
+RETIRED_AT = "retired_at"
+UNINSTALLING_SINCE = "uninstalling_since"
+
+
+def check_not_leaving(meta: dict[str, str] | None) -> None:
+    """SchemaError when the database's seat was retired or is being uninstalled (docs/lifecycle.md)."""
+    if not meta:
+        return
+    if meta.get(RETIRED_AT):
+        raise SchemaError(
+            f"the seat was retired from this database at {meta[RETIRED_AT]} (openwop-seat retire): only its "
+            f"evidence is left in {SCHEMA}; no seat serves it and migrate does not install it again (see "
+            f"docs/lifecycle.md)")
+    if meta.get(UNINSTALLING_SINCE):
+        raise SchemaError(
+            f"an openwop-seat uninstall of this database is under way since {meta[UNINSTALLING_SINCE]}: run "
+            f"`openwop-seat uninstall` again to finish it (see docs/lifecycle.md)")
 
 
 def load_configured_declarations(config: Config, artifacts):
@@ -121,6 +144,7 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     if decl is None:
         decl = load_configured_declarations(config, artifacts)
     current = await read_layout(conn)
+    check_not_leaving(await read_meta(conn))
     # Check the server and the host's tables before changing anything.
     version = int(await conn.fetchval("SELECT pg_catalog.current_setting('server_version_num')"))
     if version < MIN_SERVER_VERSION:
@@ -187,6 +211,13 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
         missing, stray = _trigger_problems(expected, await _seat_triggers(conn))
         # A function or trigger changed since the last migrate (not by one): install again rather than bless it.
         tampered = await installed_fingerprint(conn) != meta.get("installed_sha256")
+        if events is not None and EVENTS_RLS_BEFORE not in meta:
+            # what the way out puts back: known only while the net was never installed on the table
+            before = await net_sql.net_state(conn, events.table)
+            known = not any(p[0] in net_sql.POLICIES for p in before["policies"])
+            await _upsert_meta(conn, {EVENTS_RLS_BEFORE: json.dumps(
+                {"rls": before["rls"] if known else False, "force": before["force"] if known else False,
+                 "known": known}, sort_keys=True)})
         if tampered or not (meta.get("artifact_digest") == artifacts.digest
                 and meta.get("artifact_tag") == artifacts.tag
                 and meta.get("objects_sha256") == fingerprint and await _functions_present(conn)
@@ -342,6 +373,7 @@ async def verify(conn_or_dsn, config: Config, artifacts) -> None:
             f"database {db!r} has no {SCHEMA} schema: run `openwop-seat migrate --dsn ...` as the role "
             f"that is to own it (not the host's role) before serving")
     version = _layout_of(meta)
+    check_not_leaving(meta)
     if version < LAYOUT_VERSION:
         raise SchemaTooOld(
             f"the database's {SCHEMA} layout is version {version}, older than this openwop-seat's "

@@ -174,15 +174,15 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock({SCHEMA}.run_lock_key(run)) THEN
         RETURN 'busy';
     END IF;
-    DELETE FROM {RUNS} WHERE (run_id)::text {EQ} run;
+    DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};  -- the key's own type: its index
     DELETE FROM {REFUSED} WHERE run_id {EQ} run;
-    DELETE FROM {STORE} WHERE ({run})::text {EQ} run;
+    DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};
     IF {SCHEMA}.era_now(run) {EQ} 3 THEN
         RETURN 'era3';
     END IF;
     BEGIN
         INSERT INTO {STORE} ({col_list})
-        SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE ({live}.{run})::text {EQ} run;
+        SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE {live}.{run} {EQ} (run)::{run_type};
     EXCEPTION WHEN {refusals} THEN
         INSERT INTO {REFUSED} (run_id) VALUES (run);
         RETURN 'refused';
@@ -226,12 +226,14 @@ BEGIN
         INSERT INTO {RUNS} (run_id) VALUES ((run)::{run_type})
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
-    DELETE FROM {RUNS} WHERE (run_id)::text {EQ} run;
+    DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};  -- the key's own type: its index
     DELETE FROM {REFUSED} WHERE run_id {EQ} run;
 END
 $ow$;
 REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
 
+-- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
+-- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -248,22 +250,6 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION {SCHEMA}.on_event_store() FROM PUBLIC;
 
--- run.started reads the run's tenant (ADR 0007): a runs row written or removed unmarks its run.
-CREATE OR REPLACE FUNCTION {SCHEMA}.on_run_store()
-RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
-        PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);
-    END IF;
-    RETURN NULL;
-END
-$ow$;
-REVOKE ALL ON FUNCTION {SCHEMA}.on_run_store() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_events_truncate_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -313,10 +299,10 @@ def store_triggers_sql(host, prefix: str) -> list[tuple[str, str, str]]:
          f"    EXECUTE FUNCTION {SCHEMA}.on_events_truncate_store();"),
         (host.runs_table, prefix + RUN_TRIGGER,
          f"\nCREATE OR REPLACE TRIGGER {prefix + RUN_TRIGGER} AFTER INSERT OR DELETE ON {runs} FOR EACH ROW\n"
-         f"    EXECUTE FUNCTION {SCHEMA}.on_run_store();"),
+         f"    EXECUTE FUNCTION {SCHEMA}.on_event_store();"),
         (host.runs_table, prefix + RUN_UPDATE_TRIGGER,
          f"\nCREATE OR REPLACE TRIGGER {prefix + RUN_UPDATE_TRIGGER} AFTER UPDATE ON {runs} FOR EACH ROW\n"
-         f"    WHEN ({when})\n    EXECUTE FUNCTION {SCHEMA}.on_run_store();"),
+         f"    WHEN ({when})\n    EXECUTE FUNCTION {SCHEMA}.on_event_store();"),
         (f"{SCHEMA}.run_era", prefix + ERA_TRIGGER,
          f"\nCREATE OR REPLACE TRIGGER {prefix + ERA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {SCHEMA}.run_era "
          f"FOR EACH ROW\n    EXECUTE FUNCTION {SCHEMA}.on_run_era_store();"),

@@ -9,6 +9,7 @@ from proxy.config import HostConfig
 from proxy.db import store_sql
 from proxy.db.layout import (
     _PROBE_SQLSTATE,
+    CLAIM_CLOCK_TOLERANCE_US,
     CLAIM_SECRET_ENV,
     REWRITE_SETTING,
     RUN_LOCK_SEED,
@@ -131,6 +132,75 @@ BEGIN
     UPDATE {SCHEMA}.claims c SET major = claim.major, claimed_at = pg_catalog.now(), challenge = NULL
     WHERE c.pid = pg_catalog.pg_backend_pid();
 END
+$ow$;
+"""
+
+
+def _claim_once_sql() -> str:
+    tol = CLAIM_CLOCK_TOLERANCE_US
+    # One round trip (ADR 0013): the seat makes a nonce and takes its clock's time, the proof binds them to the
+    # backend's pid and the major. A proof is good once: the claims row of a pid keeps the seat time of its last
+    # one-round-trip claim, and a claim of that pid with a time not after it is refused (a replay). It is good only
+    # within CLAIM_CLOCK_TOLERANCE_US of the server's clock, and not before the tolerance has passed since claims
+    # was last found empty (UNLOGGED: a crash empties it; the row of pid 0 says since when it is complete).
+    # LANGUAGE sql: nothing to compile in a fresh backend (a PL/pgSQL function is compiled at its first call in
+    # each backend). The verdict is returned, never raised: 'ok', 'pooler <pid>' (the pid is not this backend's:
+    # nothing recorded), 'clock', 'ledger', 'replay', or why the claim is refused. Whatever the verdict, the seat can
+    # still claim with the challenge of ADR 0006 (it does on all but 'pooler' for a translated or v2 session).
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.claim_once(pid integer, at_us bigint, nonce text, major integer, proof text)
+RETURNS text LANGUAGE sql VOLATILE SECURITY DEFINER
+{_PINNED}
+AS $ow$
+WITH me AS (
+    SELECT s.hmac_ipad AS ipad, s.hmac_opad AS opad,
+           (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)
+               AS backend_start,
+           (EXTRACT(EPOCH FROM pg_catalog.statement_timestamp()) * 1000000)::bigint AS now_us,
+           (SELECT CASE WHEN pg_catalog.isfinite(c.backend_start)
+                        THEN (EXTRACT(EPOCH FROM c.backend_start) * 1000000)::bigint ELSE -{2 ** 62} END
+            FROM {SCHEMA}.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since_us
+    FROM (SELECT) one LEFT JOIN {SCHEMA}.claim_secret s ON true
+), verdict AS (
+    SELECT me.backend_start, me.since_us, CASE
+        WHEN claim_once.major IS NULL OR claim_once.major NOT IN (0, 1, 2)
+            THEN 'major must be 0 (raw), 1 or 2, got ' || coalesce(claim_once.major::text, 'NULL')
+        WHEN me.ipad IS NULL THEN 'no claim secret is installed: run openwop-seat migrate with '
+                                  'host.claim_secret_file or {CLAIM_SECRET_ENV}'
+        WHEN claim_once.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+            THEN 'pooler ' || pg_catalog.pg_backend_pid()::text
+        WHEN me.backend_start IS NULL THEN 'the owner of openwop_seat cannot see this session''s backend_start '
+                                           '(GRANT pg_read_all_stats TO it)'
+        -- HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad
+        WHEN claim_once.at_us IS NULL OR claim_once.nonce IS NULL OR pg_catalog.length(claim_once.nonce) < 16
+             OR claim_once.proof IS DISTINCT FROM pg_catalog.encode(pg_catalog.sha256(me.opad || pg_catalog.sha256(
+                    me.ipad || pg_catalog.convert_to('openwop_seat.claim_once:' || claim_once.pid::text || ':'
+                                                     || claim_once.at_us::text || ':' || claim_once.nonce || ':'
+                                                     || claim_once.major::text, 'UTF8'))), 'hex')
+            THEN 'wrong secret'
+        WHEN claim_once.at_us < me.now_us - {tol} OR claim_once.at_us > me.now_us + {tol} THEN 'clock'
+        WHEN me.since_us IS NULL OR claim_once.at_us < me.since_us + {tol} THEN 'ledger'
+        ELSE 'ok' END AS v
+    FROM me
+), restarted AS (
+    -- claims is UNLOGGED: after a crash it is empty, and complete only from now on
+    INSERT INTO {SCHEMA}.claims (pid, backend_start, major, claimed_at)
+    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since_us IS NULL
+    ON CONFLICT (pid) DO NOTHING
+), claimed AS (
+    INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at, challenge, seat_time)
+    SELECT pg_catalog.pg_backend_pid(), verdict.backend_start, claim_once.major, pg_catalog.now(), NULL,
+           claim_once.at_us
+    FROM verdict WHERE verdict.v OPERATOR(pg_catalog.=) 'ok'
+    ON CONFLICT (pid) DO UPDATE
+        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at,
+            challenge = NULL, seat_time = EXCLUDED.seat_time
+        WHERE c.seat_time IS NULL OR c.seat_time OPERATOR(pg_catalog.<) EXCLUDED.seat_time
+    RETURNING 1
+)
+SELECT CASE WHEN verdict.v OPERATOR(pg_catalog.<>) 'ok' THEN verdict.v
+            WHEN EXISTS (SELECT FROM claimed) THEN 'ok' ELSE 'replay' END
+FROM verdict
 $ow$;
 """
 
@@ -836,7 +906,7 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
     is still detected).  The run_era store detects it (see the module
     docstring); the host's runs table cannot be probed the same way.
     """
-    return "".join((_claim_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
+    return "".join((_claim_sql(), _claim_once_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
                     _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
                     _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
                     _update_era3_sql(host), _delete_era3_sql(host), _run_write_era3_sql(host)))
@@ -867,6 +937,7 @@ PUBLIC_FUNCTIONS = (
     "returned_v2p(text, jsonb, text, bigint, text, text, text)",
     "claim(text, integer)",
     "claim_challenge()",
+    "claim_once(integer, bigint, text, integer, text)",
     "session_major()",
     "run_lock_key(text)",
 )

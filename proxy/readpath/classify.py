@@ -790,7 +790,7 @@ def _seat_setting(stmt) -> str:
                 if isinstance(first, ast.A_Const) and isinstance(first.val, ast.String) and \
                         first.val.sval.lower().startswith("openwop_seat."):
                     return f"set_config('{first.val.sval}', …): openwop_seat.* settings belong to the seat"
-            if name in ("openwop_seat.claim", "openwop_seat.claim_challenge"):
+            if name in ("openwop_seat.claim", "openwop_seat.claim_challenge", "openwop_seat.claim_once"):
                 return f"{name} is called by the seat itself, never by a client"
     return ""
 

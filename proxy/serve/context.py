@@ -33,6 +33,9 @@ class SeatView(Protocol):
     client_ssl_context: ssl.SSLContext | None
     upstream_ssl_context: ssl.SSLContext | None
     claim_secret: str | None
+    claim_salt: str | None  # the claim secret's salt, once a challenge returned it (one-round-trip claims, ADR 0013)
+    claim_owners: dict  # user -> (whether it owns openwop_seat, monotonic time the claim found it)
+    upstream_pooler: bool  # a claim saw a pooler between the seat and PostgreSQL: raw sessions are claimed too
     writer_rule_verdict: str  # the last runtime check: why the writer rule is not in force, or ""
 
     @property

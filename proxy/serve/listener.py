@@ -97,6 +97,9 @@ class SeatServer:
         self._tasks: set[asyncio.Task] = set()
         self.read_context: ReadContext | None = None
         self.claim_secret: str | None = None  # None: sessions are not claimed, every writer is v1
+        self.claim_salt: str | None = None  # learnt from the first challenge (ADR 0013)
+        self.upstream_pooler = False  # set when a claim sees a pooler behind the seat (ADR 0013)
+        self.claim_owners: dict = {}  # user -> (owns openwop_seat, when a claim found it) (ADR 0013)
         self._reload_lock = asyncio.Lock()
         # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
         # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)
@@ -143,6 +146,10 @@ class SeatServer:
             self._spawn(self._watch_relations())
         if self.read_context is not None and self.config.host.check_interval > 0:
             self._spawn(self._check_writer_rule_periodically())
+        if self.read_context is not None:  # the heartbeat and the tally of majors (docs/lifecycle.md)
+            from proxy.serve.heartbeat import beat_periodically
+
+            self._spawn(beat_periodically(self))
         if self.read_context is not None and self.config.host.store and self.config.host.dsn:
             from proxy.serve.store_filler import fill_forever
 
@@ -666,6 +673,8 @@ class SeatServer:
                 changed.append("artifacts")
             if claim_secret != self.claim_secret:
                 changed.append("claim secret")
+                self.claim_salt = None  # the next claim asks for a challenge again
+                self.claim_owners.clear()
             if claim_secret is None and new.translates and self.claim_secret is not None:
                 log.warning("no claim secret after reload: new sessions (major 1) are not claimed")
             self.config = new

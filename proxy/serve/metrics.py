@@ -70,6 +70,14 @@ class SeatCollector:
         for role in ("superuser", "owns openwop_seat"):
             c.add_metric([role], stats.privileged_sessions[role])
         yield c
+        c = CounterMetricFamily("openwop_seat_claims",
+                                "Claims of sessions' majors, by how they were made: once (one round trip), challenge "
+                                "(the salt was not known yet), or the challenge after a one-round-trip claim the "
+                                "database did not take (clock, ledger, pooler, replay, refused, error; ADR 0013)",
+                                labels=["path"])
+        for path, n in sorted(stats.claims.items()):
+            c.add_metric([path], n)
+        yield c
         g = GaugeMetricFamily("openwop_seat_writer_rule_broken",
                               "1 while the last check found the writer rule not in force as migrate installed it "
                               "(a trigger missing, disabled or replaced, a function replaced, another digest); new "
@@ -297,6 +305,12 @@ class MetricsHTTP:
 
             self.db_counters = DatabaseCounters(server.config, getattr(server, "catalog", None))
             self.registry.register(self.db_counters)
+        self.cutover = None
+        if server.config.translates and server.config.host.dsn and getattr(server, "catalog", None) is not None:
+            from proxy.serve.cutover_gauges import CutoverGauges  # docs/lifecycle.md
+
+            self.cutover = CutoverGauges(server)
+            self.registry.register(self.cutover)
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -319,6 +333,8 @@ class MetricsHTTP:
         if path == "/metrics":
             if self.db_counters is not None:
                 await self.db_counters.refresh()
+            if self.cutover is not None:
+                await self.cutover.poke()
             return "200 OK", PROMETHEUS_TEXT, generate_latest(self.registry)
         if path == "/healthz":
             return "200 OK", "text/plain", b"ok\n"

@@ -30,8 +30,15 @@ from collections import deque
 from time import perf_counter
 from typing import Callable, NamedTuple
 
-from proxy.db.claims import claim_proof
-from proxy.db.layout import CHALLENGE_SQL, CLAIM_PARAM_OIDS, CLAIM_SQL
+from proxy.db.claims import claim_once_params, claim_proof
+from proxy.db.layout import (
+    CHALLENGE_SQL,
+    CLAIM_ONCE_ONLY_SQL,
+    CLAIM_ONCE_PARAM_OIDS,
+    CLAIM_ONCE_SQL,
+    CLAIM_PARAM_OIDS,
+    CLAIM_SQL,
+)
 from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
@@ -70,6 +77,8 @@ ERROR_HELD = frozenset(b"E")
 SLICE = 32 * 1024  # a read path frames a chunk this many bytes at a time (Relay._sliced)
 _CLAIM_SQL = CLAIM_SQL.encode()
 _CHALLENGE_SQL = CHALLENGE_SQL.encode()
+_CLAIM_ONCE_SQL = CLAIM_ONCE_SQL.encode()
+_CLAIM_ONCE_ONLY_SQL = CLAIM_ONCE_ONLY_SQL.encode()
 _READY_TAIL = b"Z\x00\x00\x00\x05"
 
 
@@ -88,6 +97,10 @@ class Claim(NamedTuple):
     secret: str
     major: int  # 2 for a v2 host, 1 for a v1 host, 0 for a raw session on the host database
     buffer_limit: int  # proxy.claim_buffer_limit: bytes held from the client until the claim is done
+    # the claim_secret's salt, as an earlier challenge returned it: with it the claim takes one round trip (ADR 0013)
+    salt: str | None = None
+    # whether the session's role owns openwop_seat, as an earlier claim of the role found (None: ask the database)
+    owns: bool | None = None
 
 
 class Identity(NamedTuple):
@@ -120,6 +133,7 @@ class Relay:
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
                  "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
                  "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
+                 "claim_path", "owns_seen", "pooler_seen", "salt_seen",
                  "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
                  "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
                  "server_framer", "state", "stats", "transactions")
@@ -166,12 +180,16 @@ class Relay:
         self._claim = claim
         self.awaiting_ready = claim is not None  # the client's messages are held until the claim is done
         self.claiming = False  # the seat's own claim statement is in flight
-        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent
+        self._claim_phase = 0  # 1: the challenge is asked for; 2: the proof is sent; 3: the one-round-trip claim
+        self.claim_path = ""  # how the claim was made: "once", "challenge", or "challenge after <why once failed>"
+        self.salt_seen: str | None = None  # the salt a challenge returned (the session keeps it for the next claims)
+        self.owns_seen: bool | None = None  # whether the role owns openwop_seat, when this claim asked the database
+        self.pooler_seen = False  # the backend's pid is not the one BackendKeyData named: a pooler behind the seat
         self._claim_error: dict[str, str] | None = None
         self._claim_first: str | None = None
         self._claim_pid: bytes | None = None  # the backend's pid, as the challenge saw it
         self._owns_schema = False
-        self._held_ready = b""  # the server's first ReadyForQuery, held until the claim is done
+        self._held_ready = b""  # the server's first ReadyForQuery (and its chunk), held until the claim is done
         self._held_bytes = 0  # bytes held from the client until its claim is done
         self._pre_ready = bytearray()  # …of which an incomplete message
         self._backlog: list[bytes] = []
@@ -502,10 +520,12 @@ class Relay:
                     body = plain
             encoded = messages.message(bytes([t]), body)
             if t == READY_FOR_QUERY and self._claim is not None:
-                # Authenticated: before the client may speak, record who it is in the database.
-                self._held_ready = encoded
-                to_client += [messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:]]
-                to_server = self._send_challenge()
+                # Authenticated: before the client may speak, record who it is in the database. What the server
+                # sent in this chunk goes out with its ReadyForQuery once the claim is done: one write, not two.
+                self._held_ready = b"".join([*to_client, encoded,
+                                             *(messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:])])
+                to_client = []
+                to_server = self._send_claim()
                 break
             to_client.append(encoded)
         if not self.claiming and self.state.phase is not Phase.AUTHENTICATING:
@@ -515,6 +535,26 @@ class Relay:
         return b"".join(to_client), to_server
 
     # ------------------------------------------------------------------ the claim (ADR 0006)
+
+    def _send_claim(self) -> bytes:
+        """The claim in one round trip when the salt is known (ADR 0013), else the challenge (ADR 0006)."""
+        claim, pid = self._claim, self.state.backend_pid
+        if claim.salt is None or pid is None:
+            self.claim_path = "challenge"
+            return self._send_challenge()
+        self.claiming = True
+        self._claim_phase = 3
+        self.claim_path = "once"
+        values = [str(v).encode() for v in claim_once_params(claim.secret, claim.salt, pid, claim.major)]
+        params = b"".join(struct.pack("!i", len(v)) + v for v in values)
+        oids = struct.pack("!h", len(CLAIM_ONCE_PARAM_OIDS)) + b"".join(struct.pack("!I", o)
+                                                                       for o in CLAIM_ONCE_PARAM_OIDS)
+        self._owns_schema = bool(claim.owns)
+        sql = _CLAIM_ONCE_SQL if claim.owns is None else _CLAIM_ONCE_ONLY_SQL
+        return (messages.message(b"P", b"\x00" + sql + b"\x00" + oids)
+                + messages.message(b"B", b"\x00\x00\x00\x00" + struct.pack("!h", len(values)) + params + b"\x00\x00")
+                + messages.message(b"E", b"\x00\x00\x00\x00\x00")
+                + messages.message(b"S"))
 
     def _send_challenge(self) -> bytes:
         """Ask the backend for a challenge; the answer's proof is sent by :meth:`_claim_answer`."""
@@ -541,36 +581,46 @@ class Relay:
     def _claim_answer(self, t: int, body: bytes) -> bytes | None:
         """One message of the claim's answer. None until its ReadyForQuery; then the next claim message to send
         (b"" when the claim is over, :attr:`claiming` false and :attr:`ending` set if it failed)."""
-        if t == DATA_ROW:  # phase 1: (salt:challenge, backend pid); phase 2: (claim, owns openwop_seat)
+        if t == DATA_ROW:  # 1: (salt:challenge, backend pid); 2: (claim, owns openwop_seat); 3: (verdict, owns)
             values = messages.parse_data_row(body)
             first = values[0] if values else None
             self._claim_first = first.decode("utf-8", "replace") if first is not None else None
             if self._claim_phase == 1:
                 self._claim_pid = values[1] if len(values) > 1 else None
             else:
-                self._owns_schema = len(values) > 1 and values[1] == b"t"
+                if len(values) > 1:
+                    self._owns_schema = self.owns_seen = values[1] == b"t"
         elif t == ERROR_RESPONSE:
             self._claim_error = messages.parse_error_fields(body)
         if t != READY_FOR_QUERY:
             return None
         error, first = self._claim_error, self._claim_first
         self._claim_error = self._claim_first = None
+        if self._claim_phase == 3:
+            if error is None and first == "ok":
+                return self._claimed()
+            if error is None and first is not None and first.startswith("pooler "):
+                self.pooler_seen = True
+                self._claim_pid = first[len("pooler "):].encode()
+                if self.reader is not None or self._claim.major == 2:
+                    return self._pooler_ending()
+            # Not claimed, nothing recorded: the challenge says why, or claims (the seat's clock is off, a crash
+            # emptied claims, the salt changed, a pooler sits behind the seat for a raw or other session).
+            why = "error" if error is not None else (first or "").split(" ")[0]
+            if why not in ("error", "clock", "ledger", "pooler", "replay"):
+                why = "refused"  # the wrong secret (a salt learnt before migrate replaced it), no secret, …
+            self.claim_path = f"challenge after {why}"
+            return self._send_challenge()
         if error is None and self._claim_phase == 1:
             if first is None or ":" not in first:
                 error = {"C": "XX000", "M": "openwop_seat.claim_challenge() returned no challenge"}
             elif self._behind_pooler() and (self.reader is not None or self._claim.major == 2):
-                # Its backends outlive this session (and, pooling transactions, change under it): a claim would
-                # be carried to other clients, and the plans prepared once per session lost. Refused before the
-                # claim is made, so nothing is recorded on that backend.
-                self.claiming = False
-                self.ending = Ending(
-                    "08004", "openwop-seat is connected to PostgreSQL through a connection pooler (the backend's "
-                             f"pid {self._claim_pid.decode(errors='replace') if self._claim_pid else '?'} is not "
-                             f"the pid {self.state.backend_pid} the server's BackendKeyData named): translated and "
-                             "v2 sessions are refused in this arrangement; put the pooler in front of the seat "
-                             "(see docs/operations.md)", "pooler between the seat and PostgreSQL", "pooler_behind")
-                return b""
+                self.pooler_seen = True
+                return self._pooler_ending()
             else:
+                if self._behind_pooler():
+                    self.pooler_seen = True
+                self.salt_seen = first.partition(":")[0]
                 return self._send_proof(first)
         self.claiming = False
         self.awaiting_ready = False
@@ -579,10 +629,28 @@ class Relay:
                                  f"openwop-seat could not record this session's major: {error.get('M')}",
                                  "claim failed", "claim_failed")
             return b""
+        return self._claimed()
+
+    def _claimed(self) -> bytes:
+        self.claiming = False
+        self.awaiting_ready = False
         superuser = self.state.server_params.get("is_superuser") == "on"
         if superuser or self._owns_schema:
             # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
             self.privileged = "superuser" if superuser else "owns openwop_seat"
+        return b""
+
+    def _pooler_ending(self) -> bytes:
+        # Its backends outlive this session (and, pooling transactions, change under it): a claim would be carried
+        # to other clients, and the plans prepared once per session lost. Refused before the claim is made, so
+        # nothing is recorded on that backend.
+        self.claiming = False
+        self.ending = Ending(
+            "08004", "openwop-seat is connected to PostgreSQL through a connection pooler (the backend's "
+                     f"pid {self._claim_pid.decode(errors='replace') if self._claim_pid else '?'} is not "
+                     f"the pid {self.state.backend_pid} the server's BackendKeyData named): translated and "
+                     "v2 sessions are refused in this arrangement; put the pooler in front of the seat "
+                     "(see docs/operations.md)", "pooler between the seat and PostgreSQL", "pooler_behind")
         return b""
 
     def _behind_pooler(self) -> bool:

@@ -39,6 +39,10 @@ REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", 
                    "42601": "forbidden_setting", "08P01": "protocol_violation", "57P01": "shutting_down",
                    "57P03": "writer_rule_not_in_force", "OW009": "client_encoding"}
 
+# How long the seat takes a role's ownership of openwop_seat, as a claim found it, for known (the claims in between
+# leave out that question: ADR 0013).
+OWNS_KNOWN_SECONDS = 60.0
+
 # What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
 # read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
 OWED_BYTES = 64
@@ -230,6 +234,8 @@ class Session:
             return
         self.major = self.config.major_for(self.params)
         stats = self.server.stats
+        if self.server.on_host_database(self.params):  # a count only: the heartbeat writes it (docs/lifecycle.md)
+            stats.majors_seen[(self.major, self.params["user"])] += 1
         self.label_pair = stats.label_pair(self.params["database"], self.params["user"],
                                            self.config.database_user_labels)
         stats.pair_sessions[self.label_pair] += 1
@@ -260,15 +266,20 @@ class Session:
                 # The seat's schema may not exist yet: nothing to claim with. The read path refuses every statement
                 # that reads or writes event rows; the session ends once the rules come into force.
                 self.first_boot = reader is not None
-            else:
-                # Every session on the host database is claimed (2: a v2 host, 1: a v1 host, 0: raw, whose reads
-                # the net of ADR 0009 leaves alone), so a backend reused behind a pooler never keeps an earlier
-                # session's major.
+            elif self.major in (1, 2) or self.server.upstream_pooler:
+                # Sessions of major 1 and 2 are claimed. A raw session is relayed byte for byte, unclaimed: on a
+                # fresh backend that is what a claim of 0 records (a v1 writer whose reads the net of ADR 0009
+                # leaves alone). Once this seat has seen a pooler behind it, whose backends outlive its sessions,
+                # raw sessions are claimed as 0 too, so that they never keep an earlier session's major (ADR 0013).
+                known = self.server.claim_owners.get(self.params["user"])
                 claim = Claim(self.server.claim_secret, self.major if self.major in (1, 2) else 0,
-                              self.config.claim_buffer_limit)
+                              self.config.claim_buffer_limit, self.server.claim_salt,
+                              known[0] if known is not None and time.monotonic() - known[1] < OWNS_KNOWN_SECONDS
+                              else None)
         identity = None
-        if claim is not None and any(r.application_name is not None or r.user is not None
-                                     for r in self.config.clients):
+        followed = claim is not None or (self.major == "raw" and self.server.on_host_database(self.params)
+                                         and not self.server.first_boot)  # raw: unclaimed, still on the host database
+        if followed and any(r.application_name is not None or r.user is not None for r in self.config.clients):
             # a rule keys on what a client may change mid-session: follow what the server reports
             identity = Identity(dict(self.params), self.major, self.config.major_for)
         # Statements are counted against their ReadyForQuery (count_answered) so that idleness can be told at any
@@ -354,6 +365,16 @@ class Session:
 
     def _claim_progress(self, relay: Relay) -> None:
         """The claim started (stop reading the client: its kernel buffer holds what it sends), or ended."""
+        # ADR 0013: the salt for the next one-round-trip claims, a pooler seen behind the seat, a role's ownership
+        if relay.salt_seen is not None:
+            self.server.claim_salt = relay.salt_seen
+        if relay.pooler_seen:
+            self.server.upstream_pooler = True
+        if relay.owns_seen is not None:
+            owners = self.server.claim_owners
+            if len(owners) >= 1000:  # a bound: the roles that connect are few
+                owners.clear()
+            owners[self.params["user"]] = (relay.owns_seen, time.monotonic())
         if relay.claiming and not self._reading_paused:
             self._reading_paused = True
             self._hold_client("claim", True)
@@ -361,6 +382,8 @@ class Session:
         if relay.awaiting_ready:
             return
         self._claim_open = False
+        if relay.claim_path:
+            self.server.stats.claims[relay.claim_path] += 1
         if self._claim_timer is not None:
             self._claim_timer.cancel()
             self._claim_timer = None

@@ -51,7 +51,9 @@ LINK_LIMIT = 64 << 20  # the longest answer line a worker sends over its link (S
 # Per-worker gauges whose sum means nothing (a setting, a flag): the supervisor exports their maximum.
 MAX_OVER_WORKERS = frozenset({"openwop_seat_buffer_limit_bytes", "openwop_seat_paused",
                               "openwop_seat_writer_rule_broken", "openwop_seat_first_boot",
-                              "openwop_seat_parse_cache_capacity_bytes"})
+                              "openwop_seat_parse_cache_capacity_bytes",
+                              # read by every worker from the one database (and the cutover_* gauges likewise)
+                              "openwop_seat_runs_stamped_created", "openwop_seat_appends_translated"})
 RESTART_MIN_DELAY = 0.1
 RESTART_MAX_DELAY = 10.0
 STABLE_AFTER = 10.0  # a worker that ran this long resets the restart backoff
@@ -488,11 +490,11 @@ class Supervisor:
                     key = (s.name, tuple(sorted(s.labels.items())))
                     if fam.name.endswith("_info"):
                         entry[2][key] = s.value
-                    elif fam.name in MAX_OVER_WORKERS:
+                    elif fam.name in MAX_OVER_WORKERS or fam.name.startswith("openwop_seat_cutover_"):
                         entry[2][key] = max(entry[2].get(key, s.value), s.value)
                     else:
                         entry[2][key] = entry[2].get(key, 0.0) + s.value
-                    if fam.type == "counter":
+                    if fam.type == "counter" and fam.name not in MAX_OVER_WORKERS:  # a database's: not a worker's
                         counters[(fam.name, fam.documentation, key)] = s.value
             worker.counters = counters
         for (name, doc, key), value in self.retired.items():

@@ -241,6 +241,14 @@ def render(facts: SeatFacts, rows: list[Row], today: datetime.date) -> str:
         "(`openwop-seat pinned-runs`).",
         "- A disposition is not changed during the migration: a change is a new ADR.",
         "",
+        "## Retire record",
+        "",
+        "TODO once the seat is retired: append the addendum `openwop-seat retire` prints (`--adr FILE` writes it "
+        "to a file): what was retired and when, the artifact and declarations digests in force, the runs by era and "
+        "how they became era 3, the era-2 runs left v1-only, the writer counters, the last v1 writer seen, and what "
+        "was kept as evidence (docs/lifecycle.md). If the seat is uninstalled instead, say so here, with the era-3 "
+        "runs `uninstall --keep-era3` listed.",
+        "",
     ]
     return "\n".join(lines)
 

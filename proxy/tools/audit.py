@@ -447,6 +447,21 @@ def declarations_lines(decl) -> list[str]:
 AUDIT_PRIVILEGES = {"events": ("SELECT",), "runs": ("SELECT",)}
 
 
+async def record_verdict(conn, report, artifacts, declarations) -> bool:
+    """Record the verdict in ``openwop_seat.audit_verdicts`` (``status`` shows the last one) when this role may
+    insert there (the owner of openwop_seat); True when recorded."""
+    table = f"{SCHEMA}.audit_verdicts"
+    if not await conn.fetchval("SELECT CASE WHEN pg_catalog.to_regclass($1) IS NULL THEN false "
+                               "ELSE pg_catalog.has_table_privilege($1, 'INSERT') END", table):
+        return False
+    j = report.as_json(artifacts)
+    await conn.execute(f"INSERT INTO {table} (ok, summary, artifact_digest, declarations_digest) "
+                       f"VALUES ($1, $2::jsonb, $3, $4)", report.ok,
+                       orjson.dumps({"runs": j["runs"], "events": j["events"]}).decode(), artifacts.digest,
+                       declarations.digest)
+    return True
+
+
 def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int, progress: bool) -> int:
     """``openwop-seat audit``: print the report; exit 0 clean, 1 would fail or schema-invalid, 2 usage, 3 cannot
     audit."""
@@ -470,8 +485,10 @@ def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int,
         conn = await open_checked(dsn, config, artifacts, "openwop-seat audit")
         try:
             await check_privileges(conn, config.host, "audit", AUDIT_PRIVILEGES)
-            return await run_audit(conn, config, artifacts, batch=batch, samples=samples,
-                                   progress=Progress("audit", enabled=progress), declarations=declarations)
+            report = await run_audit(conn, config, artifacts, batch=batch, samples=samples,
+                                     progress=Progress("audit", enabled=progress), declarations=declarations)
+            await record_verdict(conn, report, artifacts, declarations)
+            return report
         finally:
             await conn.close()
 

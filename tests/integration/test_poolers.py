@@ -3,7 +3,8 @@
 Behind the seat (seat -> PgBouncer -> PostgreSQL), a pooler's backends outlive the seat's sessions (session
 pooling) or change under them (transaction pooling), so a claim would reach other clients and the plans
 prepared once per session would be lost: the seat sees it (the challenge's backend pid is not the one the
-BackendKeyData named) and refuses translated and v2 sessions before anything is claimed; raw sessions pass.
+BackendKeyData named) and refuses translated and v2 sessions before anything is claimed; raw sessions pass,
+claimed as major 0 once the seat has seen the pooler (ADR 0013).
 
 In front of the seat (PgBouncer -> seat -> PostgreSQL), each of the pooler's server connections is a seat
 session whose major comes from what the pooler sends: safe when [[proxy.clients]] key on user or database.
@@ -85,9 +86,11 @@ def test_behind_the_seat_a_pooler_is_seen_and_translated_sessions_are_refused_be
                 psycopg.connect(dsn, autocommit=True).execute("SELECT 1")
             assert "through a connection pooler" in str(e.value)
         assert claims(pg) == before  # nothing recorded on the pooler's backends
-        # a raw session is relayed (its claim, major 1, is what an unclaimed session is anyway)
+        # a raw session is relayed; having seen the pooler, the seat claims it as 0 (ADR 0013), so that it never
+        # keeps an earlier session's major on the pooler's backend
         with psycopg.connect(seat.dsn(user=HOST, application_name="ops"), autocommit=True) as conn:
             assert conn.execute("SELECT count(*) >= 0 FROM events").fetchone() == (True,)
+            assert conn.execute("SELECT openwop_seat.session_major()").fetchone() == (0,)
         assert "pooler between the seat and PostgreSQL" in seat.log()
     finally:
         bouncer.stop()

@@ -22,7 +22,16 @@ import pytest
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
 from proxy.db.declarations_sql import SIGNATURE as DECLARED_V2
-from proxy.db.layout import LAYOUT_VERSION, STEPS, DigestMismatch, SchemaError, SchemaGap, SchemaMissing, SchemaTooNew
+from proxy.db.layout import (
+    LAYOUT_VERSION,
+    STEP_FUNCTIONS,
+    STEPS,
+    DigestMismatch,
+    SchemaError,
+    SchemaGap,
+    SchemaMissing,
+    SchemaTooNew,
+)
 from proxy.db.migrate import migrate as db_migrate
 from proxy.db.migrate import verify as db_verify
 from proxy.db.reader_sql import era_sql, read_check_sql
@@ -115,7 +124,8 @@ def test_first_migrate_then_noop(pg, make_db):
     assert m["updated_at"]
     functions = pg.psql("SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'openwop_seat'::regnamespace "
                         "ORDER BY 1::text", dbname=db).split()
-    assert sorted(functions) == sorted(f"openwop_seat.{f}".replace(" ", "") for f in (*FUNCTIONS, DECLARED_V2))
+    assert sorted(functions) == sorted(f"openwop_seat.{f}".replace(" ", "") for f in (*FUNCTIONS, DECLARED_V2,
+                                                                                      *STEP_FUNCTIONS))
     verify(pg, db)
 
     assert migrate(pg, db) == ["nothing to do"]

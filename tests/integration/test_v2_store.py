@@ -15,12 +15,14 @@ import os
 import re
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_projection_compiled import REFERENCE_HOST
 from test_projection_property import PROPERTY, rows
 
 from harness import HOST_SCHEMA, PASSWORD
@@ -32,26 +34,27 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = load_artifacts()
 FIXTURES = [ROOT / "tests" / "fixtures" / name / "cases.json"
             for name in ("payload-projection-v1", "payload-projection-v2")]
-REFERENCE_HOST = [
-    ("run.started", {"workflowId": "openwop-app.uppercase"}, None),
-    ("node.started", {}, "n1"),
-    ("node.completed", {"outputs": {"text": "T0-49"}}, "n1"),
-    ("memory.written", {"tags": ["a", "b"], "memoryId": "mem_1", "memoryRef": "tenant-memory"}, None),
-    ("run.completed", {"output": {"text": "HELLO SEAT"}}, None),
-    ("node.suspended", {"kind": "approval", "interruptId": "60f9a8"}, "n2"),
-]
 _names = itertools.count()
+
+
+@contextmanager
+def host_db(pg, suffix: str, config: Config = Config()):
+    """A database of its own: the host's tables and the seat's schema (migrate with ``config``); dropped after."""
+    name = f"ow_store_{suffix}_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        asyncio.run(db_migrate(pg.dsn(dbname=name), config, ARTIFACTS, out=lambda _line: None))
+        yield name
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
 
 
 @pytest.fixture(scope="module")
 def db(pg):
-    name = f"ow_store_{os.getpid()}"
-    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
-    pg.psql(f"CREATE DATABASE {name}")
-    pg.psql(HOST_SCHEMA, dbname=name)
-    asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
-    yield name
-    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    with host_db(pg, "m") as name:
+        yield name
 
 
 @pytest.fixture
@@ -265,21 +268,13 @@ def test_a_stamp_and_an_unstamp_take_the_run_out_of_the_store(conn):
 
 
 def test_truncate_empties_the_store(pg):
-    name = f"ow_store_t_{os.getpid()}"
-    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
-    pg.psql(f"CREATE DATABASE {name}")
-    try:
-        pg.psql(HOST_SCHEMA, dbname=name)
-        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
-        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
-            run = new_run(c, REFERENCE_HOST[:3])
-            fill(c, run)
-            c.execute("TRUNCATE events")
-            assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_store").fetchone()[0] == 0
-            assert not filled(c, run)
-            assert same(c, run) == ("ok", [])
-    finally:
-        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    with host_db(pg, "t") as name, psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+        run = new_run(c, REFERENCE_HOST[:3])
+        fill(c, run)
+        c.execute("TRUNCATE events")
+        assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_store").fetchone()[0] == 0
+        assert not filled(c, run)
+        assert same(c, run) == ("ok", [])
 
 
 def test_with_a_store_trigger_disabled_every_read_is_live(conn):
@@ -300,42 +295,26 @@ def test_with_a_store_trigger_disabled_every_read_is_live(conn):
 
 
 def test_migrate_installing_again_empties_the_store(pg):
-    name = f"ow_store_m_{os.getpid()}"
-    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
-    pg.psql(f"CREATE DATABASE {name}")
-    try:
-        pg.psql(HOST_SCHEMA, dbname=name)
-        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
-        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
-            run = new_run(c, REFERENCE_HOST[:3])
-            fill(c, run)
-            decl = ROOT / "config" / "reference-host-declarations.toml"
-            said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(declarations_file=str(decl))),
-                                          ARTIFACTS, out=lambda _line: None))
-            assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
-            assert not filled(c, run) and stored(c, run) == 0
-            got = same(c, run)
-            assert '"typeId": "legacy.unrecorded"' in got[1][1][-1]  # the declarations apply, live
-            fill(c, run)
-            assert same(c, run) == got
-    finally:
-        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    with host_db(pg, "i") as name, psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+        run = new_run(c, REFERENCE_HOST[:3])
+        fill(c, run)
+        decl = ROOT / "config" / "reference-host-declarations.toml"
+        said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(declarations_file=str(decl))),
+                                      ARTIFACTS, out=lambda _line: None))
+        assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
+        assert not filled(c, run) and stored(c, run) == 0
+        got = same(c, run)
+        assert '"typeId": "legacy.unrecorded"' in got[1][1][-1]  # the declarations apply, live
+        fill(c, run)
+        assert same(c, run) == got
 
 
 def test_without_the_store_events_m2_is_the_live_view(pg):
-    name = f"ow_store_off_{os.getpid()}"
-    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
-    pg.psql(f"CREATE DATABASE {name}")
-    try:
-        pg.psql(HOST_SCHEMA, dbname=name)
-        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(host=HostConfig(store=False)), ARTIFACTS,
-                               out=lambda _line: None))
+    with host_db(pg, "off", Config(host=HostConfig(store=False))) as name:
         assert pg.psql("SELECT to_regclass('openwop_seat.events_v2_store') IS NULL, "
                        "to_regclass('openwop_seat.events_m2_live') IS NULL, "
                        "(SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'zz_openwop_seat_store%')",
                        dbname=name).strip() == "t|t|0"
-    finally:
-        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
 
 
 def test_the_store_is_not_readable_by_the_host_role_and_pending_names_no_run_to_a_role_without_runs(pg, db, conn):

@@ -3,7 +3,7 @@
 test_writer_rule.py checks the rule in the database with sessions that claim
 their major themselves.  Here the seat claims each session right after
 authentication (major 2 by default; ``application_name`` ``v1-host`` is major
-1 and ``ops`` is raw, which the seat claims as major 1 too), and the clients
+1 and ``ops`` is raw, which the seat relays unclaimed: ADR 0013), and the clients
 are the host's own role (``host_user``: not a superuser, not the owner of
 ``openwop_seat``) speaking through real drivers: psycopg 3 and asyncpg for
 every case, node-postgres with the host's append path for appends.  A
@@ -36,7 +36,7 @@ import pytest
 
 from harness import CLAIM_SECRET
 from proxy.artifacts.load import load_artifacts
-from proxy.db.layout import CLAIM_SQL
+from proxy.db.layout import CLAIM_ONCE_ONLY_SQL, CLAIM_ONCE_SQL, CLAIM_SQL
 from proxy.errors import ERRORS
 
 A = load_artifacts()
@@ -313,8 +313,8 @@ def test_major1_and_raw_sessions_stamp_nothing(wseat, pg, host_function, driver,
     values, many, copied, by_fn = rid(), [rid(), rid()], rid("copy"), rid("fn")
     conn = via(wseat, driver, major)
     try:
-        # raw is claimed as major 0 (a v1 writer whose reads are not translated: ADR 0009)
-        assert conn.q("SELECT openwop_seat.session_major()") == [(1 if major == 1 else 0,)]
+        # raw is relayed unclaimed (ADR 0013): a v1 writer whose reads are not translated, as a claim of 0 records
+        assert conn.q("SELECT openwop_seat.session_major()") == [(1 if major == 1 else None,)]
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", values)
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't'), (%s, 't')", *many)
         conn.copy_runs([copied])
@@ -717,6 +717,7 @@ SEAT_SPOOFS = [
     ("SET openwop_seat.major = '2'", "SET openwop_seat.major: openwop_seat.* settings belong to the seat"),
     ("SELECT set_config('openwop_seat.major', '2', false)", "set_config('openwop_seat.major', …)"),
     ("SELECT openwop_seat.claim('a-guess-at-the-secret', 2)", "openwop_seat.claim is called by the seat itself"),
+    ("SELECT openwop_seat.claim_once(1, 2, 'n', 2, 'guess')", "openwop_seat.claim_once is called by the seat itself"),
     ("SELECT 1; SET openwop_seat.major = '2'", "SET openwop_seat.major"),
 ]
 
@@ -757,7 +758,7 @@ def test_raw_session_spoofs_reach_the_database_and_claim_nothing(wseat, pg, driv
         conn.q("SELECT set_config('openwop_seat.major', '2', false)")
         err = refused(lambda: conn.q("SELECT openwop_seat.claim(%s, 2)", WRONG), "42501")
         assert err.message == "openwop_seat.claim: wrong secret"
-        assert conn.q("SELECT openwop_seat.session_major()") == [(0,)]
+        assert conn.q("SELECT openwop_seat.session_major()") == [(None,)]  # relayed unclaimed (ADR 0013)
         conn.q("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 't')", run)
         refused(lambda: append(conn, e3, 7, "agent.reasoning-delta"), "OW005")
     finally:
@@ -921,14 +922,15 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
         # the first session has run nothing yet: its last statement is the seat's claim, the secret bound
         idle = sessions[0].conn.info.backend_pid
         rows = dict(sql1(pg, "SELECT pid, query FROM pg_stat_activity"))
-        assert redacted(rows[idle]) == CLAIM_SQL
+        # the challenge's, or the one-round-trip claim (without pg_has_role when the seat knows the role's answer)
+        assert redacted(rows[idle]) in (CLAIM_SQL, CLAIM_ONCE_SQL, CLAIM_ONCE_ONLY_SQL)
         pids = [s.q("SELECT pg_backend_pid()")[0][0] for s in sessions]
         rows = dict(sql1(pg, "SELECT pid, query FROM pg_stat_activity"))
         assert set(pids) <= set(rows)
         leaked = any(q and CLAIM_SECRET in q for q in rows.values())
         assert not leaked, "the claim secret is in pg_stat_activity"
         claims = dict(sql1(pg, "SELECT pid, major FROM openwop_seat.claims WHERE pid = ANY(%s)", pids))
-        assert claims == {pids[0]: 2, pids[1]: 1, pids[2]: 0}  # claimed, all three (raw: 0)
+        assert claims == {pids[0]: 2, pids[1]: 1}  # claimed; the raw session is not (ADR 0013)
     finally:
         for s in sessions:
             s.close()
@@ -936,7 +938,7 @@ def test_the_secret_never_reaches_pg_stat_activity_the_log_or_the_tables(wseat, 
     row = sql1(pg, "SELECT to_jsonb(s) FROM openwop_seat.claim_secret s")
     assert len(row) == 1
     (doc,), = row
-    assert set(doc) == {"hash", "salt"}
+    assert set(doc) == {"hash", "salt", "hmac_ipad", "hmac_opad"}  # the pads: the key padded for the HMAC
     assert doc["hash"] == hashlib.sha256((doc["salt"] + CLAIM_SECRET).encode()).hexdigest()
     for where, text in (("openwop_seat.claim_secret", json.dumps(doc)), ("the server log", read(pg.logfile)),
                         ("the seat's log", wseat.log())):
@@ -1010,16 +1012,26 @@ def test_a_client_learns_nothing_of_the_secret_from_its_claim_and_cannot_replay_
             leaked = value in text
             assert not leaked, f"{name} is in {where}"
     assert seen == []  # nothing of the spy's ran in the claim
-    assert "openwop_seat.claim_challenge" in log  # the server did log the spy's backend's statements
+    # the server did log the spy's backend's statements: the claim in one round trip, or the challenge
+    assert "openwop_seat.claim_once" in log or "openwop_seat.claim_challenge" in log
     # What the log did show (the challenge, the proof) claims nothing on another backend, nor again on this one.
     proofs = re.findall(r"\$1 = '([0-9a-f]{64})'", log)
-    assert proofs, "the claim's proof was expected in a log that records every parameter"
+    once = re.findall(r"\$1 = '(\d+)', \$2 = '(\d+)', \$3 = '([0-9a-f]+)', \$4 = '(\d)', \$5 = '([0-9a-f]{64})'", log)
+    assert proofs or once, "the claim's proof was expected in a log that records every parameter"
     with psycopg.connect(pg.dsn(user=SPY), autocommit=True) as direct:
         for proof in proofs:
             direct.execute("SELECT openwop_seat.claim_challenge()")
             with pytest.raises(psycopg.Error) as info:
                 direct.execute("SELECT openwop_seat.claim(%s, 2)", (proof,))
             assert info.value.sqlstate == "42501"
+        for pid, at_us, nonce, major, proof in once:
+            verdict = direct.execute("SELECT openwop_seat.claim_once(%s, %s, %s, %s, %s)",
+                                     (int(pid), int(at_us), nonce, int(major), proof)).fetchone()[0]
+            assert verdict != "ok"
+            # the same proof made out for this backend's pid: the HMAC does not hold
+            verdict = direct.execute("SELECT openwop_seat.claim_once(%s, %s, %s, %s, %s)",
+                                     (direct.info.backend_pid, int(at_us), nonce, int(major), proof)).fetchone()[0]
+            assert verdict == "wrong secret"
         assert direct.execute("SELECT openwop_seat.session_major()").fetchone() == (None,)
 
 

@@ -7,11 +7,12 @@ exchange is fed whole, in two pieces at every split, and byte by byte; the resul
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 
 from proxy.config import HostConfig
-from proxy.db.claims import claim_proof
+from proxy.db.claims import claim_once_proof, claim_proof
 from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import EventColumns, ReadPath
 from proxy.serve.relay import Claim, Identity, Relay
@@ -148,8 +149,8 @@ def test_the_claim_runs_before_the_client_may_speak(how, major):
     relay = claimed(major)
     # the client pipelines a query behind its startup packet: held, not sent
     assert client(relay, QUERY, how) == b""
-    to_client, to_server = server(relay, LOGIN, how)
-    assert to_client == LOGIN[:-len(READY)]  # the first ReadyForQuery is held
+    before, to_server = server(relay, LOGIN, how)
+    assert LOGIN.startswith(before) and before != LOGIN  # the first ReadyForQuery is held (with its chunk)
     challenge_sent(to_server)
     assert relay.claiming and relay.awaiting_ready
     to_client, to_server = server(relay, CHALLENGE_ANSWER, how)
@@ -160,9 +161,113 @@ def test_the_claim_runs_before_the_client_may_speak(how, major):
     assert struct.pack("!i", len(proof)) + proof + struct.pack("!i", 1) + str(major).encode() in bb
     assert SECRET.encode() not in to_server  # the proof, never the secret
     to_client, to_server = server(relay, CLAIM_ANSWER, how)
-    assert to_client == READY and to_server == QUERY  # the held ReadyForQuery, then what the client sent
+    assert before + to_client == LOGIN and to_server == QUERY  # the held ReadyForQuery, then what the client sent
     assert not relay.claiming and not relay.awaiting_ready and relay.privileged == ""
     assert relay.from_client(QUERY) is QUERY
+
+
+# ---------------------------------------------------------------- the claim in one round trip (ADR 0013)
+
+
+def once_answer(verdict: bytes, owns: bytes = b"f") -> bytes:
+    return msg(b"1") + msg(b"2") + row(verdict, owns) + msg(b"C", b"SELECT 1\x00") + READY
+
+
+def once_sent(to_server: bytes, major: int) -> list[bytes]:
+    """The one-round-trip claim's messages; its five parameters (pid, time, nonce, major, proof), checked."""
+    (p, pb), (b, bb), (e, _), (s, _) = messages_of(to_server)
+    assert (p, b, e, s) == (b"P", b"B", b"E", b"S") and b"openwop_seat.claim_once($1, $2, $3, $4, $5)" in pb
+    (count,) = struct.unpack_from("!h", bb, 4)
+    values, at = [], 6
+    for _ in range(count):
+        (n,) = struct.unpack_from("!i", bb, at)
+        values.append(bb[at + 4:at + 4 + n])
+        at += 4 + n
+    pid, at_us, nonce, m, proof = values
+    assert pid == b"4242" and m == str(major).encode() and len(nonce) == 32
+    assert abs(int(at_us) - time.time_ns() // 1000) < 10_000_000
+    assert proof.decode() == claim_once_proof(SECRET, "salt123", 4242, int(at_us), nonce.decode(), major)
+    assert SECRET.encode() not in to_server
+    return values
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "9"])
+@pytest.mark.parametrize("major", [0, 1, 2])
+def test_with_the_salt_known_the_claim_takes_one_round_trip(how, major):
+    relay = Relay(Stats(), claim=Claim(SECRET, major, 1 << 20, "salt123"))
+    assert client(relay, QUERY, how) == b""
+    before, to_server = server(relay, LOGIN, how)
+    assert LOGIN.startswith(before) and before != LOGIN
+    assert how != "whole" or before == b""  # a login in one chunk reaches the client in one write, after the claim
+    once_sent(to_server, major)
+    assert relay.claiming and relay.awaiting_ready
+    to_client, to_server = server(relay, once_answer(b"ok"), how)
+    assert before + to_client == LOGIN and to_server == QUERY
+    assert not relay.claiming and not relay.awaiting_ready and relay.claim_path == "once"
+
+
+@pytest.mark.parametrize("owns", [None, True, False])
+def test_a_roles_ownership_of_the_schema_is_asked_only_when_not_known(owns):
+    relay = Relay(Stats(), claim=Claim(SECRET, 2, 1 << 20, "salt123", owns))
+    (_, pb), *_ = messages_of(server(relay, LOGIN)[1])
+    assert (b"pg_has_role" in pb) is (owns is None)
+    answer = once_answer(b"ok", b"t") if owns is None else (msg(b"1") + msg(b"2") + row(b"ok")
+                                                             + msg(b"C", b"SELECT 1\x00") + READY)
+    server(relay, answer)
+    assert relay.owns_seen is (True if owns is None else None)
+    assert relay.privileged == ("owns openwop_seat" if owns in (None, True) else "")
+
+
+def test_two_claims_never_share_a_nonce():
+    nonces = set()
+    for _ in range(20):
+        relay = Relay(Stats(), claim=Claim(SECRET, 2, 1 << 20, "salt123"))
+        nonces.add(once_sent(server(relay, LOGIN)[1], 2)[2])
+    assert len(nonces) == 20
+
+
+@pytest.mark.parametrize("verdict", [b"clock", b"ledger", b"replay", b"wrong secret", b"pooler 777"])
+def test_a_one_round_trip_claim_the_database_does_not_take_falls_back_to_the_challenge(verdict):
+    relay = Relay(Stats(), claim=Claim(SECRET, 1 if verdict.startswith(b"pooler") else 2, 1 << 20, "salt123"))
+    client(relay, QUERY)
+    server(relay, LOGIN)
+    to_client, to_server = server(relay, once_answer(verdict))
+    assert to_client == b"" and relay.claiming and relay.ending is None
+    challenge_sent(to_server)
+    answer = POOLED_ANSWER if verdict.startswith(b"pooler") else CHALLENGE_ANSWER
+    to_client, to_server = server(relay, answer)
+    server(relay, CLAIM_ANSWER)
+    assert not relay.awaiting_ready and relay.ending is None
+    why = "refused" if verdict == b"wrong secret" else verdict.split()[0].decode()
+    assert relay.claim_path == f"challenge after {why}"
+    assert relay.salt_seen == "salt123"
+    assert relay.pooler_seen is verdict.startswith(b"pooler")
+
+
+def test_an_error_in_the_one_round_trip_claim_falls_back_to_the_challenge():
+    relay = Relay(Stats(), claim=Claim(SECRET, 2, 1 << 20, "salt123"))
+    server(relay, LOGIN)
+    to_client, to_server = server(relay, msg(b"1") + error("42883", "function does not exist") + READY)
+    challenge_sent(to_server)
+    assert relay.claim_path == "challenge after error"
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_pooler_behind_the_seat_ends_a_v2_or_translated_session_without_a_second_try(major):
+    reader = ReadPath(Classifier(HostConfig(), 1), 1, EVENTS) if major == 1 else None
+    relay = Relay(Stats(), claim=Claim(SECRET, major, 1 << 20, "salt123"), reader=reader)
+    server(relay, LOGIN)
+    to_client, to_server = server(relay, once_answer(b"pooler 777"))
+    assert to_server == b"" and relay.ending is not None and relay.ending.kind == "pooler_behind"
+    assert "777" in relay.ending.message and relay.pooler_seen
+
+
+def test_without_the_salt_the_first_claim_asks_for_a_challenge_and_learns_it():
+    relay = claimed()
+    challenge_sent(server(relay, LOGIN)[1])
+    server(relay, CHALLENGE_ANSWER)
+    server(relay, CLAIM_ANSWER)
+    assert relay.claim_path == "challenge" and relay.salt_seen == "salt123"
 
 
 def test_password_messages_go_through_while_the_server_authenticates():
@@ -173,7 +278,7 @@ def test_password_messages_go_through_while_the_server_authenticates():
     to_client, to_server = server(relay, LOGIN)
     challenge_sent(to_server)
     server(relay, CHALLENGE_ANSWER)
-    assert server(relay, CLAIM_ANSWER) == (READY, QUERY)
+    assert server(relay, CLAIM_ANSWER) == (LOGIN, QUERY)  # the login's chunk, held with its ReadyForQuery
 
 
 def test_a_superuser_or_the_schema_owner_is_reported_as_privileged():

@@ -86,6 +86,100 @@ COMMENT ON COLUMN openwop_seat.claims.major IS
     '2: a v2 host; 1: a v1 host (reads translated); 0: a raw session (a v1 writer that reads as stored); '
     'NULL: a challenge without a claim yet';
 
+-- ==== layout step 8: claims: the seat time of a pid's last one-round-trip claim; claim_secret: the HMAC key's pads
+-- claim_once (ADR 0013): a pid's claims row keeps the seat's time of its last one-round-trip claim (a proof is good
+-- once: a later claim of the pid must come with a later time), and the row of pid 0 says since when claims is
+-- complete (-infinity; claims is UNLOGGED, and claim_once writes that row again when a crash has emptied it)
+ALTER TABLE openwop_seat.claims ADD COLUMN seat_time bigint;
+COMMENT ON COLUMN openwop_seat.claims.seat_time IS
+    'the seat''s time (µs since 1970) of the last one-round-trip claim of this pid: the next must be later';
+INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at) VALUES (0, '-infinity', NULL, now())
+ON CONFLICT (pid) DO NOTHING;
+-- the HMAC key (hash, 32 bytes) zero-padded to SHA-256's 64-byte block and XOR-ed with the pads, for claim_once
+ALTER TABLE openwop_seat.claim_secret
+    ADD COLUMN hmac_ipad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 1, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 65, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 129, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('36', 32))::bit(256), 193, 64)::bigint), 16, '0')
+        || repeat('36', 32), 'hex')) STORED,
+    ADD COLUMN hmac_opad bytea GENERATED ALWAYS AS (decode(lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 1, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 65, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 129, 64)::bigint), 16, '0')
+        || lpad(to_hex(substring(('x' || hash)::bit(256) # ('x' || repeat('5c', 32))::bit(256), 193, 64)::bigint), 16, '0')
+        || repeat('5c', 32), 'hex')) STORED;
+
+-- ==== layout step 9: add seats, sessions_seen and audit_verdicts (the cutover's progress: who connected, which seat serves, audit's verdicts) and their writers seen() and live_claims()
+CREATE TABLE openwop_seat.seats (
+    seat text PRIMARY KEY,
+    started_at timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    version text NOT NULL,
+    reported_by name NOT NULL,
+    stopped_at timestamptz
+);
+COMMENT ON TABLE openwop_seat.seats IS
+    'each seat process''s heartbeat (every few seconds while it serves) and when it stopped serving; written only '
+    'by openwop_seat.seen';
+GRANT SELECT ON openwop_seat.seats TO PUBLIC;
+CREATE TABLE openwop_seat.sessions_seen (
+    major text NOT NULL CHECK (major IN ('1', '2', 'raw')),
+    usename text NOT NULL,
+    first_seen timestamptz NOT NULL,
+    last_seen timestamptz NOT NULL,
+    sessions bigint NOT NULL CHECK (sessions >= 0),
+    last_seat text NOT NULL,
+    PRIMARY KEY (major, usename)
+);
+COMMENT ON TABLE openwop_seat.sessions_seen IS
+    'which majors have connected through a seat and when last (to within a heartbeat), per database user; '
+    'written only by openwop_seat.seen, never moved back';
+GRANT SELECT ON openwop_seat.sessions_seen TO PUBLIC;
+CREATE TABLE openwop_seat.audit_verdicts (
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    ok boolean NOT NULL,
+    summary jsonb NOT NULL,
+    artifact_digest text NOT NULL,
+    declarations_digest text NOT NULL,
+    by_role name NOT NULL DEFAULT current_user
+);
+COMMENT ON TABLE openwop_seat.audit_verdicts IS
+    'the verdict of each openwop-seat audit run by a role that may insert here (the owner of openwop_seat)';
+GRANT SELECT ON openwop_seat.audit_verdicts TO PUBLIC;
+CREATE FUNCTION openwop_seat.seen(p_seat text, p_started text, p_version text, p_majors jsonb,
+                                  p_stopping boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    -- A seat's heartbeat and its tally since the last one: [[major, user, new sessions], ...]. The time is the
+    -- database's, and last_seen only moves forward: a caller can add a sighting, never hide one. The last
+    -- beat of a seat that stops (p_stopping) says so, and a later beat of the same seat clears it.
+    INSERT INTO openwop_seat.seats AS s (seat, started_at, last_seen, version, reported_by, stopped_at)
+    VALUES (p_seat, p_started::timestamptz, pg_catalog.now(), p_version, session_user,
+            CASE WHEN p_stopping THEN pg_catalog.now() END)
+    ON CONFLICT (seat) DO UPDATE SET last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
+        version = EXCLUDED.version, reported_by = EXCLUDED.reported_by, stopped_at = EXCLUDED.stopped_at;
+    INSERT INTO openwop_seat.sessions_seen AS t (major, usename, first_seen, last_seen, sessions, last_seat)
+    SELECT m ->> 0, m ->> 1, pg_catalog.now(), pg_catalog.now(), GREATEST((m ->> 2)::bigint, 0), p_seat
+    FROM pg_catalog.jsonb_array_elements(COALESCE(p_majors, '[]'::jsonb)) AS m
+    WHERE (m ->> 0) IN ('1', '2', 'raw') AND (m ->> 1) IS NOT NULL
+    ON CONFLICT (major, usename) DO UPDATE SET last_seen = GREATEST(t.last_seen, EXCLUDED.last_seen),
+        sessions = t.sessions + EXCLUDED.sessions, last_seat = EXCLUDED.last_seat;
+    DELETE FROM openwop_seat.seats s WHERE s.last_seen < pg_catalog.now() - interval '7 days';
+END
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.seen(text, text, text, jsonb, boolean) TO PUBLIC;
+CREATE FUNCTION openwop_seat.live_claims()
+RETURNS TABLE (major smallint, sessions bigint) LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+    -- The claims of backends alive now (the same pid and start time in pg_stat_activity), by major.
+    SELECT c.major, count(*) FROM openwop_seat.claims c
+    JOIN pg_catalog.pg_stat_activity a ON a.pid = c.pid AND a.backend_start = c.backend_start
+    WHERE c.major IS NOT NULL GROUP BY c.major
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.live_claims() TO PUBLIC;
+
 -- ==== the operator's declarations (none: the default configuration)
 
 CREATE OR REPLACE FUNCTION openwop_seat.declared_v2(t2 text, p jsonb)
@@ -997,6 +1091,61 @@ BEGIN
 END
 $ow$;
 
+CREATE OR REPLACE FUNCTION openwop_seat.claim_once(pid integer, at_us bigint, nonce text, major integer, proof text)
+RETURNS text LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+WITH me AS (
+    SELECT s.hmac_ipad AS ipad, s.hmac_opad AS opad,
+           (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)
+               AS backend_start,
+           (EXTRACT(EPOCH FROM pg_catalog.statement_timestamp()) * 1000000)::bigint AS now_us,
+           (SELECT CASE WHEN pg_catalog.isfinite(c.backend_start)
+                        THEN (EXTRACT(EPOCH FROM c.backend_start) * 1000000)::bigint ELSE -4611686018427387904 END
+            FROM openwop_seat.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since_us
+    FROM (SELECT) one LEFT JOIN openwop_seat.claim_secret s ON true
+), verdict AS (
+    SELECT me.backend_start, me.since_us, CASE
+        WHEN claim_once.major IS NULL OR claim_once.major NOT IN (0, 1, 2)
+            THEN 'major must be 0 (raw), 1 or 2, got ' || coalesce(claim_once.major::text, 'NULL')
+        WHEN me.ipad IS NULL THEN 'no claim secret is installed: run openwop-seat migrate with '
+                                  'host.claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET'
+        WHEN claim_once.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+            THEN 'pooler ' || pg_catalog.pg_backend_pid()::text
+        WHEN me.backend_start IS NULL THEN 'the owner of openwop_seat cannot see this session''s backend_start '
+                                           '(GRANT pg_read_all_stats TO it)'
+        -- HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad
+        WHEN claim_once.at_us IS NULL OR claim_once.nonce IS NULL OR pg_catalog.length(claim_once.nonce) < 16
+             OR claim_once.proof IS DISTINCT FROM pg_catalog.encode(pg_catalog.sha256(me.opad || pg_catalog.sha256(
+                    me.ipad || pg_catalog.convert_to('openwop_seat.claim_once:' || claim_once.pid::text || ':'
+                                                     || claim_once.at_us::text || ':' || claim_once.nonce || ':'
+                                                     || claim_once.major::text, 'UTF8'))), 'hex')
+            THEN 'wrong secret'
+        WHEN claim_once.at_us < me.now_us - 60000000 OR claim_once.at_us > me.now_us + 60000000 THEN 'clock'
+        WHEN me.since_us IS NULL OR claim_once.at_us < me.since_us + 60000000 THEN 'ledger'
+        ELSE 'ok' END AS v
+    FROM me
+), restarted AS (
+    -- claims is UNLOGGED: after a crash it is empty, and complete only from now on
+    INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at)
+    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since_us IS NULL
+    ON CONFLICT (pid) DO NOTHING
+), claimed AS (
+    INSERT INTO openwop_seat.claims AS c (pid, backend_start, major, claimed_at, challenge, seat_time)
+    SELECT pg_catalog.pg_backend_pid(), verdict.backend_start, claim_once.major, pg_catalog.now(), NULL,
+           claim_once.at_us
+    FROM verdict WHERE verdict.v OPERATOR(pg_catalog.=) 'ok'
+    ON CONFLICT (pid) DO UPDATE
+        SET backend_start = EXCLUDED.backend_start, major = EXCLUDED.major, claimed_at = EXCLUDED.claimed_at,
+            challenge = NULL, seat_time = EXCLUDED.seat_time
+        WHERE c.seat_time IS NULL OR c.seat_time OPERATOR(pg_catalog.<) EXCLUDED.seat_time
+    RETURNING 1
+)
+SELECT CASE WHEN verdict.v OPERATOR(pg_catalog.<>) 'ok' THEN verdict.v
+            WHEN EXISTS (SELECT FROM claimed) THEN 'ok' ELSE 'replay' END
+FROM verdict
+$ow$;
+
 CREATE OR REPLACE FUNCTION openwop_seat.session_major()
 RETURNS smallint LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1467,6 +1616,7 @@ GRANT EXECUTE ON FUNCTION openwop_seat.era_now(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.returned_v2p(text, jsonb, text, bigint, text, text, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.claim(text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.claim_challenge() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION openwop_seat.claim_once(integer, bigint, text, integer, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.session_major() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION openwop_seat.run_lock_key(text) TO PUBLIC;
 REVOKE ALL ON FUNCTION openwop_seat.stamp_run(text, text) FROM PUBLIC;
@@ -3034,15 +3184,15 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(openwop_seat.run_lock_key(run)) THEN
         RETURN 'busy';
     END IF;
-    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
     DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
-    DELETE FROM openwop_seat.events_v2_store WHERE ("run_id")::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
     IF openwop_seat.era_now(run) OPERATOR(pg_catalog.=) 3 THEN
         RETURN 'era3';
     END IF;
     BEGIN
         INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
-        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE (openwop_seat_l."run_id")::text OPERATOR(pg_catalog.=) run;
+        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text;
     EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
         INSERT INTO openwop_seat.events_v2_refused (run_id) VALUES (run);
         RETURN 'refused';
@@ -3086,12 +3236,14 @@ BEGIN
         INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text)
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
-    DELETE FROM openwop_seat.events_v2_runs WHERE (run_id)::text OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
     DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
 END
 $ow$;
 REVOKE ALL ON FUNCTION openwop_seat.store_unmark(text) FROM PUBLIC;
 
+-- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
+-- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 CREATE OR REPLACE FUNCTION openwop_seat.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3108,22 +3260,6 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION openwop_seat.on_event_store() FROM PUBLIC;
 
--- run.started reads the run's tenant (ADR 0007): a runs row written or removed unmarks its run.
-CREATE OR REPLACE FUNCTION openwop_seat.on_run_store()
-RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $ow$
-BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
-        PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
-    END IF;
-    RETURN NULL;
-END
-$ow$;
-REVOKE ALL ON FUNCTION openwop_seat.on_run_store() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION openwop_seat.on_events_truncate_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3238,10 +3374,10 @@ CREATE OR REPLACE TRIGGER zz_openwop_seat_store AFTER INSERT OR UPDATE OR DELETE
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_truncate AFTER TRUNCATE ON "events" FOR EACH STATEMENT
     EXECUTE FUNCTION openwop_seat.on_events_truncate_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run AFTER INSERT OR DELETE ON "runs" FOR EACH ROW
-    EXECUTE FUNCTION openwop_seat.on_run_store();
+    EXECUTE FUNCTION openwop_seat.on_event_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_run_update AFTER UPDATE ON "runs" FOR EACH ROW
     WHEN (OLD."run_id" IS DISTINCT FROM NEW."run_id" OR OLD."tenant_id" IS DISTINCT FROM NEW."tenant_id")
-    EXECUTE FUNCTION openwop_seat.on_run_store();
+    EXECUTE FUNCTION openwop_seat.on_event_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_store_era AFTER INSERT OR UPDATE OR DELETE ON openwop_seat.run_era FOR EACH ROW
     EXECUTE FUNCTION openwop_seat.on_run_era_store();
 CREATE OR REPLACE TRIGGER zz_openwop_seat_delete_era3 AFTER DELETE ON "events" FOR EACH ROW

@@ -1,0 +1,115 @@
+"""A quick probe, not the benchmark: what a connect costs, and what a backend costs PostgreSQL in memory.
+
+    .venv/bin/python bench/connect_cost.py [--connects 200]
+
+Starts a throwaway PostgreSQL with the reference host's tables, migrates the seat's schema, and starts one
+seat (major 2 by default, major 1 for application_name ``v1-host``, raw for ``ops``). Then, one client after
+the other, ``--connects`` times per target: a psycopg connect, ``SELECT 1``, close; the median and the
+mean in ms. Last, the memory of a backend: the sum of ``pg_backend_memory_contexts.total_bytes`` (what
+PostgreSQL has allocated in that backend) read by the session itself, right after connect and after one
+100-row page of an era-2 run, direct and through the seat. One run, no alternation: ``make bench --only
+connect`` is the measurement; this tells a developer where the time and the memory go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench.seed import TURN, page_payload  # noqa: E402
+from harness import HOST_SCHEMA, render_config, wait_listening  # noqa: E402
+from proxy.dev.devcluster import DevCluster, free_port  # noqa: E402
+
+PAGE = "SELECT * FROM events WHERE run_id = 'run-1' AND sequence > 0 ORDER BY sequence LIMIT 100"
+MEMORY = "SELECT sum(total_bytes) FROM pg_backend_memory_contexts"
+
+
+def connects(dsn: str, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT 1").fetchone()
+        times.append((time.perf_counter() - t) * 1000)
+    return times
+
+
+def memory(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fresh = conn.execute(MEMORY).fetchone()[0]
+        rows = conn.execute(PAGE).fetchall()
+        if os.environ.get("CONNECT_COST_SHOW"):
+            print(len(rows), rows[0][3], rows[1][3], conn.execute(
+                "SELECT name, total_bytes FROM pg_backend_memory_contexts ORDER BY 2 DESC LIMIT 4").fetchall())
+        after = conn.execute(MEMORY).fetchone()[0]
+    return int(fresh), int(after)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connects", type=int, default=200)
+    args = parser.parse_args()
+    os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
+    tmp = Path(tempfile.mkdtemp(prefix="openwop-seat-connect-"))
+    cluster = DevCluster(settings={"fsync": "off", "synchronous_commit": "off"}).start()
+    seat = None
+    try:
+        cluster.psql(HOST_SCHEMA)
+        subprocess.run([sys.executable, "-m", "proxy", "migrate", "--dsn", cluster.dsn()], check=True,
+                       capture_output=True, cwd=ROOT)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:  # a page of the bench's turn, era 2
+            conn.cursor().executemany(
+                "INSERT INTO events VALUES (%s, 'run-1', %s, %s, 'n', %s::jsonb, now(), NULL)",
+                [(f"e{i}", i, TURN[(i - 1) % len(TURN)], json.dumps(page_payload(TURN[(i - 1) % len(TURN)], i)))
+                 for i in range(1, 101)])
+        port = free_port()
+        cfg = tmp / "seat.toml"
+        cfg.write_text(render_config({
+            "proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{cluster.port}", "workers": 1,
+                      "clients": [{"application_name": "v1-host", "major": 1},
+                                  {"application_name": "ops", "major": "raw"}]},
+            "host": {"dsn": cluster.dsn()}}))
+        seat = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(cfg)], cwd=ROOT,
+                                stderr=subprocess.DEVNULL)
+        wait_listening(port, seat)
+        base = "host=127.0.0.1 dbname=postgres user=postgres"
+        targets = {"direct": f"{base} port={cluster.port}", "seat major 2": f"{base} port={port}",
+                   "seat major 1": f"{base} port={port} application_name=v1-host",
+                   "seat raw": f"{base} port={port} application_name=ops"}
+        for dsn in targets.values():  # warm up: the seat's caches, the OS's
+            connects(dsn, 5)
+        direct = None
+        for name, dsn in targets.items():
+            times = connects(dsn, args.connects)
+            median = statistics.median(times)
+            direct = direct or median
+            print(f"{name:13} {args.connects} connects + SELECT 1: median {median:.2f} ms, mean "
+                  f"{statistics.fmean(times):.2f} ms, total {sum(times) / 1000:.2f} s ({median / direct:.2f}x direct)")
+        for name in ("direct", "seat major 2", "seat raw"):
+            samples = [memory(targets[name]) for _ in range(5)]
+            fresh = statistics.median(s[0] for s in samples)
+            after = statistics.median(s[1] for s in samples)
+            print(f"{name:13} backend memory: {fresh / 1024:.0f} KiB after connect, {after / 1024:.0f} KiB after a "
+                  f"100-row page")
+    finally:
+        if seat is not None:
+            seat.terminate()
+            seat.wait(20)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
