@@ -37,8 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = commands.add_parser(
         "config", help="validate a configuration file and print what it resolves to",
-        description="Load the configuration exactly as `serve` would and print the result; exit 2 if invalid.")
+        description="Load the configuration exactly as `serve` would and print every key as it resolves, as TOML "
+                    "(or JSON with --json), the password of host.dsn and the claim secret redacted; exit 2 naming "
+                    "every invalid key if invalid.")
     config.add_argument("--config", metavar="FILE", help=f"TOML configuration file (default: ${CONFIG_ENV})")
+    config.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     config.set_defaults(run=cmd_config)
 
     check = commands.add_parser(
@@ -253,7 +256,9 @@ def cmd_config(args: argparse.Namespace) -> int:
             load_declarations(config.host.declarations_file, load_artifacts())
         except DeclarationsError as e:
             raise ConfigError(f"host.declarations_file: {e}") from None
-    print(config)
+    from proxy.config import render_json, render_toml
+
+    sys.stdout.write(render_json(config) if args.json else render_toml(config))
     return 0
 
 
@@ -265,6 +270,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(config.log_format, config.log_level)
     if config.workers > 1 and args.worker is None:
         from proxy.serve.supervisor import run_supervisor
+
+        if config.translates:  # the workers' start checks, once here: a seat that cannot start says why once
+            from proxy.serve.listener import start_checks
+
+            try:
+                asyncio.run(start_checks(config))
+            except ConfigError:
+                raise  # main() reports it with exit status 2
+            except Exception as e:
+                if (why := describe(e, database="the host database (host.dsn)")) is None:
+                    raise
+                print(f"openwop-seat serve: {why}", file=sys.stderr)
+                return 1
 
         passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
         return run_supervisor(config, passed)
@@ -309,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except ConfigError as e:
-        print(f"openwop-seat: configuration error: {e}", file=sys.stderr)
+        print(f"openwop-seat: configuration error: {e}", file=sys.stderr)  # several: "N errors:" and one a line
         return 2
     except OSError as e:
         print(f"openwop-seat: {e}", file=sys.stderr)

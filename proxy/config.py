@@ -32,6 +32,17 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def missing_claim_secret(config: "Config") -> ConfigError | None:
+    """The error of a configuration that gives sessions major 2 without a claim secret (docs/operations.md)."""
+    why = config.gives_major_2
+    if why is None:
+        return None
+    return ConfigError(f"claim secret: none configured (host.claim_secret_file, else $OPENWOP_SEAT_CLAIM_SECRET), "
+                       f"but {why} gives sessions major 2, and a session writes as a v2 writer only once it is "
+                       f"claimed with the secret migrate installed: set one of them (see docs/writer-rule.md"
+                       f"#the-claim-secret), or give no session major 2")
+
+
 def parse_hostport(text: Any, key: str) -> HostPort:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{key}: expected \"HOST:PORT\", got {text!r}")
@@ -180,6 +191,19 @@ class Config:
         """Whether any session can get a translated major (1 or 2)."""
         return self.default_major != "raw" or any(rule.major != "raw" for rule in self.clients)
 
+    @property
+    def gives_major_2(self) -> str | None:
+        """The key that gives some session major 2 (``proxy.default_major`` or a ``proxy.clients[i]``), or None.
+
+        A major-2 session writes as a v2 writer only once it is claimed, which needs the claim secret: without one
+        its runs would be stored era 2 and its appends to era-3 runs refused, so ``serve`` refuses to start."""
+        if self.default_major == 2:
+            return "proxy.default_major = 2"
+        for i, rule in enumerate(self.clients):
+            if rule.major == 2:
+                return f"proxy.clients[{i}] (major = 2)"
+        return None
+
     def major_for(self, params: dict[str, str]) -> int | str:
         """The major of a session: the first matching client rule, else the default."""
         for rule in self.clients:
@@ -195,19 +219,10 @@ class Config:
         if listen:
             changes["listen"] = parse_hostport(listen, "--listen")
         if upstream:
-            changes["upstream"] = parse_hostport(upstream, "--upstream")
+            changes["upstream"] = _upstream(upstream, "--upstream")
         if metrics_listen:
             changes["metrics_listen"] = parse_hostport(metrics_listen, "--metrics-listen")
         return replace(self, **changes)
-
-
-def _take(table: dict[str, Any], section: str, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{section}] must be a table")
-    for key in table:
-        if key not in allowed:
-            raise ConfigError(f"unknown key {section}.{key}" if section else f"unknown key {key}")
-    return table
 
 
 def _major(value: Any, key: str) -> int | str:
@@ -254,171 +269,258 @@ def _existing_file(path: str, key: str, base: str | None) -> str:
     return path
 
 
+_BAD = object()  # a value that failed its check: its error is collected, the key is left at its default
+
+
+class _Errors:
+    """Collects every configuration error, so that one run names them all (not only the first)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def check(self, fn, *args) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.messages.append(str(e))
+            return _BAD
+
+    def add(self, message: str) -> None:
+        self.messages.append(message)
+
+    def set(self, out: dict[str, Any], key: str, fn, *args) -> None:
+        value = self.check(fn, *args)
+        if value is not _BAD:
+            out[key] = value
+
+    def raise_any(self) -> None:
+        if len(self.messages) == 1:
+            raise ConfigError(self.messages[0])
+        if self.messages:
+            raise ConfigError(f"{len(self.messages)} errors:\n" + "\n".join(f"  {m}" for m in self.messages))
+
+
+def _section(errors: _Errors, table: Any, section: str, allowed: set[str]) -> dict[str, Any]:
+    """``table`` with its unknown keys reported (each one), or {} when it is not a table."""
+    if not isinstance(table, dict):
+        errors.add(f"[{section}] must be a table" if section else "the configuration must be a table")
+        return {}
+    for key in table:
+        if key not in allowed:
+            errors.add(f"unknown key {section}.{key}" if section else f"unknown key {key}")
+    return table
+
+
+def _upstream(text: Any, key: str) -> HostPort:
+    """``proxy.upstream``: a TCP address. A Unix socket directory (libpq's host=/run/postgresql) is refused with
+    what to write instead: the seat reaches PostgreSQL over TCP only."""
+    if isinstance(text, str) and text.startswith(("/", "@")):
+        raise ConfigError(f"{key}: {text!r} looks like a Unix socket directory; the seat reaches PostgreSQL over "
+                          f"TCP only: give \"HOST:PORT\" (for a local server \"127.0.0.1:5432\", with a host line "
+                          f"for 127.0.0.1 in pg_hba.conf)")
+    hp = parse_hostport(text, key)
+    if hp.host.startswith(("/", "@")):
+        raise ConfigError(f"{key}: {hp.host!r} looks like a Unix socket directory; the seat reaches PostgreSQL "
+                          f"over TCP only: give \"HOST:PORT\"")
+    if hp.port == 0:
+        raise ConfigError(f"{key}: port 0 is not a port to connect to, got {text!r}")
+    return hp
+
+
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
-    _take(data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
-    proxy = _take(data.get("proxy", {}), "proxy",
-                  {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "shutdown_mode",
-                   "so_reuseport", "connect_timeout", "startup_timeout", "buffer_limit", "claim_buffer_limit",
-                   "max_client_conn", "client_idle_timeout", "workers", "plan_cache_bytes", "max_statement_bytes",
-                   "unix_socket_dir"})
+    """The configuration of ``data`` (a parsed TOML file); a ConfigError naming every invalid key at once."""
+    errors = _Errors()
+    _section(errors, data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
+    proxy = _section(errors, data.get("proxy", {}), "proxy",
+                     {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "shutdown_mode",
+                      "so_reuseport", "connect_timeout", "startup_timeout", "buffer_limit", "claim_buffer_limit",
+                      "max_client_conn", "client_idle_timeout", "workers", "plan_cache_bytes",
+                      "max_statement_bytes", "unix_socket_dir"})
     kwargs: dict[str, Any] = {"source": source}
+    put = errors.set
     if "listen" in proxy:
-        kwargs["listen"] = parse_hostport(proxy["listen"], "proxy.listen")
+        put(kwargs, "listen", parse_hostport, proxy["listen"], "proxy.listen")
     if "upstream" in proxy:
-        kwargs["upstream"] = parse_hostport(proxy["upstream"], "proxy.upstream")
+        put(kwargs, "upstream", _upstream, proxy["upstream"], "proxy.upstream")
     if "default_major" in proxy:
-        kwargs["default_major"] = _major(proxy["default_major"], "proxy.default_major")
+        put(kwargs, "default_major", _major, proxy["default_major"], "proxy.default_major")
     if "shutdown_timeout" in proxy:
-        kwargs["shutdown_timeout"] = _number(proxy["shutdown_timeout"], "proxy.shutdown_timeout", 0)
+        put(kwargs, "shutdown_timeout", _number, proxy["shutdown_timeout"], "proxy.shutdown_timeout", 0)
     if "shutdown_mode" in proxy:
-        kwargs["shutdown_mode"] = _choice(proxy["shutdown_mode"], "proxy.shutdown_mode", SHUTDOWN_MODES)
+        put(kwargs, "shutdown_mode", _choice, proxy["shutdown_mode"], "proxy.shutdown_mode", SHUTDOWN_MODES)
     if "so_reuseport" in proxy:
-        kwargs["so_reuseport"] = _bool(proxy["so_reuseport"], "proxy.so_reuseport")
+        put(kwargs, "so_reuseport", _bool, proxy["so_reuseport"], "proxy.so_reuseport")
     if "connect_timeout" in proxy:
-        kwargs["connect_timeout"] = _number(proxy["connect_timeout"], "proxy.connect_timeout", 0.001)
+        put(kwargs, "connect_timeout", _number, proxy["connect_timeout"], "proxy.connect_timeout", 0.001)
     if "startup_timeout" in proxy:
-        kwargs["startup_timeout"] = _number(proxy["startup_timeout"], "proxy.startup_timeout", 0.001)
+        put(kwargs, "startup_timeout", _number, proxy["startup_timeout"], "proxy.startup_timeout", 0.001)
     if "buffer_limit" in proxy:
-        kwargs["buffer_limit"] = int(_number(proxy["buffer_limit"], "proxy.buffer_limit", 1024))
+        put(kwargs, "buffer_limit", lambda v: int(_number(v, "proxy.buffer_limit", 1024)), proxy["buffer_limit"])
     if "claim_buffer_limit" in proxy:
-        kwargs["claim_buffer_limit"] = _integer(proxy["claim_buffer_limit"], "proxy.claim_buffer_limit", 1024)
+        put(kwargs, "claim_buffer_limit", _integer, proxy["claim_buffer_limit"], "proxy.claim_buffer_limit", 1024)
     if "workers" in proxy:  # an integer >= 1, or "auto": one per CPU
-        kwargs["workers"] = cpu_count() if proxy["workers"] == "auto" else _integer(
-            proxy["workers"], "proxy.workers", 1)
+        put(kwargs, "workers", lambda v: cpu_count() if v == "auto" else _integer(v, "proxy.workers", 1),
+            proxy["workers"])
     if "max_client_conn" in proxy:
-        kwargs["max_client_conn"] = _integer(proxy["max_client_conn"], "proxy.max_client_conn", 1)
+        put(kwargs, "max_client_conn", _integer, proxy["max_client_conn"], "proxy.max_client_conn", 1)
     if "client_idle_timeout" in proxy:
-        kwargs["client_idle_timeout"] = _number(proxy["client_idle_timeout"], "proxy.client_idle_timeout", 0)
+        put(kwargs, "client_idle_timeout", _number, proxy["client_idle_timeout"], "proxy.client_idle_timeout", 0)
     for key, low in (("plan_cache_bytes", 0), ("max_statement_bytes", 1024)):
         if key in proxy:
-            kwargs[key] = _integer(proxy[key], f"proxy.{key}", low)
+            put(kwargs, key, _integer, proxy[key], f"proxy.{key}", low)
     if "unix_socket_dir" in proxy:
-        kwargs["unix_socket_dir"] = _unix_socket_dir(proxy["unix_socket_dir"], source)
+        put(kwargs, "unix_socket_dir", _unix_socket_dir, proxy["unix_socket_dir"], source)
     rules = proxy.get("clients", [])
     if not isinstance(rules, list):
-        raise ConfigError("proxy.clients: expected an array of tables ([[proxy.clients]])")
+        errors.add("proxy.clients: expected an array of tables ([[proxy.clients]])")
+        rules = []
     parsed_rules = []
     for i, rule in enumerate(rules):
         where = f"proxy.clients[{i}]"
-        _take(rule, where, {"user", "database", "application_name", "major"})
+        before = len(errors.messages)
+        rule = _section(errors, rule, where, {"user", "database", "application_name", "major"})
         if "major" not in rule:
-            raise ConfigError(f"{where}.major: required")
-        match = {k: _string(rule[k], f"{where}.{k}") for k in ("user", "database", "application_name") if k in rule}
+            errors.add(f"{where}.major: required")
+        match = {k: errors.check(_string, rule[k], f"{where}.{k}")
+                 for k in ("user", "database", "application_name") if k in rule}
         if not match:
-            raise ConfigError(f"{where}: name at least one of user, database, application_name")
-        parsed_rules.append(ClientRule(major=_major(rule["major"], f"{where}.major"), **match))
+            errors.add(f"{where}: name at least one of user, database, application_name")
+        major = errors.check(_major, rule["major"], f"{where}.major") if "major" in rule else _BAD
+        if len(errors.messages) == before:
+            parsed_rules.append(ClientRule(major=major, **match))
     kwargs["clients"] = tuple(parsed_rules)
 
-    metrics = _take(data.get("metrics", {}), "metrics", {"listen", "database_user_labels"})
+    metrics = _section(errors, data.get("metrics", {}), "metrics", {"listen", "database_user_labels"})
     if "listen" in metrics:
-        kwargs["metrics_listen"] = parse_hostport(metrics["listen"], "metrics.listen")
+        put(kwargs, "metrics_listen", parse_hostport, metrics["listen"], "metrics.listen")
     if "database_user_labels" in metrics:
-        kwargs["database_user_labels"] = _integer(metrics["database_user_labels"], "metrics.database_user_labels", 0)
+        put(kwargs, "database_user_labels", _integer, metrics["database_user_labels"],
+            "metrics.database_user_labels", 0)
 
-    kwargs.update(_admin_keys(data.get("admin", {}), source))
+    kwargs.update(_admin_keys(errors, data.get("admin", {}), source))
 
-    tls = _take(data.get("tls", {}), "tls", {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
+    tls = _section(errors, data.get("tls", {}), "tls",
+                   {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
     tls_kwargs: dict[str, Any] = {}
     for key in ("cert_file", "key_file", "upstream_ca_file"):
         if key in tls:
-            tls_kwargs[key] = _existing_file(_string(tls[key], f"tls.{key}"), f"tls.{key}", source)
+            put(tls_kwargs, key, lambda v, k=key: _existing_file(_string(v, f"tls.{k}"), f"tls.{k}", source),
+                tls[key])
     if "upstream_sslmode" in tls:
-        tls_kwargs["upstream_sslmode"] = _choice(tls["upstream_sslmode"], "tls.upstream_sslmode", SSLMODES)
-    if ("cert_file" in tls_kwargs) != ("key_file" in tls_kwargs):
-        raise ConfigError("tls.cert_file and tls.key_file: set both or neither")
-    if tls_kwargs.get("upstream_sslmode") == "verify-full" and "upstream_ca_file" not in tls_kwargs:
-        raise ConfigError("tls.upstream_ca_file: required when tls.upstream_sslmode is verify-full")
-    kwargs["tls"] = TLSConfig(**tls_kwargs)
+        put(tls_kwargs, "upstream_sslmode", _choice, tls["upstream_sslmode"], "tls.upstream_sslmode", SSLMODES)
+    if ("cert_file" in tls) != ("key_file" in tls):
+        errors.add("tls.cert_file and tls.key_file: set both or neither")
+    if tls.get("upstream_sslmode") == "verify-full" and "upstream_ca_file" not in tls:
+        errors.add("tls.upstream_ca_file: required when tls.upstream_sslmode is verify-full")
+    if ("cert_file" in tls_kwargs) == ("key_file" in tls_kwargs) and not (
+            tls_kwargs.get("upstream_sslmode") == "verify-full" and "upstream_ca_file" not in tls_kwargs):
+        kwargs["tls"] = TLSConfig(**tls_kwargs)
 
-    host = _take(data.get("host", {}), "host",
-                 {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
-                  "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
-                  "check_interval", "declarations_file", "store", "store_fill_interval",
-                  *_OPTIONAL_COLUMNS})
-    host_kwargs = {k: _identifier(host[k], f"host.{k}", qualified=k.endswith("_table"))
-                   for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column",
-                             "payload_column") if k in host}
+    host = _section(errors, data.get("host", {}), "host",
+                    {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
+                     "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
+                     "check_interval", "declarations_file", "store", "store_fill_interval",
+                     *_OPTIONAL_COLUMNS})
+    host_kwargs: dict[str, Any] = {}
+    for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column", "payload_column"):
+        if k in host:
+            put(host_kwargs, k, _identifier, host[k], f"host.{k}", k.endswith("_table"))
     for k in _OPTIONAL_COLUMNS:  # "" says the table has no such column
         if k in host:
-            host_kwargs[k] = None if host[k] == "" else _identifier(host[k], f"host.{k}", qualified=False)
+            put(host_kwargs, k, lambda v, k=k: None if v == "" else _identifier(v, f"host.{k}", False), host[k])
     if "dsn" in host:
-        host_kwargs["dsn"] = _string(host["dsn"], "host.dsn")
+        put(host_kwargs, "dsn", _string, host["dsn"], "host.dsn")
     if "claim_secret_file" in host:  # read (and checked) by schema.load_claim_secret, relative to the config file
-        path = _string(host["claim_secret_file"], "host.claim_secret_file")
-        host_kwargs["claim_secret_file"] = os.path.join(os.path.dirname(source), path) if source else path
+        put(host_kwargs, "claim_secret_file",
+            lambda v: os.path.join(os.path.dirname(source), _string(v, "host.claim_secret_file")) if source
+            else _string(v, "host.claim_secret_file"), host["claim_secret_file"])
     if "declarations_file" in host:  # read and checked against the artifacts by proxy.artifacts.declarations
-        host_kwargs["declarations_file"] = _existing_file(
-            _string(host["declarations_file"], "host.declarations_file"), "host.declarations_file", source)
+        put(host_kwargs, "declarations_file",
+            lambda v: _existing_file(_string(v, "host.declarations_file"), "host.declarations_file", source),
+            host["declarations_file"])
     if "check_interval" in host:
-        host_kwargs["check_interval"] = _number(host["check_interval"], "host.check_interval", 0)
+        put(host_kwargs, "check_interval", _number, host["check_interval"], "host.check_interval", 0)
     if "store" in host:
-        host_kwargs["store"] = _bool(host["store"], "host.store")
+        put(host_kwargs, "store", _bool, host["store"], "host.store")
     if "store_fill_interval" in host:
-        host_kwargs["store_fill_interval"] = _number(host["store_fill_interval"], "host.store_fill_interval", 0)
+        put(host_kwargs, "store_fill_interval", _number, host["store_fill_interval"], "host.store_fill_interval", 0)
     if "maintenance_role" in host:
-        host_kwargs["maintenance_role"] = _string(host["maintenance_role"], "host.maintenance_role")
+        put(host_kwargs, "maintenance_role", _string, host["maintenance_role"], "host.maintenance_role")
     if "append_lock" in host:
-        host_kwargs["append_lock"] = _append_lock(host["append_lock"])
+        put(host_kwargs, "append_lock", _append_lock, host["append_lock"])
     if "payload_carrier" in host:
-        from proxy.artifacts.payload_shapes import CarrierError, check_carrier
-
-        try:
-            host_kwargs["payload_carrier"] = check_carrier(host["payload_carrier"])
-        except CarrierError as e:
-            raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
+        put(host_kwargs, "payload_carrier", _payload_carrier, host["payload_carrier"])
     kwargs["host"] = HostConfig(**host_kwargs)
     workers = kwargs.get("workers", cpu_count())
     if kwargs.get("unix_socket_dir") and workers > 1:
-        raise ConfigError("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
+        errors.add("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
 
-    log = _take(data.get("log", {}), "log", {"format", "level"})
+    log = _section(errors, data.get("log", {}), "log", {"format", "level"})
     if "format" in log:
-        kwargs["log_format"] = _choice(log["format"], "log.format", LOG_FORMATS)
+        put(kwargs, "log_format", _choice, log["format"], "log.format", LOG_FORMATS)
     if "level" in log:
-        kwargs["log_level"] = _choice(log["level"], "log.level", LOG_LEVELS)
+        put(kwargs, "log_level", _choice, log["level"], "log.level", LOG_LEVELS)
+    errors.raise_any()
     return Config(**kwargs)
+
+
+def _admin_unix_socket(value: Any, source: str | None) -> str:
+    path = _string(value, "admin.unix_socket")
+    path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
+    if len(path.encode()) > 107:
+        raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
+    return path
+
+
+def _payload_carrier(value: Any) -> str:
+    from proxy.artifacts.payload_shapes import CarrierError, check_carrier
+
+    try:
+        return check_carrier(value)
+    except CarrierError as e:
+        raise ConfigError(f"host.{e}".replace("host.payload carrier", "host.payload_carrier")) from None
 
 
 ADMIN_AUTH = ("scram-sha-256", "md5", "trust")
 
 
-def _admin_keys(section: Any, source: str | None) -> dict[str, Any]:
+def _admin_users(users: Any) -> tuple[str, ...]:
+    if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+        raise ConfigError(f"admin.users: expected a list of user names, got {users!r}")
+    return tuple(users)
+
+
+def _admin_keys(errors: _Errors, section: Any, source: str | None) -> dict[str, Any]:
     """[admin]: the console's listeners and who may log in (docs/operations.md#admin-console, ADR 0014).
 
     Never open by default: a console needs admin.users and admin.auth_file, or admin.auth = "trust" with a Unix
     socket alone (mode 0700: the seat's own user)."""
-    admin = _take(section, "admin", {"listen", "unix_socket", "users", "auth_file", "auth"})
+    admin = _section(errors, section, "admin", {"listen", "unix_socket", "users", "auth_file", "auth"})
     out: dict[str, Any] = {}
+    put = errors.set
     if "listen" in admin:
-        out["admin_listen"] = parse_hostport(admin["listen"], "admin.listen")
+        put(out, "admin_listen", parse_hostport, admin["listen"], "admin.listen")
     if "unix_socket" in admin:
-        path = _string(admin["unix_socket"], "admin.unix_socket")
-        path = os.path.join(os.path.dirname(source), path) if source and not os.path.isabs(path) else path
-        if len(path.encode()) > 107:
-            raise ConfigError(f"admin.unix_socket: {path!r} is too long for a socket path (at most 107 bytes)")
-        if not os.path.isdir(os.path.dirname(path) or "."):
-            raise ConfigError(f"admin.unix_socket: no such directory {os.path.dirname(path)!r}")
-        out["admin_unix_socket"] = path
+        put(out, "admin_unix_socket", _admin_unix_socket, admin["unix_socket"], source)
     if "users" in admin:
-        users = admin["users"]
-        if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
-            raise ConfigError(f"admin.users: expected a list of user names, got {users!r}")
-        out["admin_users"] = tuple(users)
+        put(out, "admin_users", _admin_users, admin["users"])
     if "auth_file" in admin:
-        out["admin_auth_file"] = _existing_file(_string(admin["auth_file"], "admin.auth_file"), "admin.auth_file",
-                                                source)
+        put(out, "admin_auth_file",
+            lambda v: _existing_file(_string(v, "admin.auth_file"), "admin.auth_file", source), admin["auth_file"])
     if "auth" in admin:
-        out["admin_auth"] = _choice(admin["auth"], "admin.auth", ADMIN_AUTH)
-    if "admin_listen" in out or "admin_unix_socket" in out:
-        if out.get("admin_auth") == "trust":
-            if "admin_listen" in out:
-                raise ConfigError("admin.auth: \"trust\" only for a console on admin.unix_socket alone (mode 0700, "
-                                  "the seat's own user); with admin.listen set, list admin.users and their secrets "
-                                  "in admin.auth_file")
-        elif not out.get("admin_users") or "admin_auth_file" not in out:
-            raise ConfigError("admin.users and admin.auth_file: required with admin.listen or admin.unix_socket "
-                              "(the console is never open by default: list the admin users and give each a "
-                              "secret in the auth file, or set admin.auth = \"trust\" for a Unix socket alone)")
+        put(out, "admin_auth", _choice, admin["auth"], "admin.auth", ADMIN_AUTH)
+    if "listen" in admin or "unix_socket" in admin:
+        if admin.get("auth") == "trust":
+            if "listen" in admin:
+                errors.add("admin.auth: \"trust\" only for a console on admin.unix_socket alone (mode 0700, the "
+                           "seat's own user); with admin.listen set, list admin.users and their secrets in "
+                           "admin.auth_file")
+        elif not admin.get("users") or "auth_file" not in admin:
+            errors.add("admin.users and admin.auth_file: required with admin.listen or admin.unix_socket (the "
+                       "console is never open by default: list the admin users and give each a secret in the auth "
+                       "file, or set admin.auth = \"trust\" for a Unix socket alone)")
     return out
 
 
@@ -495,3 +597,91 @@ def config_keys(config: Config) -> dict[str, object]:
 def changed_keys(old: Config, new: Config) -> list[str]:
     a, b = config_keys(old), config_keys(new)
     return [k for k in a if a[k] != b[k]]
+
+
+# --- `openwop-seat config`: the resolved configuration as TOML or JSON, secrets redacted -----------------------
+
+REDACTED = "<redacted>"
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password replaced by <redacted>: a ``password=`` keyword (also in a URL's query) and the
+    password of a URL's user info."""
+    dsn = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", rf"\1{REDACTED}", dsn, flags=re.I)
+    return re.sub(r"^([a-z][a-z0-9+.-]*://[^:/@]*):[^@/]*@", rf"\1:{REDACTED}@", dsn, flags=re.I)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, HostPort):
+        return str(value)
+    if isinstance(value, ClientRule):
+        return {k: v for k, v in (("user", value.user), ("database", value.database),
+                                  ("application_name", value.application_name), ("major", value.major))
+                if v is not None}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def config_document(config: Config) -> dict[str, dict[str, object]]:
+    """The configuration as nested sections of the TOML file's names ({"proxy": {"listen": …}, …}); None for a key
+    that is not set; the password of ``host.dsn`` redacted."""
+    out: dict[str, dict[str, object]] = {}
+    for name, value in config_keys(config).items():
+        section, key = name.split(".", 1)
+        if name == "host.dsn" and isinstance(value, str):
+            value = redact_dsn(value)
+        out.setdefault(section, {})[key] = _plain(value)
+    return out
+
+
+def claim_secret_source(config: Config, environ: dict[str, str] | None = None) -> str | None:
+    """Where the claim secret comes from, never the secret: the file, the environment variable, or None."""
+    environ = os.environ if environ is None else environ
+    if config.host.claim_secret_file is not None:
+        return f"host.claim_secret_file ({config.host.claim_secret_file})"
+    if environ.get("OPENWOP_SEAT_CLAIM_SECRET"):
+        return "$OPENWOP_SEAT_CLAIM_SECRET"
+    return None
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")  # pragma: no cover - config_document holds no other type
+
+
+def render_toml(config: Config) -> str:
+    """The resolved configuration as a TOML file ``serve`` reads back to the same configuration (a key that is not
+    set is a comment; the password of ``host.dsn`` is <redacted>, the claim secret only named by its source)."""
+    doc = config_document(config)
+    source = claim_secret_source(config)
+    lines = [f"# openwop-seat configuration, resolved from {config.source or 'the built-in defaults'}",
+             f"# claim secret: {REDACTED} from {source}" if source else "# claim secret: none"]
+    for section, keys in doc.items():
+        rules = keys.pop("clients", None)
+        lines += ["", f"[{section}]"]
+        for key, value in keys.items():
+            if value is None and section == "host" and key in _OPTIONAL_COLUMNS:
+                value = ""  # the table has no such column: "" in the file
+            lines.append(f"# {key}: not set" if value is None else f"{key} = {_toml_value(value)}")
+        for rule in rules or ():
+            lines += ["", f"[[{section}.clients]]"] + [f"{k} = {_toml_value(v)}" for k, v in rule.items()]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(config: Config) -> str:
+    """The resolved configuration as JSON: the sections of :func:`config_document` and ``claim_secret``, where the
+    secret comes from (never the secret) or null."""
+    import json
+
+    source = claim_secret_source(config)
+    doc: dict[str, object] = dict(config_document(config))
+    doc["claim_secret"] = f"{REDACTED} from {source}" if source else None
+    return json.dumps(doc, indent=2) + "\n"

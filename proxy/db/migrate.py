@@ -271,13 +271,17 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
 
 
 async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tuple[str, str]]:
-    """What the migrating role lacks, as (why, the exact GRANT), all of it at once."""
+    """What the migrating role lacks, as (why, the exact GRANT), all of it at once.
+
+    The net needs the events table's owner's rights (membership in its owner); the rights that membership brings
+    (every privilege on the tables that role owns) are not asked for again."""
     me = await conn.fetchval("SELECT pg_catalog.quote_ident(current_user)")
     out: list[tuple[str, str]] = []
     if claims and not await conn.fetchval(
             "SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')"):
         out.append(("openwop_seat.claim tells one backend from a later one with the same pid by pg_stat_activity",
                     f"GRANT pg_read_all_stats TO {me};"))
+    granted_owner = None  # the events table's owner, when its membership is asked for
     for kind, table in (("events", config.host.events_table), ("runs", config.host.runs_table)):
         if kind not in tables:
             continue
@@ -286,22 +290,35 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             "pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(c.relowner)) AS owner, "
             "pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') AS owns, "
             "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS reads, "
+            "pg_catalog.has_table_privilege(c.oid, 'UPDATE') AS updates, "
             "pg_catalog.has_table_privilege(c.oid, 'DELETE') AS deletes, "
             "pg_catalog.has_table_privilege(c.oid, 'TRIGGER') AS triggers "
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(table))
+        owns = row["owns"] or row["owner"] == granted_owner
         if kind == "events":
-            if not row["owns"]:
+            if not owns:
+                granted_owner = row["owner"]
                 out.append((f"the net (row-level security on {row['t']}: ALTER TABLE … FORCE ROW LEVEL SECURITY "
-                            f"and CREATE POLICY need its owner's rights)", f"GRANT {row['owner']} TO {me};"))
+                            f"and CREATE POLICY need its owner's rights; they bring SELECT, DELETE and TRIGGER on "
+                            f"the tables {row['owner']} owns)", f"GRANT {row['owner']} TO {me};"))
+                continue
             if not row["reads"]:
                 out.append(("stamp_run reads a run's events before it stamps the run era 3",
                             f"GRANT SELECT ON {row['t']} TO {me};"))
-            if row["owns"] and not row["deletes"]:  # without the owner's rights, that GRANT (above) brings it
+            if not row["deletes"]:
                 out.append(("a translated session's DELETE by run_id runs through openwop_seat.events_delete, as "
                             "its owner", f"GRANT DELETE ON {row['t']} TO {me};"))
-        if not row["owns"] and not row["triggers"]:
+        if owns:  # an owner (or a member of the owner asked for above) has every privilege on the table
+            continue
+        if not row["triggers"]:
             out.append((f"the writer rule's triggers on {row['t']}", f"GRANT TRIGGER ON {row['t']} TO {me};"))
+        if kind == "runs" and config.host.era_column is not None:
+            lacking = [p for p, has in (("SELECT", row["reads"]), ("UPDATE", row["updates"])) if not has]
+            if lacking:
+                out.append((f"with host.era_column the append trigger reads {row['t']}.{config.host.era_column} "
+                            f"and stamp_run writes it, as this role",
+                            f"GRANT {', '.join(lacking)} ON {row['t']} TO {me};"))
     return out
 
 

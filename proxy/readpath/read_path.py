@@ -11,9 +11,13 @@ Two things still need the order of the server's answers:
 - a *refused* statement is replaced by a *poison* statement that fails on the
   server at parse analysis (so the server's transaction, pipeline and
   ReadyForQuery are exactly those of a PostgreSQL error), and the seat swaps the
-  poison's error for its own ``statement_untranslatable``.  For that the read
-  path keeps a FIFO of the responses the server owes, exactly as PostgreSQL
-  orders them, until the poison's answer is in;
+  poison's error for its own ``statement_untranslatable``.  When the session is
+  idle outside a transaction block with nothing owed, and the refused statement
+  is the first of its Query (or an unnamed Parse), nothing of it would run
+  anyway: an empty stand-in is sent instead (no ERROR in PostgreSQL's log), and
+  the seat swaps its answer for the refusal. For both the read path keeps a
+  FIFO of the responses the server owes, exactly as PostgreSQL orders them,
+  until the poison's (or the stand-in's) answer is in;
 - the leak check: a RowDescription field that comes from the events table's
   own ``type`` (or, for major 2, ``payload``) column, or from a view over them
   that is not the seat's, can only mean untranslated values; the session is
@@ -59,6 +63,7 @@ from proxy.wire.types import (
     EMPTY_QUERY_RESPONSE,
     ERROR_RESPONSE,
     EXECUTE,
+    FLUSH,
     FUNCTION_CALL,
     NO_DATA,
     PARAMETER_DESCRIPTION,
@@ -146,6 +151,9 @@ class Entry:
     poison_index: int = -1  # for 'Q': which statement is the poison
     stmt_index: int = 0  # for 'Q': statements completed so far
     watched: bool = False  # its answers must be looked at (an error swapped)
+    # A refusal answered without an error on the server: an empty stand-in (Query "" or an empty unnamed Parse) was
+    # sent instead, whose answer (EmptyQueryResponse, ParseComplete) the seat swaps for its refusal.
+    local: bool = False
     t0: float = 0.0  # for 'S', 'Q', 'F': when it was sent (statement latency)
 
 
@@ -200,6 +208,11 @@ class ReadPath:
         self.prepared: dict[bytes, str] = {}
         self.preparing: list[list] = []  # [key, name, ReadyForQuery index that ends its group, failed]
         self.unnamed: str | None = None  # the prepared statement the client's unnamed statement stands for
+        # The transaction status of the last ReadyForQuery ('I' idle, 'T' in a block, 'E' failed), and whether the
+        # client's messages are skipped until its Sync (after a refused Parse answered locally, as PostgreSQL
+        # skips them after an error).
+        self.tx_status = b"I"
+        self.skipping = False
         self.readies = 0  # ReadyForQuery messages seen while quiet
         self._names = 0
         # Metrics; `attach` swaps in the process-wide ones (plain additions either way).
@@ -295,6 +308,10 @@ class ReadPath:
         A message whose body does not hold what its type promises raises ProtocolViolation (08P01), as
         PostgreSQL ends such a session."""
         try:
+            if self.skipping:  # after a refused Parse answered locally: PostgreSQL ignores all but Sync
+                replacement = self._skipped(t, body)
+                if self.skipping:
+                    return replacement
             if not self.pending:
                 done, replacement = self._quiet_client(t, body)
                 if done:
@@ -302,6 +319,24 @@ class ReadPath:
             return self._on_client(t, body)
         except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
             raise ProtocolViolation(f"invalid {chr(t)!r} message from the client: {e}") from None
+
+    def _skipped(self, t: int, body: bytes) -> bytes | None:
+        """A client message after a refused Parse answered locally, up to its Sync: dropped, as PostgreSQL ignores
+        it after an error (a Flush goes on, so that a client waiting for the Parse's answer gets the refusal; the
+        Sync ends the skipping and is handled as always). The bytes to send (b"": none), or None."""
+        if t == BIND:  # the statement metrics count an Execute by its portal's statement, as usual
+            portal_end = body.index(b"\x00")
+            stmt_end = body.index(b"\x00", portal_end + 1)
+            self.portals[body[:portal_end].decode()] = Portal(
+                self.statements.get(body[portal_end + 1:stmt_end].decode()))
+        elif t == EXECUTE:
+            portal = self.portals.get(body[:body.index(b"\x00")].decode())
+            self.statement_counts[portal.statement.cls if portal and portal.statement else "passthrough",
+                                  "extended"] += 1
+        elif t == SYNC:
+            self.skipping = False
+            return None
+        return None if t == FLUSH else b""
 
     def _quiet_client(self, t: int, body: bytes) -> tuple[bool, bytes | None]:
         """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
@@ -415,6 +450,13 @@ class ReadPath:
         self.unnamed = None
         return False, None
 
+    def _refuse_locally(self) -> bool:
+        """Whether a refused statement can be answered without an error on the server (so that an ordinary
+        refusal leaves no ERROR line in PostgreSQL's log): the session is idle outside a transaction block and
+        nothing is owed, so the refused statement is the first of its implicit transaction and PostgreSQL would
+        have run nothing of it. Inside a block the server's transaction must fail as after any error: the poison."""
+        return not self.pending and self.tx_status == b"I"
+
     def _on_client(self, t: int, body: bytes) -> bytes | None:
         if t == QUERY:  # 'Q'
             return self._query(body)
@@ -467,6 +509,11 @@ class ReadPath:
         if plan.refused is None:
             self._push(entry, watch=False)
             return _query(plan.text) if plan.changed else None
+        if plan.statements and plan.statements[0].action == REFUSE and self._refuse_locally():
+            # the first statement is refused: nothing of the Query would run; an empty Query stands in
+            entry.poison_index, entry.refusal, entry.local = 0, plan.statements[0], True
+            self._push(entry, watch=True)
+            return _query("")
         texts = []
         for i, st in enumerate(plan.statements):
             if st.action == REFUSE and entry.poison_index < 0:
@@ -492,6 +539,11 @@ class ReadPath:
         if plan.statements:
             st.cls = "refused" if plan.refused is not None else self._class_of(plan.statements[0])
         self.statements[name] = st
+        if plan.refused is not None and not name and self._refuse_locally():
+            # an empty unnamed statement stands in; what the client sends until its Sync is dropped
+            self._push(Entry("P", name, refusal=plan.refused, local=True), watch=True)
+            self.skipping = True
+            return messages.message(b"P", b"\x00\x00\x00\x00")
         if plan.refused is not None:
             self._push(Entry("P", name, refusal=plan.refused), watch=True)
             return messages.message(b"P", name.encode() + b"\x00" + POISON_SQL.encode() + b"\x00\x00\x00")
@@ -512,6 +564,7 @@ class ReadPath:
                 self._check_leak(body)
         elif t == READY_FOR_QUERY:  # 'Z'
             self.readies += 1
+            self.tx_status = body[:1]
             if self.preparing:
                 self._settle_prepared()
             if self.quiet_sent:
@@ -577,6 +630,8 @@ class ReadPath:
         if t in (PARSE_COMPLETE, BIND_COMPLETE, CLOSE_COMPLETE):  # ParseComplete, BindComplete, CloseComplete
             if head is not None:
                 self._pop()
+                if head.local:  # the stand-in's ParseComplete: the client gets the refusal
+                    return self._refusal_error(head.refusal)
             return None
         if t == COMMAND_COMPLETE:  # 'C' CommandComplete
             if head is not None:
@@ -591,6 +646,9 @@ class ReadPath:
             return None
         if t == EMPTY_QUERY_RESPONSE:  # 'I' EmptyQueryResponse
             if head is not None:
+                if head.local and head.kind == "Q" and head.stmt_index == 0:  # the stand-in's answer
+                    head.stmt_index += 1
+                    return self._refusal_error(head.refusal)
                 if head.kind == "Q":
                     head.stmt_index += 1
                 elif head.kind == "E":
@@ -603,6 +661,7 @@ class ReadPath:
                 return self._withhold_stored_row(body)
             return replacement
         if t == READY_FOR_QUERY:  # 'Z' ReadyForQuery ends a Sync, a Query or a FunctionCall
+            self.tx_status = body[:1]
             while self.pending:
                 entry = self._pop()
                 if entry.kind in ("S", "Q", "F"):

@@ -36,7 +36,10 @@ class SeatView(Protocol):
     claim_salt: str | None  # the claim secret's salt, once a challenge returned it (one-round-trip claims, ADR 0013)
     claim_owners: dict  # user -> (whether it owns openwop_seat, monotonic time the claim found it)
     upstream_pooler: bool  # a claim saw a pooler between the seat and PostgreSQL: raw sessions are claimed too
-    writer_rule_broken: str  # why the writer rule is not in force, or ""
+    writer_rule_verdict: str  # the last runtime check: why the writer rule is not in force, or ""
+
+    @property
+    def writer_rule_broken(self) -> str: ...  # the verdict, or at first boot that no trigger is installed yet
     paused: bool  # SIGUSR1: not accepting new connections until SIGUSR2
 
     @property

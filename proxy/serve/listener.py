@@ -8,7 +8,7 @@ import signal
 import socket
 from dataclasses import replace
 
-from proxy.config import RESTART_KEYS, Config, changed_keys, load_config
+from proxy.config import RESTART_KEYS, Config, changed_keys, load_config, missing_claim_secret
 from proxy.errors import ListenError, describe
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.context import (
@@ -53,6 +53,22 @@ class _ClientPeer(Peer):
         self.server._accept(self)
 
 
+async def start_checks(config: Config) -> tuple[ReadContext, str | None]:
+    """What ``serve`` checks before it listens, when some major translates: the claim secret (a ConfigError, before
+    connecting, when a major-2 session could not be claimed), the host database (the read context; first boot
+    when the events table does not exist yet), and that the secret is the one migrate installed. Run once by the
+    supervisor before it starts its workers, so that a seat that cannot start says why once."""
+    from proxy.db.claims import load_claim_secret
+
+    secret = load_claim_secret(config)
+    if secret is None and (error := missing_claim_secret(config)) is not None:
+        raise error
+    read_context = await load_read_context(config)
+    if secret is not None and not read_context.first_boot:
+        await check_claim_secret(config, secret)
+    return read_context, secret
+
+
 class SeatServer:
     def __init__(self, config: Config):
         self.config = config
@@ -85,9 +101,9 @@ class SeatServer:
         self.upstream_pooler = False  # set when a claim sees a pooler behind the seat (ADR 0013)
         self.claim_owners: dict = {}  # user -> (owns openwop_seat, when a claim found it) (ADR 0013)
         self._reload_lock = asyncio.Lock()
-        # The writer rule as the last check found it (ADR 0006): "" in force, else why not.  While it is not,
-        # new sessions on the host database are refused.
-        self.writer_rule_broken = ""
+        # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
+        # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)
+        self.writer_rule_verdict = ""
         self._checks_done = 0
         self._check_lock = asyncio.Lock()
 
@@ -102,6 +118,18 @@ class SeatServer:
         return self._started
 
     @property
+    def writer_rule_broken(self) -> str:
+        """Why the writer rule is not in force, or "" (what the admin console's SHOW STATE reports): the last
+        runtime check's verdict, and at first boot that no trigger guards the host's tables yet. New sessions are
+        refused by the verdict only (writer_rule_refusal): first boot has its own rules (docs/operations.md)."""
+        if self.writer_rule_verdict:
+            return self.writer_rule_verdict
+        if self.first_boot:
+            return (f"first boot: the writer rule's triggers are not installed until `openwop-seat migrate` has run "
+                    f"({self.first_boot})")
+        return ""
+
+    @property
     def first_boot(self) -> str:
         """Why the seat's rules are not in force in the host database yet (first boot), or ""."""
         ctx = self.read_context
@@ -109,16 +137,7 @@ class SeatServer:
 
     async def start(self) -> None:
         if self.config.translates:
-            self.read_context = await load_read_context(self.config)
-            from proxy.db.claims import load_claim_secret
-
-            self.claim_secret = load_claim_secret(self.config)
-            if self.claim_secret is None:
-                log.warning("no claim secret ([host] claim_secret_file or OPENWOP_SEAT_CLAIM_SECRET): "
-                            "every session writes as a v1 writer: no era-3 stamps, and appends to runs "
-                            "already stamped era 3 are refused")
-            elif not self.read_context.first_boot:
-                await check_claim_secret(self.config, self.claim_secret)
+            self.read_context, self.claim_secret = await start_checks(self.config)
             if self.read_context.first_boot:
                 log.warning("first boot: the seat's rules are not in force in the host database yet: sessions are "
                             "not claimed and statements that read or write event rows are refused until "
@@ -436,8 +455,11 @@ class SeatServer:
         log.warning("the seat's rules are in force in the host database: translating and claiming new sessions",
                     extra={"fields": {"first_boot_sessions_ending": len(retiring)}})
         for session in retiring:
-            session.end_when_idle(0.0, "57P01", "terminating connection: openwop-seat's rules came into force in "
-                                  "this database after this session began; reconnect", "rules came into force")
+            # PostgreSQL's own words and SQLSTATE for a server restart: pools and hosts reconnect on them and log them
+            # as such, not as an error of the application
+            session.end_when_idle(0.0, "57P01", "terminating connection due to administrator command: openwop-seat's "
+                                  "rules came into force in this database after this session began; reconnect",
+                                  "rules came into force")
 
     async def check_writer_rule(self) -> str:
         """Check that the writer rule is in force as migrate installed it (``verify``: layout, digest,
@@ -461,17 +483,17 @@ class SeatServer:
         except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             self.stats.writer_rule_checks["error"] += 1
             log.warning("writer rule check: host database (host.dsn) unreachable: %s", e)
-            return self.writer_rule_broken
+            return self.writer_rule_verdict
         self.stats.writer_rule_checks["broken" if why else "ok"] += 1
         self._checks_done += 1
-        if why and why != self.writer_rule_broken:
+        if why and why != self.writer_rule_verdict:
             log.error("the writer rule is not in force: new sessions on the host database are refused and open "
                       "ones ended", extra={"fields": {"why": why}})
         if why:
             self._end_host_sessions(why)
-        elif not why and self.writer_rule_broken:
+        elif not why and self.writer_rule_verdict:
             log.warning("the writer rule is in force again: new sessions on the host database are accepted")
-        self.writer_rule_broken = why
+        self.writer_rule_verdict = why
         return why
 
     def _end_host_sessions(self, why: str) -> None:
@@ -488,13 +510,13 @@ class SeatServer:
         """Why a new session on the host database is refused, or "": while the last check found the writer rule
         broken, each new session checks again (one check at a time, shared by the sessions that wait for it), so
         that a repair is seen at once."""
-        if not self.writer_rule_broken:
+        if not self.writer_rule_verdict:
             return ""
         seen = self._checks_done
         async with self._check_lock:
             if self._checks_done == seen:  # no check finished while this session waited: run one
                 await self.check_writer_rule()
-        return self.writer_rule_broken
+        return self.writer_rule_verdict
 
     async def _check_writer_rule_periodically(self) -> None:
         while True:
@@ -550,8 +572,8 @@ class SeatServer:
             writer.close()
         except (OSError, asyncio.TimeoutError) as e:
             return False, f"upstream {up} unreachable: {e}"
-        if self.writer_rule_broken:
-            return False, f"writer rule not in force: {self.writer_rule_broken}"
+        if self.writer_rule_verdict:
+            return False, f"writer rule not in force: {self.writer_rule_verdict}"
         ctx = self.read_context
         if ctx is not None and ctx.first_boot:
             # Ready, so that the host can reach its database through the seat and create its tables (first boot).
@@ -630,8 +652,10 @@ class SeatServer:
                 if new.translates:
                     from proxy.db.claims import load_claim_secret
 
-                    read_context = await load_read_context(new)
                     claim_secret = load_claim_secret(new)
+                    if claim_secret is None and (error := missing_claim_secret(new)) is not None:
+                        raise error
+                    read_context = await load_read_context(new)
                     if claim_secret is not None and not read_context.first_boot:
                         await check_claim_secret(new, claim_secret)
                 admin_secrets = self.admin.check_auth(new) if self.admin is not None else None
@@ -652,7 +676,7 @@ class SeatServer:
                 self.claim_salt = None  # the next claim asks for a challenge again
                 self.claim_owners.clear()
             if claim_secret is None and new.translates and self.claim_secret is not None:
-                log.warning("no claim secret after reload: new sessions write as v1 writers")
+                log.warning("no claim secret after reload: new sessions (major 1) are not claimed")
             self.config = new
             self.client_ssl_context, self.upstream_ssl_context = client_ctx, upstream_ctx
             was_first_boot = self.first_boot

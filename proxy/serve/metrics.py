@@ -82,7 +82,7 @@ class SeatCollector:
                               "1 while the last check found the writer rule not in force as migrate installed it "
                               "(a trigger missing, disabled or replaced, a function replaced, another digest); new "
                               "sessions on the host database are refused meanwhile")
-        g.add_metric([], 1 if server.writer_rule_broken else 0)
+        g.add_metric([], 1 if server.writer_rule_verdict else 0)
         yield g
         g = GaugeMetricFamily("openwop_seat_paused", "1 while paused (SIGUSR1 or the admin console's PAUSE): new "
                               "connections wait in the kernel's backlog until SIGUSR2 or RESUME")

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,10 +57,12 @@ from proxy.tools.common import (
     _check_json_path,
     _write_json,
     bar,
+    check_privileges,
     eras_of,
     events_from,
     list_runs_sql,
     open_checked,
+    rate_eta,
     run_col,
     unavailable,
 )
@@ -296,6 +299,7 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
     ``declarations``: the operator's declarations in force (the ones the database records; ADR 0010): era-2
     payloads are projected with them applied, as ``backfill`` writes them."""
     host = config.host
+    started = time.monotonic()
     report = Report(artifacts.tag, artifacts.digest, samples)
     report.declarations = declarations
     report.v1_to_v2 = artifacts.v1_to_v2
@@ -334,7 +338,7 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
                     report.account_era3(row["run"], row["seq"], row["t"], row["missing"])
         last = runs[-1]
         if progress is not None:
-            progress.update(_progress_text(report, total))
+            progress.update(_progress_text(report, total, time.monotonic() - started))
     # Rows without a run id: the reader reads them as era 2 (no stamp can name them).
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         null_runs = scan_sql(host, lower=False, exclude=False, null_runs=True, declared=declared)
@@ -346,7 +350,7 @@ async def run_audit(conn, config, artifacts, *, batch: int = DEFAULT_BATCH, samp
         report.repaired_runs = await conn.fetchval(
             f"SELECT count(*) FROM {SCHEMA}.run_era WHERE source = $1", REPAIR_SOURCE)
     if progress is not None:
-        progress.done(_progress_text(report, total))
+        progress.done(_progress_text(report, total, time.monotonic() - started))
     return report
 
 
@@ -363,10 +367,13 @@ async def _malformed_runs(conn, host, report: Report, runs: list[str]) -> None:
         report.fail("event_row_malformed", None, None, r["run"], r["seq"])
 
 
-def _progress_text(report: Report, total: int | None) -> str:
+def _progress_text(report: Report, total: int | None, elapsed: float) -> str:
+    """The progress line: events read of the table's estimated rows (pg_class.reltuples), the rate over the audit
+    so far and the time left at that rate."""
     est = f" of ~{total:,}" if total else ""
     return (f"{bar(report.events, total)}{report.events:,}{est} events, {report.era2_runs:,} era-2 runs "
-            f"({report.era3_runs:,} era-3 skipped), {report.failing_events:,} would fail")
+            f"({report.era3_runs:,} era-3 skipped), {report.failing_events:,} would fail"
+            f"{rate_eta(report.events, total, elapsed, 'events')}")
 
 
 def render(report: Report, artifacts) -> str:
@@ -436,6 +443,10 @@ def declarations_lines(decl) -> list[str]:
     return lines
 
 
+# What audit reads: the events, and the runs table (the era column, a run's tenant for run.started's projection).
+AUDIT_PRIVILEGES = {"events": ("SELECT",), "runs": ("SELECT",)}
+
+
 async def record_verdict(conn, report, artifacts, declarations) -> bool:
     """Record the verdict in ``openwop_seat.audit_verdicts`` (``status`` shows the last one) when this role may
     insert there (the owner of openwop_seat); True when recorded."""
@@ -473,6 +484,7 @@ def cmd_audit(config, dsn: str, json_path: str | None, batch: int, samples: int,
     async def go():
         conn = await open_checked(dsn, config, artifacts, "openwop-seat audit")
         try:
+            await check_privileges(conn, config.host, "audit", AUDIT_PRIVILEGES)
             report = await run_audit(conn, config, artifacts, batch=batch, samples=samples,
                                      progress=Progress("audit", enabled=progress), declarations=declarations)
             await record_verdict(conn, report, artifacts, declarations)

@@ -80,12 +80,16 @@ from proxy.tools.common import (
     _check_json_path,
     _write_json,
     bar,
+    check_privileges,
     eras_of,
     events_from,
     list_runs_sql,
     open_checked,
     run_col,
     unavailable,
+)
+from proxy.tools.common import (
+    rate_eta as _rate_eta,
 )
 
 SOURCE = "backfill"  # run_era.source of the runs it stamps
@@ -315,6 +319,16 @@ class Backfill:
             return changed, n
 
 
+def backfill_privileges(host, dry_run: bool, restore: bool = False) -> dict[str, tuple[str, ...]]:
+    """The table privileges backfill needs (docs/cutover-tools.md#backfill): it reads the events and the runs
+    (--runs checks the ids, the projection reads a run's tenant); a conversion or --restore also rewrites events
+    and, with host.era_column, the runs table's era column."""
+    if dry_run:
+        return {"events": ("SELECT",), "runs": ("SELECT",)}
+    runs = ("SELECT", "UPDATE") if host.era_column is not None else ("SELECT",)
+    return {"events": ("SELECT", "UPDATE"), "runs": runs}
+
+
 async def _check_owner(conn) -> None:
     owner, me = await conn.fetchrow(
         "SELECT pg_catalog.pg_get_userbyid(n.nspowner), current_user FROM pg_catalog.pg_namespace n "
@@ -427,13 +441,7 @@ async def run_backfill(conn, config, *, runs: list[str] | None, dry_run: bool, b
 def rate_eta(done: int, total: int, elapsed: float) -> str:
     """``, 12.5 runs/s, ETA 0:01:20`` for a progress line (the rate over the whole run so far); the ETA is
     0:00:00 once done and unknown (``ETA ?``) before the first run."""
-    if done <= 0 or elapsed <= 0:
-        return ", ETA ?"
-    rate = done / elapsed
-    left = max(total - done, 0) / rate
-    h, rest = divmod(int(round(left)), 3600)
-    m, sec = divmod(rest, 60)
-    return f", {rate:,.1f} runs/s, ETA {h}:{m:02d}:{sec:02d}"
+    return _rate_eta(done, total, elapsed, "runs")
 
 
 async def _pages(runs: list[str], batch: int):
@@ -583,8 +591,11 @@ def cmd_backfill(config, args) -> int:
             repairs, digest = load_repairs(args.repair, artifacts)
         conn = await open_checked(args.dsn, config, artifacts, "openwop-seat backfill")
         try:
-            if args.restore is not None:
+            if args.restore is not None or not args.dry_run:
                 await _check_owner(conn)
+            await check_privileges(conn, config.host, "backfill" + (" --dry-run" if args.dry_run else ""),
+                                   backfill_privileges(config.host, args.dry_run, args.restore is not None))
+            if args.restore is not None:
                 b = Backfill(conn, config)
                 await b.prepare()
                 return await b.restore(args.restore)

@@ -64,6 +64,48 @@ async def open_checked(dsn: str, config, artifacts, application_name: str):
     return conn
 
 
+class MissingPrivileges(SchemaError):
+    """The tool's role lacks table privileges it needs: every GRANT to run, found before anything is read."""
+
+
+async def check_privileges(conn, host: HostConfig, tool: str, needs: dict[str, tuple[str, ...]]) -> None:
+    """MissingPrivileges naming every GRANT the connected role lacks for ``needs`` ({"events" or "runs": the
+    privileges}), before the tool reads a row: a tool that found out per run would fail every run alike. A table
+    that does not exist is left to the tool (it says so itself)."""
+    missing: list[str] = []
+    me = await conn.fetchval("SELECT pg_catalog.quote_ident(current_user)")
+    for kind, privileges in needs.items():
+        table = host.events_table if kind == "events" else host.runs_table
+        row = await conn.fetchrow(
+            "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS t "
+            "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(table))
+        if row is None:
+            continue
+        lacking = [p for p in privileges
+                   if not await conn.fetchval("SELECT pg_catalog.has_table_privilege($1::oid, $2)", row["oid"], p)]
+        if lacking:
+            missing.append(f"GRANT {', '.join(lacking)} ON {row['t']} TO {me};")
+    if missing:
+        raise MissingPrivileges(f"the role {me} lacks privileges {tool} needs; nothing was read or changed. Run, as "
+                                f"the tables' owner or a role that may grant them:\n"
+                                + "\n".join(f"  {g}" for g in missing))
+
+
+def rate_eta(done: int, total: int | None, elapsed: float, unit: str) -> str:
+    """``, 12.5 runs/s, ETA 0:01:20`` for a progress line (the rate over the whole run so far); the ETA is
+    0:00:00 once done, unknown (``ETA ?``) before the first item or without a total."""
+    if done <= 0 or elapsed <= 0:
+        return ", ETA ?"
+    rate = done / elapsed
+    if not total:
+        return f", {rate:,.1f} {unit}/s, ETA ?"
+    left = max(total - done, 0) / rate
+    h, rest = divmod(int(round(left)), 3600)
+    m, sec = divmod(rest, 60)
+    return f", {rate:,.1f} {unit}/s, ETA {h}:{m:02d}:{sec:02d}"
+
+
 def events_from(host: HostConfig, alias: str = "e") -> str:
     """``FROM``-clause text of the host's events table under ``alias``."""
     return f"{quote_qualified(host.events_table)} {alias}"

@@ -351,6 +351,11 @@ async def pinned_runs(config: Config, dsn: str, implemented: frozenset[str] | No
     writers: list = []
     try:
         await verify(conn, config, artifacts)  # the same artifacts and writer rule as the database's
+        from proxy.tools.common import check_privileges
+
+        await check_privileges(conn, config.host, "pinned-runs" + (" --cancel" if cancel else ""),
+                               {"events": ("SELECT", "INSERT") if cancel else ("SELECT",),
+                                **({"runs": ("SELECT",)} if config.host.era_column is not None else {})})
         t = await events_table(conn, config.host)
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             runs = await find_pinned_runs(conn, t, words)

@@ -1,12 +1,12 @@
 """deploy/: structural checks of the image, compose, Kubernetes, Prometheus, Grafana and systemd files.
 
-No Docker engine or Kubernetes cluster is available where the tests run, so nothing here builds
-or applies these files. What is checked: every YAML and JSON file parses; the Prometheus rules
-have the fields Prometheus and our runbooks need (and pass `promtool check rules` when promtool is
-installed); every metric named by a rule or a dashboard panel is one a real seat exports (scraped
-from a running seat's /metrics); files referenced by the compose file exist; the Kubernetes
-objects are well-formed and their probes point at paths a real seat answers; the systemd units
-have the stop, reload and hardening settings deploy/README.md promises.
+No Docker engine or Kubernetes cluster is available where the tests run, so nothing here builds or
+applies these files. What is checked: every YAML and JSON file parses; the Prometheus rules have the
+fields Prometheus and our runbooks need and pass `promtool check rules` and `promtool test rules`
+(promtool is required: conftest fails the run without it); every metric named by a rule or a dashboard
+panel is one a real seat exports (scraped from a running seat's /metrics); files referenced by the
+compose file exist; the Kubernetes objects are well-formed and their probes point at paths a real seat
+answers; the systemd units have the stop, reload and hardening settings deploy/README.md promises.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_alert_rules_are_complete():
         assert needle in text, needle
 
 
-# promtool (Debian: prometheus) is installed by .ci/run when missing; the promtool tests below skip without it.
+# promtool (Debian: prometheus) is installed by .ci/run when missing; make test fails without it (conftest).
 
 
 def test_metric_names_in_rules_and_dashboard_are_exported(exported):

@@ -52,3 +52,14 @@ def test_backfill_json_is_refused_before_anything_runs(tmp_path, capsys):
         assert main(["backfill", "--dsn", dsn, *args]) == 2, args
         assert message in capsys.readouterr().err, args
     assert list(tmp_path.iterdir()) == []
+
+
+def test_audit_progress_has_rate_and_eta():
+    from proxy.tools.audit import Report, _progress_text
+
+    a = load_artifacts()
+    report = Report(a.tag, a.digest, 5)
+    report.events, report.era2_runs = 160_000, 40
+    text = _progress_text(report, 1_000_000, 20.0)
+    assert "160,000 of ~1,000,000 events" in text and text.endswith(", 8,000.0 events/s, ETA 0:01:45"), text
+    assert _progress_text(report, 0, 20.0).endswith(", 8,000.0 events/s, ETA ?")  # no estimate: no ETA

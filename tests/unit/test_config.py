@@ -202,3 +202,112 @@ def test_listen_error_names_the_key():
 
     e = ListenError("metrics.listen", HostPort("127.0.0.1", 9187), OSError(98, "Address already in use"))
     assert describe(e) == "cannot listen on 127.0.0.1:9187 (metrics.listen): Address already in use"
+
+
+# --- issue 25: every error at once, upstream validated, `config` as TOML/JSON with secrets redacted -------------
+
+
+def test_every_error_is_reported_at_once(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('bogus = 1\n[proxy]\nlisten = "nope"\ndefault_major = 7\nworkers = 0\n'
+                   '[[proxy.clients]]\nmajor = 3\n[host]\nevents_table = "a b"\n[log]\nlevel = "loud"\n')
+    out = cli("config", "--config", str(bad))
+    assert out.returncode == 2, out
+    assert "configuration error: 8 errors:" in out.stderr, out.stderr
+    for part in ("unknown key bogus", "proxy.listen:", "proxy.default_major:", "proxy.workers:",
+                 "proxy.clients[0]: name at least one of", "proxy.clients[0].major:", "host.events_table:",
+                 "log.level:"):
+        assert part in out.stderr, (part, out.stderr)
+
+
+def test_one_error_keeps_its_one_line():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"proxy": {"default_major": 7}})
+    assert str(e.value) == 'proxy.default_major: expected 1, 2 or "raw", got 7'
+
+
+@pytest.mark.parametrize("upstream", ["/var/run/postgresql", "/var/run/postgresql:5432", "@abstract:5432"])
+def test_upstream_socket_directory_refused_clearly(upstream):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"proxy": {"upstream": upstream}})
+    assert "proxy.upstream:" in str(e.value) and "Unix socket directory" in str(e.value)
+    assert "TCP only" in str(e.value)
+
+
+def test_upstream_override_socket_directory_refused():
+    with pytest.raises(ConfigError, match="--upstream: .*Unix socket directory"):
+        parse_config({}).with_overrides(upstream="/run/postgresql:5432")
+
+
+def test_upstream_port_zero_refused():
+    with pytest.raises(ConfigError, match="proxy.upstream: port 0"):
+        parse_config({"proxy": {"upstream": "db:0"}})
+
+
+@pytest.mark.parametrize("dsn,shown", [
+    ("host=db user=app password=s3cret dbname=x", "host=db user=app password=<redacted> dbname=x"),
+    ("host=db password = 'a b\\'c' dbname=x", "host=db password = <redacted> dbname=x"),
+    ("postgres://app:s3cret@db:5432/x", "postgres://app:<redacted>@db:5432/x"),
+    ("postgresql://app:s3cret@db/x?password=p2&sslmode=require",
+     "postgresql://app:<redacted>@db/x?password=<redacted>&sslmode=require"),
+    ("host=db user=app", "host=db user=app"),
+])
+def test_redact_dsn(dsn, shown):
+    from proxy.config import redact_dsn
+
+    assert redact_dsn(dsn) == shown
+
+
+def _full_config(tmp_path):
+    secret = tmp_path / "claim-secret"
+    secret.write_text("x" * 32)
+    path = tmp_path / "seat.toml"
+    path.write_text(
+        '[proxy]\nlisten = "0.0.0.0:6543"\nupstream = "db.internal:5432"\ndefault_major = 2\nworkers = 1\n'
+        'shutdown_mode = "drain"\n[[proxy.clients]]\nuser = "v1"\nmajor = 1\n'
+        '[[proxy.clients]]\napplication_name = "pg_dump"\ndatabase = "openwop"\nmajor = "raw"\n'
+        '[host]\ndsn = "host=db user=seat password=hunter2 dbname=openwop"\nclaim_secret_file = "claim-secret"\n'
+        'node_id_column = ""\nappend_lock = "pg_advisory_xact_lock(hashtext(run_id), 1)"\n'
+        '[metrics]\nlisten = "127.0.0.1:6545"\n[log]\nformat = "json"\n')
+    return path
+
+
+def test_config_prints_toml_that_reads_back_the_same_with_secrets_redacted(tmp_path):
+    import tomllib
+
+    path = _full_config(tmp_path)
+    out = cli("config", "--config", str(path), env={"OPENWOP_SEAT_CLAIM_SECRET": "envsecret-" + "y" * 20})
+    assert out.returncode == 0, out.stderr
+    assert "hunter2" not in out.stdout and "x" * 32 not in out.stdout and "envsecret" not in out.stdout
+    assert 'dsn = "host=db user=seat password=<redacted> dbname=openwop"' in out.stdout
+    assert "# claim secret: <redacted> from host.claim_secret_file (" in out.stdout
+    back = tmp_path / "back.toml"
+    back.write_text(out.stdout)
+    again = parse_config(tomllib.loads(out.stdout), source=str(back))
+    want = load_config(str(path))
+    from dataclasses import replace
+
+    assert again == replace(want, source=str(back), host=replace(
+        want.host, dsn="host=db user=seat password=<redacted> dbname=openwop"))
+
+
+def test_config_json_redacted_and_names_the_secrets_source(tmp_path):
+    import json
+
+    path = tmp_path / "seat.toml"
+    path.write_text('[host]\ndsn = "postgres://seat:hunter2@db/openwop"\n')
+    out = cli("config", "--config", str(path), "--json",
+              env={"OPENWOP_SEAT_CLAIM_SECRET": "envsecret-" + "y" * 20})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["host"]["dsn"] == "postgres://seat:<redacted>@db/openwop"
+    assert doc["claim_secret"] == "<redacted> from $OPENWOP_SEAT_CLAIM_SECRET"
+    assert doc["proxy"]["clients"] == [] and doc["host"]["era_column"] is None
+    assert "hunter2" not in out.stdout and "envsecret" not in out.stdout
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENWOP_SEAT_CLAIM_SECRET"}
+    import subprocess
+    import sys
+
+    bare = subprocess.run([sys.executable, "-m", "proxy", "config", "--config", str(path), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    assert json.loads(bare.stdout)["claim_secret"] is None

@@ -204,8 +204,14 @@ def test_the_session_keeps_at_most_max_prepared_statements():
 # ---------------------------------------------------------------- refusals
 
 
+def in_a_block(rp):
+    """The server said the session is in a transaction block (a refusal must fail it: the poison)."""
+    assert rp.on_server_quiet(ord("Z"), b"T") is None
+    return rp
+
+
 def test_a_refused_parse_is_poisoned_and_its_error_swapped():
-    rp = new_read_path()
+    rp = in_a_block(new_read_path())
     p = decoded(rp.on_client(ord("P"), parse("", REFUSED)))
     assert p == (ord("P"), b"\x00" + POISON_SQL.encode() + b"\x00\x00\x00")
     rp.on_client(ord("B"), bind())
@@ -215,8 +221,41 @@ def test_a_refused_parse_is_poisoned_and_its_error_swapped():
     swapped = rp.on_server(ord("E"), error("42P01", "relation does not exist"))
     ((t, body),) = list(iter_messages(swapped))
     assert t == ord("E") and b"COW004" in body and b"statement_untranslatable" in body
+    assert rp.on_server(ord("Z"), b"E") is None
+    assert rp.quiet and rp.refusals == ["CTE named like the events table"]
+
+
+def test_a_refused_unnamed_parse_outside_a_block_is_answered_without_a_server_error():
+    """Idle outside a transaction block with nothing owed: an empty unnamed Parse stands in (no ERROR in
+    PostgreSQL's log), what the client sends until its Sync is dropped, and the ParseComplete becomes the
+    refusal."""
+    rp = new_read_path()
+    assert decoded(rp.on_client(ord("P"), parse("", REFUSED))) == (ord("P"), b"\x00\x00\x00\x00")
+    assert rp.on_client(ord("B"), bind()) == b"" and rp.on_client(ord("D"), b"P\x00") == b""
+    assert rp.on_client(ord("E"), b"\x00\x00\x00\x00\x00") == b""
+    assert rp.on_client(ord("H"), b"") is None  # a Flush goes on: the stand-in's answer must not wait
+    assert rp.on_client(ord("S"), b"") is None  # the Sync goes on
+    swapped = rp.on_server(ord("1"), b"")  # the stand-in's ParseComplete
+    ((t, body),) = list(iter_messages(swapped))
+    assert t == ord("E") and b"COW004" in body and b"statement_untranslatable" in body
     assert rp.on_server(ord("Z"), b"I") is None
     assert rp.quiet and rp.refusals == ["CTE named like the events table"]
+    assert rp.on_client(ord("B"), bind()) is None  # no longer skipping
+
+
+def test_a_refused_named_parse_is_still_poisoned():
+    rp = new_read_path()
+    p = decoded(rp.on_client(ord("P"), parse("s1", REFUSED)))
+    assert p == (ord("P"), b"s1\x00" + POISON_SQL.encode() + b"\x00\x00\x00")
+
+
+def test_a_refused_query_outside_a_block_is_answered_without_a_server_error():
+    rp = new_read_path()
+    t, body = decoded(rp.on_client(ord("Q"), f"{REFUSED}; SELECT 2\x00".encode()))
+    assert (t, body) == (ord("Q"), b"\x00")  # an empty Query: EmptyQueryResponse, no error on the server
+    ((t, body),) = list(iter_messages(rp.on_server(ord("I"), b"")))
+    assert t == ord("E") and b"COW004" in body
+    assert rp.on_server(ord("Z"), b"I") is None and rp.quiet
 
 
 def test_a_refused_statement_in_a_query_string_is_the_poisoned_one():
@@ -229,7 +268,7 @@ def test_a_refused_statement_in_a_query_string_is_the_poisoned_one():
 
 
 def test_a_function_call_is_refused_by_a_poisoned_query():
-    rp = new_read_path()
+    rp = in_a_block(new_read_path())
     t, body = decoded(rp.on_client(ord("F"), struct.pack("!Ihhh", 1234, 0, 0, 0)))
     assert t == ord("Q") and body == POISON_SQL.encode() + b"\x00"
     assert b"function call" in rp.on_server(ord("E"), error())
