@@ -298,8 +298,9 @@ def test_an_append_whose_returned_payload_cannot_be_seated_fails_and_stores_noth
 
 
 def test_the_translated_relation_is_flattened_and_projects_by_one_call(pg, loaded):
-    """The read relation is a view PostgreSQL flattens into the statement (the page's run filter reaches the
-    index); its payload check is one plpgsql call per era-2 row, planned once per session, with no per-type
+    """The read relation is a view PostgreSQL flattens into the statement: the page's run filter reaches the
+    index of both arms of the union (the host's table for runs not in the v2 store, the store for filled ones,
+    ADR 0015); its payload check is one plpgsql call per era-2 row, planned once per session, with no per-type
     branch inlined into the statement's plan."""
     from proxy.config import HostConfig
     from proxy.readpath.classify import Classifier
@@ -308,7 +309,9 @@ def test_the_translated_relation_is_flattened_and_projects_by_one_call(pg, loade
         "SELECT * FROM events WHERE run_id = 'pp1.provider-usage' ORDER BY sequence").text
     plan = pg.psql(f"EXPLAIN (VERBOSE) {sql}")
     assert "openwop_seat.payload_v2(" in plan, plan
-    assert "Subquery Scan" not in plan and "events_run_id_sequence_key" in plan, plan
+    assert "Index Cond: (openwop_seat_e.run_id = 'pp1.provider-usage'::text)" in plan, plan
+    assert "Index Cond: (openwop_seat_s.run_id = 'pp1.provider-usage'::text)" in plan, plan
+    assert "Seq Scan on public.events" not in plan and "Seq Scan on openwop_seat.events_v2_store" not in plan, plan
     assert "fast_v2" not in plan and "agent.toolCalled'::text THEN" not in plan, plan
 
 
