@@ -176,7 +176,7 @@ def test_every_family_moves_with_real_traffic(mseat, runs):
     assert d("openwop_seat_statement_seconds_sum") > 0
     for side in ("client", "upstream"):
         count = d("openwop_seat_processing_seconds_count", **{"from": side})
-        assert count >= 10
+        assert count >= 1  # sampled: one received chunk in 8 of each session (issue 27)
         assert d("openwop_seat_processing_seconds_bucket", **{"from": side, "le": "+Inf"}) == count
         # buckets fine enough for the seat's own tens of microseconds
         assert ("openwop_seat_processing_seconds_bucket", tuple(sorted({"from": side, "le": "2.5e-05"}.items()))) \
