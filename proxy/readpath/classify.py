@@ -496,6 +496,8 @@ class Classifier:
                 items = getattr(n, field, None) if field in getattr(n, "__slots__", ()) else None
                 if items:
                     translate = self._reads_translated(n, items)
+                    if translate and getattr(n, "lockingClause", None):
+                        self._no_row_lock_on_events(n, items)
                     setattr(n, field, tuple(from_item(i, translate) for i in items))
             if unqualified and "whereClause" in getattr(n, "__slots__", ()):
                 # An unqualified name is the host's table only where the session's search_path finds it there
@@ -515,6 +517,31 @@ class Classifier:
                 n.relation = target
                 changed = True
         return changed
+
+    def _no_row_lock_on_events(self, level, items) -> None:
+        """A row lock (FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE, SKIP LOCKED or NOWAIT) that would apply to
+        the events table at a level that reads its translated columns: the translated relation is a union and
+        outer joins, which PostgreSQL cannot lock through, so it is refused here with its reason rather than
+        left to fail in the server with a message about a view the client never named (issue 23). A lock
+        ``OF`` the level's other tables only (``FOR UPDATE OF r``) goes on."""
+        from pglast import ast
+
+        names = set()
+        for item in items:
+            for n in _walk(item):
+                if self._is_events(n):
+                    names.add(n.alias.aliasname if n.alias is not None else n.relname)
+        for clause in level.lockingClause:
+            locked = {rv.relname for rv in clause.lockedRels or ()} if clause.lockedRels else None
+            if locked is None or locked & names:
+                strength = {1: "FOR KEY SHARE", 2: "FOR SHARE", 3: "FOR NO KEY UPDATE", 4: "FOR UPDATE"}.get(
+                    int(clause.strength), "a row lock")
+                raise Untranslatable("row lock on the events table",
+                                     f"{strength} on the events table in a translated read: the rows a translated "
+                                     f"session reads are the seat's translation, which PostgreSQL cannot lock; lock "
+                                     f"the run's row instead (FOR UPDATE OF the runs table), or lock from a raw "
+                                     f"session")
+        del ast
 
     def _unqualify_columns(self, stmt) -> None:
         """``public.events.type`` (what SQLAlchemy Core emits for ``Table('events', …, schema='public')``) names

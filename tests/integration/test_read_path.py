@@ -272,3 +272,31 @@ def test_an_unqualified_events_is_translated_only_where_the_search_path_finds_th
                                 (era2,)).fetchone()[0] == A.v1_to_v2[RENAMED[0]]
     finally:
         pg.psql(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_row_locks_on_translated_reads_are_refused_and_locks_elsewhere_work(read_seat, pg, runs):
+    """Issue 23: FOR UPDATE on the translated rows is refused before it runs (OW004, the session goes on); a lock
+    OF the runs table on the same join, and a lock at a level that reads only the keys, lock and return."""
+    era2, _era3 = runs
+    pg.psql(f"INSERT INTO runs (run_id, tenant_id) VALUES ('{era2}', 'acme') ON CONFLICT DO NOTHING")
+    try:
+        with psycopg.connect(read_seat.dsn()) as conn:
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute("SELECT * FROM events WHERE run_id = %s FOR UPDATE SKIP LOCKED", (era2,))
+            assert refused.value.sqlstate == "OW004" and "row lock" in str(refused.value)
+            conn.rollback()
+            rows = conn.execute("SELECT e.type FROM events e JOIN runs r USING (run_id) WHERE r.run_id = %s "
+                                "ORDER BY e.sequence FOR UPDATE OF r", (era2,)).fetchall()
+            assert rows[0][0] == A.v1_to_v2[RENAMED[0]]  # translated, and the runs row is locked
+            keys = conn.execute("SELECT run_id, sequence FROM events WHERE run_id = %s ORDER BY sequence "
+                                "FOR UPDATE", (era2,)).fetchall()
+            assert len(keys) == len(rows)
+            with psycopg.connect(pg.dsn(), autocommit=True) as other:  # both locks are held by the session
+                other.execute("SET lock_timeout = '200ms'")
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    other.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (era2,))
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    other.execute("SELECT 1 FROM events WHERE run_id = %s FOR UPDATE", (era2,))
+            conn.rollback()
+    finally:
+        pg.psql(f"DELETE FROM runs WHERE run_id = '{era2}'")

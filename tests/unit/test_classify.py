@@ -501,3 +501,29 @@ def test_a_classifier_error_refuses_the_statement_and_is_not_cached(monkeypatch,
     assert c.classify(sql).changed  # once fixed, the same text is translated
     worker_plan, _generation = c.analyse("SELECT payload FROM events")
     assert worker_plan.changed
+
+
+@pytest.mark.parametrize("major", [1, 2])
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM events WHERE run_id = $1 FOR UPDATE",
+    "SELECT type FROM events WHERE run_id = $1 ORDER BY sequence LIMIT 10 FOR UPDATE SKIP LOCKED",
+    "SELECT payload FROM events WHERE run_id = $1 FOR SHARE NOWAIT",
+    "SELECT e.type FROM events e JOIN runs r USING (run_id) FOR NO KEY UPDATE OF e",
+    "SELECT * FROM runs r WHERE r.run_id IN (SELECT run_id FROM events WHERE type = 'x' FOR KEY SHARE)",
+])
+def test_a_row_lock_on_a_translated_read_is_refused_with_its_reason(sql, major):
+    """Issue 23: the translated relation is a union with outer joins, which PostgreSQL cannot lock through; the
+    seat refuses the lock with its reason (OW004) instead of the server's error about a view the client never
+    named."""
+    plan = classify(sql, major)
+    assert plan.refused is not None and plan.refused.kind == "row lock on the events table", plan
+    assert "FOR UPDATE OF the runs table" in plan.refused.detail
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_a_row_lock_of_another_table_or_of_the_keys_goes_on(major):
+    text = classify("SELECT e.type FROM events e JOIN runs r USING (run_id) WHERE r.run_id = $1 "
+                    "FOR UPDATE OF r SKIP LOCKED", major).text
+    assert f"openwop_seat.events_m{major} AS e" in text and text.endswith("FOR UPDATE OF r SKIP LOCKED")
+    text = classify("SELECT run_id, sequence FROM events WHERE run_id = $1 FOR UPDATE", major).text
+    assert "openwop_seat.events_keys AS events" in text and text.endswith("FOR UPDATE")
