@@ -38,7 +38,8 @@ from . import report, seed, stack, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = (*report.THROUGHPUT, "latency", "idle_memory")
-GROUPS = {"connect": report.CONNECT}  # --only connect: both connect workloads
+GROUPS = {"connect": report.CONNECT,  # --only connect: both connect workloads
+          "host_requests": ("host_requests_1", "host_requests_8")}
 
 
 def _positive(text: str) -> int:
@@ -177,7 +178,14 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
         host_mix = workloads.page_script(scratch, seed.HOST_MIX_RUNS, "host-mix-page")
         append = workloads.append_script(scratch)
         select1 = workloads.select1_script(scratch)
+        request = workloads.host_request_script(scratch)
         payload = json.dumps(seed.APPEND_PAYLOAD)
+
+        def append_vars(target: str) -> list[str]:
+            # the seat's sessions are claimed v2 writers: the v2 name; direct and PgBouncer are v1 writers
+            return ["-D", f"type={names[seed.APPEND_V1] if target == 'seat' else seed.APPEND_V1}", "-D", "node=n-1",
+                    "-D", f"payload={payload}"]
+
         pgbench_args = {
             "passthrough_simple": lambda t: ["-S", "-M", "simple"],
             "passthrough_extended": lambda t: ["-S", "-M", "extended"],
@@ -187,14 +195,14 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
             "translated_text": lambda t: ["-f", str(page), "-M", "extended"],
             "projection_page_text": lambda t: ["-f", str(projection), "-M", "extended"],
             "host_mix_page_text": lambda t: ["-f", str(host_mix), "-M", "extended"],
-            # the seat's sessions are claimed v2 writers: the v2 name; direct and PgBouncer are v1 writers
-            "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended",
-                                              "-D", f"type={names[seed.APPEND_V1] if t == 'seat' else seed.APPEND_V1}",
-                                              "-D", "node=n-1", "-D", f"payload={payload}"],
+            "append_v2_into_era2": lambda t: ["-f", str(append), "-M", "extended", *append_vars(t)],
+            "host_requests_1": lambda t: ["-f", str(request), "-M", "extended", *append_vars(t)],
+            "host_requests_8": lambda t: ["-f", str(request), "-M", "extended", *append_vars(t)],
             "connect_1": lambda t: ["-C", "-f", str(select1), "-M", "extended"],
             "connect_8": lambda t: ["-C", "-f", str(select1), "-M", "extended"],
         }
-        pgbench_clients = {"connect_1": (1, 1)}  # (clients, threads); else workloads.CLIENTS, THREADS
+        # (clients, threads); else workloads.CLIENTS, THREADS
+        pgbench_clients = {"connect_1": (1, 1), "host_requests_1": (1, 1)}
         # the major-1 session: the seat's [[proxy.clients]] rule; the same application_name on every target
         pgbench_env = {"era2_page_major1_text": {"PGAPPNAME": seed.V1_APPLICATION}}
         binary_runs = {"era3_page_binary": seed.ERA3_RUNS, "translated_binary": seed.PAGE_RUNS}

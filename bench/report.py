@@ -45,6 +45,11 @@ THROUGHPUT = {
     "connect_1": ("conn/s", "connect (libpq, as psycopg), SELECT 1, close: pgbench -C -M extended, 1 client; the "
                             "seat's sessions are major 2 (claimed), PgBouncer hands out a server connection it keeps"),
     "connect_8": ("conn/s", "the same, 8 clients, 2 threads"),
+    "host_requests_1": ("req/s", "one request of the reference host: its run row, a 100-row page of a run of its "
+                                 "stored shapes, the append transaction (advisory lock, CTE INSERT … RETURNING) "
+                                 "into an era-2 run, the run row's update, the run list; pgbench -M extended, "
+                                 "1 client; the seat appends the v2 name, direct and PgBouncer the v1 name"),
+    "host_requests_8": ("req/s", "the same, 8 clients, 2 threads"),
 }
 # The connect workloads are also held to a goal against direct PostgreSQL (issue 26).
 CONNECT = ("connect_1", "connect_8")
@@ -82,6 +87,9 @@ REPORTED: dict[str, str] = {
     "connect_1": "connects at 1 client: seat ÷ PgBouncer (PgBouncer reuses its server connections; the seat does not "
                  "yet: the goal with reuse, <= 1.2x PgBouncer's connect time, waits for pooled server connections)",
     "connect_8": "connects at 8 clients: seat ÷ PgBouncer (as connect_1)",
+    "host_requests_1": "the reference host's request mix at 1 client: seat ÷ PgBouncer (issue 27: its figure is the "
+                       "CPU per 1,000 requests beside it)",
+    "host_requests_8": "the reference host's request mix at 8 clients: seat ÷ PgBouncer (as host_requests_1)",
 }
 
 

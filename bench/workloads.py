@@ -29,7 +29,7 @@ from pathlib import Path
 import asyncpg
 import uvloop
 
-from .seed import APPEND_RUNS, PAGE_ROWS, PAGE_SQL
+from .seed import APPEND_RUNS, HOST_MIX_RUNS, PAGE_ROWS, PAGE_SQL
 from .stack import rss_kib
 
 CLIENTS = 8  # the issue's pgbench setting for every throughput workload: 8 clients, 2 threads
@@ -53,6 +53,30 @@ def select1_script(directory: Path) -> Path:
     """``SELECT 1``: with pgbench ``-C``, a connect (libpq, as psycopg connects), the statement, a close."""
     path = directory / "select1.sql"
     path.write_text("SELECT 1;\n")
+    return path
+
+
+def host_request_script(directory: Path) -> Path:
+    """One request of the reference host (docs: host-traffic): its run row, a page of a run's log (a run of the
+    host's stored shapes), the append transaction with its advisory lock into an era-2 run, the run row's
+    update, and the run list: eight statements, as the host sends them (extended protocol, unnamed statements;
+    BEGIN and COMMIT as simple queries would be the same bytes here). The type, node and payload of the append
+    come from ``-D`` variables, as for :func:`append_script`."""
+    path = directory / "host-request.sql"
+    path.write_text(
+        f"\\set run random({APPEND_RUNS[0]}, {APPEND_RUNS[-1]})\n"
+        f"\\set page random({HOST_MIX_RUNS[0]}, {HOST_MIX_RUNS[-1]})\n"
+        "SELECT * FROM runs WHERE run_id = :run;\n"
+        "SELECT * FROM events WHERE run_id = :page AND sequence > 0 ORDER BY sequence LIMIT 1000;\n"
+        "BEGIN;\n"
+        "SELECT pg_advisory_xact_lock(hashtext(:run), 1);\n"
+        "WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = :run)\n"
+        "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)\n"
+        "SELECT :run || '.' || next.seq, :run, next.seq, :type, :node, :payload, now(), NULL FROM next\n"
+        "RETURNING event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id;\n"
+        "COMMIT;\n"
+        "UPDATE runs SET status = 'running' WHERE run_id = :run;\n"
+        "SELECT run_id, status, created_at FROM runs ORDER BY created_at DESC LIMIT 20;\n")
     return path
 
 
