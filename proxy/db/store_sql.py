@@ -64,7 +64,7 @@ ERA_TRIGGER = "store_era"
 
 
 def in_force_sql(events_table: str, trigger_prefix: str) -> str:
-    """True while both store triggers on the events table fire always; evaluated once per statement."""
+    """True while both store triggers on the events table are enabled; evaluated once per statement."""
     names = ", ".join(quote_literal(trigger_prefix + n) for n in (ROW_TRIGGER, TRUNCATE_TRIGGER))
     return (f"(SELECT pg_catalog.count(*) {EQ} 2 FROM pg_catalog.pg_trigger {M}_t "
             f"WHERE {M}_t.tgrelid {EQ} {quote_literal(quote_relation(events_table))}::regclass "
