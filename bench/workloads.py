@@ -56,6 +56,18 @@ def select1_script(directory: Path) -> Path:
     return path
 
 
+# The host's append of one event into run :run, as a transaction (pgbench script text; :type, :node and :payload
+# from -D variables).
+APPEND_TRANSACTION = (
+    "BEGIN;\n"
+    "SELECT pg_advisory_xact_lock(hashtext(:run), 1);\n"
+    "WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = :run)\n"
+    "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)\n"
+    "SELECT :run || '.' || next.seq, :run, next.seq, :type, :node, :payload, now(), NULL FROM next\n"
+    "RETURNING event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id;\n"
+    "COMMIT;\n")
+
+
 def host_request_script(directory: Path) -> Path:
     """One request of the reference host (docs: host-traffic): its run row, a page of a run's log (a run of the
     host's stored shapes), the append transaction with its advisory lock into an era-2 run, the run row's
@@ -68,13 +80,7 @@ def host_request_script(directory: Path) -> Path:
         f"\\set page random({HOST_MIX_RUNS[0]}, {HOST_MIX_RUNS[-1]})\n"
         "SELECT * FROM runs WHERE run_id = :run;\n"
         "SELECT * FROM events WHERE run_id = :page AND sequence > 0 ORDER BY sequence LIMIT 1000;\n"
-        "BEGIN;\n"
-        "SELECT pg_advisory_xact_lock(hashtext(:run), 1);\n"
-        "WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = :run)\n"
-        "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)\n"
-        "SELECT :run || '.' || next.seq, :run, next.seq, :type, :node, :payload, now(), NULL FROM next\n"
-        "RETURNING event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id;\n"
-        "COMMIT;\n"
+        f"{APPEND_TRANSACTION}"
         "UPDATE runs SET status = 'running' WHERE run_id = :run;\n"
         "SELECT run_id, status, created_at FROM runs ORDER BY created_at DESC LIMIT 20;\n")
     return path
@@ -88,14 +94,7 @@ def append_script(directory: Path) -> Path:
     """
     path = directory / "append.sql"
     path.write_text(
-        f"\\set run random({APPEND_RUNS[0]}, {APPEND_RUNS[-1]})\n"
-        "BEGIN;\n"
-        "SELECT pg_advisory_xact_lock(hashtext(:run), 1);\n"
-        "WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = :run)\n"
-        "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id)\n"
-        "SELECT :run || '.' || next.seq, :run, next.seq, :type, :node, :payload, now(), NULL FROM next\n"
-        "RETURNING event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id;\n"
-        "COMMIT;\n")
+        f"\\set run random({APPEND_RUNS[0]}, {APPEND_RUNS[-1]})\n{APPEND_TRANSACTION}")
     return path
 
 
