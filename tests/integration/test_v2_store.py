@@ -342,3 +342,17 @@ def test_serve_fills_the_store_in_the_background_and_counts_it(start_seat, pg, c
     assert re.search(r'openwop_seat_store_fill_runs_total\{result="filled"\} [1-9]', metrics), metrics
     for r in runs:
         same(conn, r)
+
+
+def test_the_store_functions_refuse_bad_input_and_change_nothing(conn):
+    """What a client may call itself: store_fill of no run, store_pending with a negative count, and the
+    classifier's guard given a name that is not the host's events table."""
+    before = conn.execute("SELECT count(*) FROM openwop_seat.events_v2_runs").fetchone()[0]
+    assert fill(conn, None) == "missing"
+    with pytest.raises(psycopg.errors.InvalidRowCountInLimitClause):
+        conn.execute("SELECT openwop_seat.store_pending(-1)")
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute("SELECT openwop_seat.events_named('runs')")
+    assert refused.value.sqlstate == "OW004" and "finds public.runs, not the host's events table" in str(refused.value)
+    assert conn.execute("SELECT openwop_seat.events_named('events')").fetchone() == (True,)
+    assert conn.execute("SELECT count(*) FROM openwop_seat.events_v2_runs").fetchone()[0] == before
