@@ -372,3 +372,22 @@ def test_sighup_applies_admin_users_in_the_supervisor(start_seat, tmp_path):
     seat.proc.send_signal(signal.SIGHUP)
     until(lambda: run(dsn, "SHOW VERSION", user="second", password="second-pw", check=False).returncode != 0,
           "the removed admin user refused")
+
+
+def test_session_ids_are_not_reused_after_a_worker_restart(start_seat, tmp_path):
+    seat, dsn = console(start_seat, tmp_path, workers=2)
+    seat._admin = dsn
+    before = on_every_worker(seat, 2, "before")
+    ids_before = {int(r["id"]) for r in clients(dsn)}
+    for conn in before:
+        conn.close()
+    os.kill(worker_pids(seat)[1], signal.SIGKILL)
+    until(lambda: len(re.findall(r"worker started worker=1 ", seat.log())) == 2, "worker 1 restarted")
+    after = on_every_worker(seat, 2, "after")
+    ids_after = {int(r["id"]) for r in clients(dsn) if r["application_name"].startswith("after-")}
+    assert len(ids_after) == len(after)
+    assert not ids_after & ids_before, (ids_before, ids_after)  # the restarted worker numbers past its earlier ids
+    (restarted,) = {i % 2 for i in ids_after} & {1}  # worker 1 numbers 1, 3, 5, …
+    assert min(i for i in ids_after if i % 2 == restarted) > max(ids_before)
+    for conn in after:
+        conn.close()
