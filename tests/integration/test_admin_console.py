@@ -140,6 +140,8 @@ def test_show_clients_servers_pools_stats(start_seat, tmp_path, workers):
         assert int(after["total_xact_count"]) == int(before["total_xact_count"]) + 2
         assert int(after["total_query_count"]) > int(before["total_query_count"])
         assert int(after["total_received"]) > int(before["total_received"])
+        # the first minute: per-second rates since the process started (every worker's, summed)
+        assert int(after["avg_query_count"]) > 0 and int(after["avg_recv"]) > 0 and int(after["avg_sent"]) > 0
     for conn in conns:
         conn.close()
     stats = {r["database"]: r for r in table(dsn, "SHOW STATS", STATS_COLUMNS)}["postgres"]
