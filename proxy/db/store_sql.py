@@ -283,6 +283,8 @@ REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
 
 -- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
 -- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
+-- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
+-- run's events (retention, erasure) leaves no translated copy of them behind.
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -290,6 +292,9 @@ AS $ow$
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+        IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
+            DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
+        END IF;
     END IF;
     IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
         PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);

@@ -221,6 +221,23 @@ def test_updates_and_deletes_of_a_filled_run_unmark_it(conn):
         assert same(conn, run) == got
 
 
+def test_deleting_a_runs_events_leaves_no_copy_in_the_store(conn, pg, db):
+    """A host that deletes a run (retention, erasure) deletes the store's translated copy of its rows with it,
+    in the same transaction: rolled back with it, and gone when it commits, filled or not at the time."""
+    run = new_run(conn, REFERENCE_HOST)
+    fill(conn, run)
+    with psycopg.connect(pg.dsn(dbname=db)) as w:
+        w.execute("DELETE FROM events WHERE run_id = %s", (run,))
+        w.rollback()
+    assert stored(conn, run) == len(REFERENCE_HOST)  # rolled back with the delete
+    append(conn, run, len(REFERENCE_HOST) + 1, "node.started", {})  # unmarked, its old copy still stored
+    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST)
+    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence <= 2", (run,))
+    assert stored(conn, run) == len(REFERENCE_HOST) - 2
+    conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
+    assert stored(conn, run) == 0 and same(conn, run) == ("ok", [])
+
+
 def test_a_fill_committed_after_a_repeatable_read_writers_snapshot_makes_it_retry(conn, pg, db):
     """The writer's snapshot predates the fill: its unmark would not see the mark, so the mark's conflict check
     fails it (serialization failure); nothing stale is left. Without a fill in between it goes through."""

@@ -3271,6 +3271,8 @@ REVOKE ALL ON FUNCTION openwop_seat.store_unmark(text) FROM PUBLIC;
 
 -- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
 -- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
+-- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
+-- run's events (retention, erasure) leaves no translated copy of them behind.
 CREATE OR REPLACE FUNCTION openwop_seat.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3278,6 +3280,9 @@ AS $ow$
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
+        IF TG_RELID OPERATOR(pg_catalog.=) '"public"."events"'::regclass THEN
+            DELETE FROM openwop_seat.events_v2_store openwop_seat_s WHERE openwop_seat_s."run_id" OPERATOR(pg_catalog.=) OLD."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.=) OLD.sequence;
+        END IF;
     END IF;
     IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
         PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
