@@ -192,7 +192,8 @@ async def _migrate_locked(conn, config: Config, artifacts, secret: str | None, s
     # declared_v2 first: the projection functions call it (ADR 0010), and a SQL function's body is checked when
     # it is created
     sql = (declarations_objects_sql(decl)
-           + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events)
+           + artifact_objects_sql(artifacts, config.host, run_id_type, writer_host, events,
+                                  orphans="runs" in tables and "." in writer_host.runs_table)
            + (relations.relations_sql(artifacts, await relations.qualified_tables(conn, config.host), columns,
                                       frozenset(decl.types), "runs" in tables)
               + net_sql.net_sql(events.table, [c.name for c in columns],

@@ -54,7 +54,8 @@ def render() -> str:
     parts.append("\n-- ==== the operator's declarations (none: the default configuration)\n")
     parts.append(declarations_sql(SCHEMA, EMPTY))
     parts.append("\n-- ==== artifact objects (functions of the reader and writer rules)\n")
-    parts.append(artifact_objects_sql(artifacts, host, "text", replace(host, runs_table="public.runs"), events))
+    parts.append(artifact_objects_sql(artifacts, host, "text", replace(host, runs_table="public.runs"), events,
+                                      orphans=True))
     parts.append("\n-- ==== translated relations\n")
     parts.append(relations_sql(artifacts, qualified, REFERENCE_COLUMNS))
     parts.append("\n-- ==== the net (ADR 0009; the policies name the migrating role, here openwop_seat_owner)\n")

@@ -150,17 +150,18 @@ async def qualified_host(conn, host: HostConfig) -> HostConfig:
     """``host`` with its runs table schema-qualified as the connected role's search_path finds it.
 
     The writer rule's functions pin their search_path (they are SECURITY
-    DEFINER), so a host table they name must carry its schema.  Only the era
-    column store names a host table in them (the runs table); it exists by then
-    (check_era_column).
+    DEFINER), so a host table they name must carry its schema: the runs table,
+    which the era column store writes (it exists by then: check_era_column) and
+    the append guard reads (``era2_orphan_appends``); unchanged when there is no
+    runs table and no era column.
     """
-    if host.era_column is None:
-        return host
     row = await conn.fetchrow(
         "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
         "ON n.oid = c.relnamespace WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(host.runs_table))
-    if row is None:  # pragma: no cover - check_era_column refuses first
-        raise SchemaError(f"the runs table {host.runs_table!r} (host.runs_table) does not exist")
+    if row is None:
+        if host.era_column is None:
+            return host  # no runs table yet: nothing of the writer rule names it (migrate says so)
+        raise SchemaError(f"the runs table {host.runs_table!r} (host.runs_table) does not exist")  # pragma: no cover
     if "." in row["nspname"] or "." in row["relname"]:
         raise SchemaError(f"the runs table {host.runs_table!r} resolves to {row['nspname']}.{row['relname']}, "
                           f"whose names hold a dot: rename it, or name it in host.runs_table without one")

@@ -284,7 +284,8 @@ def _history_check_sql(artifacts, host: HostConfig, events: EventsRef | None, ru
     END IF;"""
 
 
-def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, events: EventsRef | None = None) -> str:
+def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, events: EventsRef | None = None,
+                   orphans: bool = False) -> str:
     arg = "stamp_run.run" if run_id_type is None else f"CAST(stamp_run.run AS {run_id_type})"
     if host.era_column is None:
         write = f"""INSERT INTO {SCHEMA}.run_era (run_id, era, source)
@@ -295,6 +296,21 @@ def _stamp_run_sql(host: HostConfig, run_id_type: str | None, artifacts=None, ev
         write = f"""UPDATE {quote_qualified(host.runs_table)} SET {col} = 3
     WHERE {key} = {arg} AND {col} IS DISTINCT FROM 3;"""
     check = _history_check_sql(artifacts, host, events, "stamp_run.run", "stamp_run.source") if artifacts else ""
+    orphan_probe = ""
+    if orphans and check:
+        # REPEATABLE READ / SERIALIZABLE: the history check read the events in this transaction's snapshot; an
+        # append that committed after it (before this lock) is invisible there, but its record in
+        # era2_orphan_appends is not invisible to a uniqueness check: PostgreSQL raises serialization_failure,
+        # and the retry sees the events and refuses the stamp. The probe's own row is rolled back.
+        orphan_probe = f"""
+    IF stamp_run.source = 'created' AND current_setting('transaction_isolation') <> 'read committed' THEN
+        BEGIN
+            INSERT INTO {ORPHAN_APPENDS} (run_id) VALUES (stamp_run.run) ON CONFLICT (run_id) DO NOTHING;
+            RAISE EXCEPTION USING ERRCODE = {quote_literal(_PROBE_SQLSTATE)};
+        EXCEPTION WHEN SQLSTATE {quote_literal(_PROBE_SQLSTATE)} THEN
+            NULL;
+        END;
+    END IF;"""
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.stamp_run(run text, source text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -312,7 +328,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock({SCHEMA}.run_lock_key(stamp_run.run));
     IF {era_sql(host, arg)} = 3 THEN
         RETURN false;  -- stamped already: nothing to check, nothing to write
-    END IF;{check}
+    END IF;{check}{orphan_probe}
     {write}
     RETURN FOUND;
 END
@@ -386,7 +402,7 @@ _RUN_LOCK_SHARED = f"""    IF v_run IS NOT NULL THEN
 """
 
 
-def _on_event_insert_sql(artifacts, host: HostConfig) -> str:
+def _on_event_insert_sql(artifacts, host: HostConfig, orphans: bool = False) -> str:
     rows = _codemap_rows(artifacts)
     v2_names = frozenset(rows.values())
     identity = frozenset(v1 for v1, v2 in rows.items() if v1 == v2)
@@ -404,6 +420,16 @@ def _on_event_insert_sql(artifacts, host: HostConfig) -> str:
     run = f"NEW.{quote_ident(host.run_id_column)}"
     typ = f"NEW.{quote_ident(host.type_column)}"
     where = "format('event type %s appended to %s run %s at sequence %s', quote_nullable(v_type), "
+    orphan = ""
+    if orphans:
+        orphan = f"""
+    -- An append to a run whose runs row does not exist (yet): recorded, for a v2 writer that creates the run
+    -- under REPEATABLE READ or SERIALIZABLE after this commits (its snapshot may not show this row; stamp_run).
+    IF v_era = 2 AND v_run IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM {quote_qualified(host.runs_table)} r
+            WHERE r.{quote_ident(host.run_id_column)} = {run}) THEN
+        INSERT INTO {ORPHAN_APPENDS} (run_id) VALUES (v_run) ON CONFLICT (run_id) DO NOTHING;
+    END IF;"""
     if host.era_column is None:
         probe = f"""
     -- REPEATABLE READ / SERIALIZABLE: a stamp that committed after this
@@ -418,7 +444,8 @@ def _on_event_insert_sql(artifacts, host: HostConfig) -> str:
         EXCEPTION WHEN SQLSTATE {quote_literal(_PROBE_SQLSTATE)} THEN
             NULL;
         END;
-    END IF;"""
+    END IF;
+{orphan}"""
     else:
         probe = ""
     unmapped = "has no codemap row and no registered vendor prefix"
@@ -896,8 +923,29 @@ CREATE OR REPLACE TRIGGER {name} AFTER DELETE ON {events} FOR EACH ROW
     return tuple(out)
 
 
+ORPHAN_APPENDS = f"{SCHEMA}.era2_orphan_appends"
+
+
+def _orphan_appends_sql(host: HostConfig, orphans: bool) -> str:
+    """The runs an append reached before their runs row existed (the run_era store only): what a v2 writer that
+    creates such a run under REPEATABLE READ or SERIALIZABLE probes, since its snapshot may not show the events.
+    Kept across migrate (a row matters only while a transaction that predates it is open). ``orphans``: the runs
+    table exists, and ``host.runs_table`` names it with its schema (the functions' search_path is pinned)."""
+    if host.era_column is not None or not orphans:
+        return ""
+    return f"""
+CREATE TABLE IF NOT EXISTS {ORPHAN_APPENDS} (
+    run_id text PRIMARY KEY,
+    appended_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE {ORPHAN_APPENDS} IS
+    'runs appended to before their runs row existed (era 2): a v2 creation of one under REPEATABLE READ probes it';
+REVOKE ALL ON TABLE {ORPHAN_APPENDS} FROM PUBLIC;
+"""
+
+
 def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
-                    events: EventsRef | None = None) -> str:
+                    events: EventsRef | None = None, orphans: bool = False) -> str:
     """The writer rule's functions (CREATE OR REPLACE; the triggers are :func:`writer_triggers`).
 
     Known limit: with ``[host] era_column``, an append under REPEATABLE READ or
@@ -906,8 +954,10 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
     is still detected).  The run_era store detects it (see the module
     docstring); the host's runs table cannot be probed the same way.
     """
-    return "".join((_claim_sql(), _claim_once_sql(), _session_major_sql(), _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events),
-                    _on_event_insert_sql(artifacts, host), _on_event_inserted_sql(artifacts, host),
+    orphans = orphans and host.era_column is None
+    return "".join((_orphan_appends_sql(host, orphans), _claim_sql(), _claim_once_sql(), _session_major_sql(),
+                    _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events, orphans),
+                    _on_event_insert_sql(artifacts, host, orphans), _on_event_inserted_sql(artifacts, host),
                     _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
                     _update_era3_sql(host), _delete_era3_sql(host), _run_write_era3_sql(host)))
 
@@ -957,12 +1007,15 @@ FUNCTIONS = PUBLIC_FUNCTIONS + PRIVATE_FUNCTIONS
 
 
 def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
-                         writer_host: HostConfig | None = None, events: EventsRef | None = None) -> str:
+                         writer_host: HostConfig | None = None, events: EventsRef | None = None,
+                         orphans: bool = False) -> str:
     """The DDL of every artifact-dependent function (CREATE OR REPLACE; idempotent), and their grants.
 
     ``writer_host``: ``host`` with the runs table schema-qualified (see
     :func:`qualified_host`), for the writer rule's functions, whose search_path
-    is pinned; default ``host``.
+    is pinned; default ``host``. ``orphans``: the runs table exists and
+    ``writer_host`` names it with its schema (the appends then record runs they
+    reach before their runs row, for a v2 creation under REPEATABLE READ).
     """
     grants = "\n".join([f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{f} TO PUBLIC;" for f in PUBLIC_FUNCTIONS]
                        + [f"REVOKE ALL ON FUNCTION {SCHEMA}.{f} FROM PUBLIC;" for f in PRIVATE_FUNCTIONS])
@@ -980,4 +1033,4 @@ def artifact_objects_sql(artifacts, host: HostConfig, run_id_type: str | None = 
                     _refuse_row_sql(raising=False), _read_v2_sql(artifacts, raising=False),
                     read_v2p_sql(SCHEMA, artifacts, sqlstate, raising=False, refused_prefix=TRY_REFUSED),
                     _refuse_statement_sql(), _era_of_sql(host, run_id_type),
-                    writer_rule_sql(artifacts, writer_host or host, run_id_type, events))) + "\n" + grants + "\n"
+                    writer_rule_sql(artifacts, writer_host or host, run_id_type, events, orphans))) + "\n" + grants + "\n"

@@ -446,16 +446,25 @@ async def run_retire(conn, config, artifacts, *, quiet: float, allow_era2: bool,
             await conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
             say(f"dropped {SCHEMA} and everything in it (--drop-evidence)")
             return record
+        # a function returning a view's rows (events_m2_run, ADR 0015) depends on the view: it goes first; the
+        # others after the views, which call them
+        of_views = [r["f"] for r in await conn.fetch(
+            "SELECT p.oid::regprocedure::text AS f FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_type t "
+            "ON t.oid = p.prorettype JOIN pg_catalog.pg_class c ON c.oid = t.typrelid "
+            "WHERE p.pronamespace = $1::regnamespace AND c.relkind IN ('v', 'm') ORDER BY 1", SCHEMA)]
+        if of_views:
+            await conn.execute("DROP FUNCTION " + ", ".join(of_views))
         if views:
             await conn.execute("DROP VIEW " + ", ".join(f"{SCHEMA}.{quote_ident(v)}" for v in views))
+        functions = [f for f in functions if f not in of_views]
         if functions:
             await conn.execute("DROP FUNCTION " + ", ".join(functions))
         if tables:
             await conn.execute("DROP TABLE " + ", ".join(f"{SCHEMA}.{quote_ident(t)}" for t in tables))
         if sequences:
             await conn.execute("DROP SEQUENCE " + ", ".join(f"{SCHEMA}.{quote_ident(s)}" for s in sequences))
-        say(f"dropped {len(views)} views, {len(functions)} functions, {len(tables)} tables and {len(sequences)} "
-            f"sequences of {SCHEMA}; kept {', '.join(record['kept'])}")
+        say(f"dropped {len(views)} views, {len(functions) + len(of_views)} functions, {len(tables)} tables and "
+            f"{len(sequences)} sequences of {SCHEMA}; kept {', '.join(record['kept'])}")
         await conn.executemany(
             f"INSERT INTO {SCHEMA}.meta (key, value) VALUES ($1, $2) "
             f"ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

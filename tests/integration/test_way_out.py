@@ -443,8 +443,9 @@ def test_cutover_gauges_on_metrics(pg, host, start_seat, workers):
             return resp.read().decode()
 
     def gauged() -> str | None:
+        # each worker's heartbeat lands on its own schedule: wait until every one of them is counted
         t = scrape()
-        return t if "openwop_seat_cutover_seats_serving " in t else None
+        return t if f"openwop_seat_cutover_seats_serving {float(workers)}" in t else None
 
     text = wait_for(gauged)
     assert text, scrape()

@@ -703,6 +703,39 @@ def test_repeatable_read_append_detects_a_stamp_committed_after_its_snapshot(sto
     assert store.stored(quiet_run) == ["run.started"]
 
 
+@pytest.mark.parametrize("store", ["run_era"], indirect=True)
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_v2_creation_under_repeatable_read_sees_an_append_committed_after_its_snapshot(store, isolation):
+    """Events appended to a run before its runs row exists are era 2; a v2 writer that then creates the run must
+    not stamp it era 3. Its snapshot may predate the append: the stamp probes the append's record and the
+    creation fails with serialization_failure; the retry sees the events and refuses, as in READ COMMITTED."""
+    run, fresh = rid(), rid()
+    with store.connect(2) as creator, store.connect() as v1:
+        creator.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        creator.execute("SELECT 1 FROM runs LIMIT 1")  # takes the snapshot
+        append(v1, run, 1, "run.started")  # a v1 writer's event, before the run's row, committed after it
+        refusal(lambda: create_run(creator, run), "40001")
+        creator.execute("ROLLBACK")
+        err = refusal(lambda: create_run(creator, run), ERRORS["era2_write_refused"].sqlstate)  # the retry
+        assert "before its runs row was created" in err.diag.message_primary
+        creator.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        create_run(creator, fresh)  # a run nobody appended to: the probe rolls itself back
+        creator.execute("COMMIT")
+    assert store.era(run) == 2 and store.era(fresh) == 3
+    assert store.stored(run) == ["run.started"]
+    assert store.sql("SELECT run_id FROM openwop_seat.era2_orphan_appends WHERE run_id IN (%s, %s)",
+                     (run, fresh)) == [(run,)]
+
+
+@pytest.mark.parametrize("store", ["run_era"], indirect=True)
+def test_an_append_to_a_run_with_its_row_records_nothing(store):
+    run = rid()
+    with store.connect() as v1:
+        create_run(v1, run)
+        append(v1, run, 1, "run.started")
+    assert store.sql("SELECT count(*) FROM openwop_seat.era2_orphan_appends WHERE run_id = %s", (run,)) == [(0,)]
+
+
 # --- migrate: the claim secret, the triggers, the owner ------------------------------------------
 
 

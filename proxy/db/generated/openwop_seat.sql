@@ -1002,6 +1002,14 @@ BEGIN
 END
 $ow$;
 
+CREATE TABLE IF NOT EXISTS openwop_seat.era2_orphan_appends (
+    run_id text PRIMARY KEY,
+    appended_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE openwop_seat.era2_orphan_appends IS
+    'runs appended to before their runs row existed (era 2): a v2 creation of one under REPEATABLE READ probes it';
+REVOKE ALL ON TABLE openwop_seat.era2_orphan_appends FROM PUBLIC;
+
 DROP FUNCTION IF EXISTS openwop_seat.claim(text, integer);
 CREATE OR REPLACE FUNCTION openwop_seat.claim_challenge()
 RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1205,6 +1213,14 @@ BEGIN
             'details', jsonb_build_object('type', v_type, 'runId', v_run, 'sequence', v_seq))::text,
         HINT = 'convert the run with openwop-seat backfill (it rewrites its events and stamps it in one transaction), or create the run under a new id';
     END IF;
+    IF stamp_run.source = 'created' AND current_setting('transaction_isolation') <> 'read committed' THEN
+        BEGIN
+            INSERT INTO openwop_seat.era2_orphan_appends (run_id) VALUES (stamp_run.run) ON CONFLICT (run_id) DO NOTHING;
+            RAISE EXCEPTION USING ERRCODE = 'OW9PR';
+        EXCEPTION WHEN SQLSTATE 'OW9PR' THEN
+            NULL;
+        END;
+    END IF;
     INSERT INTO openwop_seat.run_era (run_id, era, source)
     VALUES (stamp_run.run, 3, coalesce(stamp_run.source, 'unknown'))
     ON CONFLICT (run_id) DO NOTHING;
@@ -1252,6 +1268,14 @@ BEGIN
         EXCEPTION WHEN SQLSTATE 'OW9PR' THEN
             NULL;
         END;
+    END IF;
+
+    -- An append to a run whose runs row does not exist (yet): recorded, for a v2 writer that creates the run
+    -- under REPEATABLE READ or SERIALIZABLE after this commits (its snapshot may not show this row; stamp_run).
+    IF v_era = 2 AND v_run IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM "public"."runs" r
+            WHERE r."run_id" = NEW."run_id") THEN
+        INSERT INTO openwop_seat.era2_orphan_appends (run_id) VALUES (v_run) ON CONFLICT (run_id) DO NOTHING;
     END IF;
     v_major := openwop_seat.session_major();
     IF v_major IS DISTINCT FROM 2 THEN
