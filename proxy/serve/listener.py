@@ -396,12 +396,15 @@ class SeatServer:
             ev = ctx.watch.events
 
             async def check(conn):
-                state = await relation_state(conn, self.config.host, ev.table_oid, ev.type_attnum,
-                                             ev.payload_attnum or None)
-                return state, await database_functions(conn, self.config.host.events_table)
+                # the table and its columns by name, as they are now: a rebuilt table or a column dropped and added
+                # again has another oid or attnum than at start, and the leak check must follow it (issue 23)
+                now = await first_boot_events(conn, self.config.host) or ev
+                state = await relation_state(conn, self.config.host, now.table_oid, now.type_attnum,
+                                             now.payload_attnum or None)
+                return now, state, await database_functions(conn, self.config.host.events_table)
 
             try:
-                (derived, derived_payload, stale), functions = await self.catalog.run(
+                now, (derived, derived_payload, stale), functions = await self.catalog.run(
                     check, timeout=self.config.connect_timeout * 3)
             except Exception as e:  # noqa: BLE001 - the database may be away for a while; keep what we had
                 log.warning("relation check failed: %s", e)
@@ -411,8 +414,16 @@ class SeatServer:
             ctx.watch.stale = stale
             for classifier in ctx.classifiers.values():
                 classifier.set_functions(functions)
-            if derived != ev.derived_oids or derived_payload != ev.derived_payload_oids:
-                ctx.watch.set(replace(ev, derived_oids=derived, derived_payload_oids=derived_payload))
+            located = (now.table_oid, now.type_attnum, now.payload_attnum)
+            if located != (ev.table_oid, ev.type_attnum, ev.payload_attnum):
+                log.warning("the events table's columns moved since the last check: the leak check follows them",
+                            extra={"fields": {"table_oid": now.table_oid, "type_attnum": now.type_attnum,
+                                              "payload_attnum": now.payload_attnum}})
+            if located != (ev.table_oid, ev.type_attnum, ev.payload_attnum) or derived != ev.derived_oids \
+                    or derived_payload != ev.derived_payload_oids:
+                ctx.watch.set(replace(ev, table_oid=now.table_oid, type_attnum=now.type_attnum,
+                                      payload_attnum=now.payload_attnum, derived_oids=derived,
+                                      derived_payload_oids=derived_payload))
 
     async def _watch_first_boot(self, ctx: ReadContext) -> None:
         """First boot: once the events table exists and `migrate` has run, the seat's rules come into force (the

@@ -133,3 +133,23 @@ def test_a_v1_host_writes_and_reads_its_events_at_first_boot_and_they_are_era_2_
     with psycopg.connect(seat.dsn(dbname=empty_db)) as v1_again:  # a new v1 session is claimed now
         assert v1_again.execute("SELECT openwop_seat.session_major()").fetchone() == (1,)
         assert v1_again.execute("SELECT type FROM events WHERE run_id = 'r1'").fetchall() == [(v1,)]
+
+
+def test_the_leak_check_follows_a_rebuilt_events_table_by_name(pg, empty_db, start_seat):
+    """The seat learns where the events table and its type and payload columns are at start; a table rebuilt under
+    the same name (RENAME, then CREATE … LIKE) has another oid. The seat's checks find it by name again, so the
+    leak check of the results looks for the table that now holds the name (issue 23 item 4)."""
+    pg.psql(HOST_SCHEMA, dbname=empty_db)
+    assert seat_cli("migrate", "--dsn", pg.dsn(dbname=empty_db)).returncode == 0
+    seat = start_seat(host={"dsn": pg.dsn(dbname=empty_db)})
+    pg.psql("ALTER TABLE events RENAME TO events_before; CREATE TABLE events (LIKE events_before INCLUDING ALL)",
+            dbname=empty_db)
+    oid, type_attnum = pg.psql("SELECT c.oid, a.attnum FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+                               "WHERE c.oid = 'public.events'::regclass AND a.attname = 'type'",
+                               dbname=empty_db).strip().split("|")
+    deadline = time.monotonic() + 30
+    while "the events table's columns moved" not in seat.log():
+        assert time.monotonic() < deadline, seat.log()
+        time.sleep(0.2)
+    line = next(x for x in seat.log().splitlines() if "the events table's columns moved" in x)
+    assert f"table_oid={oid}" in line and f"type_attnum={type_attnum}" in line, line
