@@ -135,6 +135,8 @@ def test_the_wheel_builds_without_warnings_and_holds_every_module_and_spec_file(
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")}
     assert modules <= names, sorted(modules - names)
+    # the compiled framer (ADR 0018), built from proxy/wire/_cframer.c by setup.py's ext_modules
+    assert any(n.startswith("proxy/wire/_cframer.") and n.endswith(".so") for n in names), sorted(names)
     spec = PACKAGE / "spec"
     manifest = json.loads((spec / "MANIFEST.json").read_text())
     listed = {f"proxy/spec/{rel}" for rel in manifest["files"]} | {"proxy/spec/MANIFEST.json", "proxy/spec/SOURCES.md"}

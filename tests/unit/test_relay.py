@@ -19,6 +19,9 @@ from proxy.serve.relay import Claim, Identity, Relay
 from proxy.stats import Stats
 from proxy.wire.state import Phase
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 SECRET = "a-claim-secret-of-sixteen-bytes"
 CHALLENGE = "salt123:challenge456"
 
