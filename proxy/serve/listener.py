@@ -24,6 +24,7 @@ from proxy.serve.context import (
 from proxy.serve.metrics import MetricsHTTP, Stats
 from proxy.serve.peer import client_ssl_context, upstream_ssl_context
 from proxy.serve.session import Peer, Session
+from proxy.wire import framer
 
 log = logging.getLogger("openwop_seat.server")
 
@@ -177,7 +178,10 @@ class SeatServer:
             "admin": ", ".join(str(a) for a in (self.config.admin_listen, self.config.admin_unix_socket) if a) or "off",
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode,
+            "framer": framer.IMPLEMENTATION,  # "c", the compiled core, or "python" (ADR 0018)
             **({"paused": True} if self.paused else {})}})
+        if framer.IMPLEMENTATION_NOTE:
+            log.warning("the pure-Python framer relays this seat's sessions: %s", framer.IMPLEMENTATION_NOTE)
 
     def _open_listen_sockets(self) -> None:
         """Bind and listen on proxy.listen (every address it resolves to, as asyncio's create_server does).

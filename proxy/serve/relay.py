@@ -233,11 +233,13 @@ class Relay:
         if len(data) > SLICE and self.reader is not None:
             return self._sliced(self.from_client, data)
         self.bytes_in += len(data)
-        items = self.client_framer.feed(data)
+        framer = self.client_framer
+        whole = framer.at_boundary  # the chunk starts a message: it may go on as itself
+        items = framer.feed(data)
         if self.reader is None:
             out = self._client_raw(items, data)
         else:
-            out = self._client_read(items)
+            out = self._client_read(items, data if whole and framer.at_boundary and framer.violation is None else None)
         if self.client_framer.violation is not None and not self._deferred:
             self._client_violation(self.client_framer.violation)
         return out
@@ -292,10 +294,13 @@ class Relay:
         spans = [item[1] for item in items if item[0] == SPAN]
         return spans[0] if len(spans) == 1 else b"".join(spans)
 
-    def _client_read(self, items: list) -> bytes:
-        """A read path: each held message is rewritten by it (or goes on as it was)."""
+    def _client_read(self, items: list, chunk: bytes | None = None) -> bytes:
+        """A read path: each held message is rewritten by it (or goes on as it was). ``chunk``: the chunk the items
+        were framed from, when it holds whole messages only; if the read path replaces none of them it goes on as
+        itself (no message re-encoded, no join: ADR 0004's one pass, issue 27)."""
         reader = self.reader
-        out: list[bytes] = []
+        out: list = []  # bytes to send, and held items that go on as they were
+        replaced = False
         for n, item in enumerate(items):
             kind = item[0]
             if kind == SPAN:
@@ -319,7 +324,15 @@ class Relay:
                 # the messages before it are forwarded, as PostgreSQL processes them before failing
                 self._client_violation(e)
                 break
-            out.append(messages.message(bytes([t]), body) if replacement is None else replacement)
+            if replacement is None:
+                out.append(item)  # as it was: encoded below, unless the whole chunk goes on
+            else:
+                replaced = True
+                out.append(replacement)
+        else:
+            if chunk is not None and not replaced:
+                return chunk
+        out = [part if part.__class__ is bytes else messages.message(bytes([part[1]]), part[2]) for part in out]
         return out[0] if len(out) == 1 else b"".join(out)
 
     @property

@@ -21,10 +21,17 @@ A protocol violation (a refused type, a length below 4 or above the limit) does 
 before the bad message are returned as usual, and :attr:`Framer.violation` holds the
 :class:`~proxy.wire.codec.ProtocolViolation`; the stream cannot be resynchronised, so the caller ends
 the session. As PostgreSQL does, complete messages before a bad one are still processed.
+
+Two implementations do exactly this (ADR 0018): :class:`PyFramer`, the pure-Python definition below, and
+:class:`CFramer`, the same ``feed`` compiled from ``_cframer.c`` when ``make setup`` built it. :data:`Framer`
+is the one the seat uses: the compiled one when it is built, else the pure-Python one (and
+:data:`IMPLEMENTATION_NOTE` says why); the environment variable ``OPENWOP_SEAT_FRAMER`` (``c`` or ``python``)
+chooses explicitly. Both run the same unit tests.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 from proxy.wire.codec import MAX_MESSAGE_LENGTH, ProtocolViolation
@@ -55,7 +62,24 @@ PASS_ALL = verbs()  # every message forwarded: the framer only keeps track of bo
 HOLD_ALL = verbs(HOLD)  # every message held: whole messages, for an exchange the seat reads itself
 
 
-class Framer:
+class _Violations:
+    """How a framer reports a violation: shared by both implementations, so that their text is one."""
+
+    __slots__ = ()
+
+    def _refuse(self, t: int, pos: int) -> None:
+        self.violation = ProtocolViolation(f"invalid frontend message type {t}", valid_upto=pos)
+
+    def _length_violation(self, t: int, length: int, pos: int) -> None:
+        if length < 4:
+            self.violation = ProtocolViolation(f"invalid message length {length}", valid_upto=pos)
+        else:
+            self.violation = ProtocolViolation(
+                f"message of type {chr(t)!r} is too long ({length} bytes, limit {self.max_length + 4})",
+                sqlstate="54000", valid_upto=pos)
+
+
+class PyFramer(_Violations):
     """Frames one direction of a session; see the module docstring. ``table`` may be replaced at any time."""
 
     __slots__ = ("table", "max_length", "violation", "_hdr", "_need", "_type", "_verb", "_body")
@@ -175,13 +199,43 @@ class Framer:
             self._body = None
             out.append((self._verb, self._type, bytes(body)))
 
-    def _refuse(self, t: int, pos: int) -> None:
-        self.violation = ProtocolViolation(f"invalid frontend message type {t}", valid_upto=pos)
 
-    def _length_violation(self, t: int, length: int, pos: int) -> None:
-        if length < 4:
-            self.violation = ProtocolViolation(f"invalid message length {length}", valid_upto=pos)
-        else:
-            self.violation = ProtocolViolation(
-                f"message of type {chr(t)!r} is too long ({length} bytes, limit {self.max_length + 4})",
-                sqlstate="54000", valid_upto=pos)
+IMPLEMENTATION_ENV = "OPENWOP_SEAT_FRAMER"  # "c" or "python"; unset: the compiled one when it is built
+
+try:
+    from proxy.wire._cframer import FramerCore as _FramerCore
+except ImportError as e:  # not built (no compiler when the package was installed): the pure-Python framer
+    _FramerCore = None
+    _MISSING = f"the compiled framer (proxy/wire/_cframer.c) is not built: {e}"
+else:
+    _MISSING = ""
+
+if _FramerCore is not None:
+    class CFramer(_Violations, _FramerCore):
+        """:class:`PyFramer`'s behaviour with ``feed`` compiled (``_cframer.c``); the violations are built here."""
+
+        __slots__ = ()
+
+        def __init__(self, table: bytes = PASS_ALL, max_length: int = MAX_MESSAGE_LENGTH):
+            super().__init__(table, max_length)
+else:
+    CFramer = None
+
+
+def _select() -> tuple[type, str, str]:
+    """The framer the seat uses, its name ("c" or "python"), and why it is not the compiled one ('' when it is)."""
+    choice = os.environ.get(IMPLEMENTATION_ENV, "").strip().lower()
+    if choice == "python":
+        return PyFramer, "python", f"chosen by {IMPLEMENTATION_ENV}=python"
+    if choice not in ("", "c"):
+        raise ValueError(f"{IMPLEMENTATION_ENV} is {choice!r}: it may be 'c' or 'python' (or unset)")
+    if CFramer is None:
+        if choice == "c":
+            raise ImportError(f"{IMPLEMENTATION_ENV}=c, but {_MISSING}; run make setup (it needs a C compiler "
+                              "and Python's headers), or unset it for the pure-Python framer")
+        return PyFramer, "python", _MISSING
+    return CFramer, "c", ""
+
+
+# The framer the seat uses; IMPLEMENTATION names it, IMPLEMENTATION_NOTE says why it is the pure-Python one.
+Framer, IMPLEMENTATION, IMPLEMENTATION_NOTE = _select()

@@ -21,6 +21,9 @@ from proxy.wire.codec import (
 from proxy.wire.framer import COPY, Framer, verbs
 from proxy.wire.state import BACKEND_CAPTURE, Phase, SessionState
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 
 def msg(t: bytes, body: bytes = b"") -> bytes:
     """Independent of the code under test: type, big-endian length including itself, body."""

@@ -15,6 +15,9 @@ from hypothesis import strategies as st
 from proxy.wire.codec import FRONTEND_TYPES, MAX_MESSAGE_LENGTH
 from proxy.wire.framer import COPY, FORWARD, HOLD, HOLD_ALL, PASS_ALL, REFUSE, SPAN, Framer, verbs
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 
 def msg(t: bytes, body: bytes = b"") -> bytes:
     return t + struct.pack("!I", len(body) + 4) + body

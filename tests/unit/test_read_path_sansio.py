@@ -17,6 +17,9 @@ from proxy.readpath.read_path import MAX_PREPARED, POISON_SQL, EventColumns, Rea
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.framer import HOLD_ALL, Framer
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 EVENTS_OID = 0x61626364
 TYPE_ATTNUM, PAYLOAD_ATTNUM = 4, 6
 VIEW_OID = 0x00BEEF01  # a view over events.type, learned at start

@@ -19,6 +19,9 @@ from proxy.serve.relay import Claim, Identity, Relay
 from proxy.stats import Stats
 from proxy.wire.state import Phase
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 SECRET = "a-claim-secret-of-sixteen-bytes"
 CHALLENGE = "salt123:challenge456"
 
@@ -403,6 +406,25 @@ def test_a_translated_session_passes_a_result_of_another_table_unchanged():
     assert relay.from_client(QUERY) == QUERY
     to_client, _ = relay.from_server(RESULT)
     assert to_client == RESULT
+
+
+def test_a_translated_sessions_chunk_the_read_path_leaves_alone_goes_on_as_the_very_same_object():
+    relay = translated()
+    extended = (msg(b"P", b"\x00SELECT 1\x00\x00\x00") + msg(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
+                + msg(b"E", b"\x00\x00\x00\x00\x00") + msg(b"S"))
+    assert relay.from_client(QUERY) is QUERY
+    assert relay.from_client(extended) is extended
+    # a message that began in an earlier chunk is re-encoded whole: the same bytes, not the chunk
+    assert relay.from_client(QUERY[:3]) == b""
+    assert relay.from_client(QUERY[3:] + extended) == QUERY + extended
+    # a rewritten statement among them: the chunk is rebuilt around it, in order
+    page = msg(b"Q", PAGE + b"\x00")
+    sent = relay.from_client(QUERY + page + extended)
+    assert [t for t, _ in messages_of(sent)] == [b"Q", b"Q", b"P", b"B", b"E", b"S"]
+    assert sent.startswith(QUERY) and sent.endswith(extended) and b"openwop_seat.events_m2 AS events" in sent
+    # a violation after them: what came before goes on, the bad bytes never
+    bad = QUERY + b"\x01\x00\x00\x00\x04"
+    assert relay.from_client(bad) == QUERY and relay.ending.kind == "client_violation"
 
 
 # ---------------------------------------------------------------- the identity a major was chosen by

@@ -12,6 +12,9 @@ from proxy.readpath.read_path import POISON_SQL, ReadPath
 from proxy.serve.relay import SLICE, Relay
 from proxy.stats import Stats
 
+# each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_framer")
+
 
 def relay(reader: bool) -> Relay:
     r = Relay(Stats(), reader=ReadPath(Classifier(HostConfig(), 2), 2, None) if reader else None,

@@ -1,0 +1,29 @@
+"""The framer-driven unit tests run once per framer implementation (ADR 0018); each test's id says which."""
+
+from __future__ import annotations
+
+import pytest
+from framers import IMPLEMENTATIONS, framer_class
+
+# Modules whose tests drive a framer, directly or through the relay: each runs against both implementations.
+BOTH_FRAMERS = {"test_framer", "test_codec", "test_relay", "test_relay_bounds", "test_read_path_sansio"}
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def framer_impl(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def each_framer(request, framer_impl, monkeypatch):
+    """``Framer`` (the test module's own name and the relay's) is the implementation of the test's ``framer_impl``
+    parameter. A module whose tests drive a framer, directly or through the relay, says
+    ``pytestmark = pytest.mark.usefixtures("each_framer")``: each of its tests runs (and is named) once per framer."""
+    assert request.module.__name__ in BOTH_FRAMERS, "list the module in BOTH_FRAMERS"
+    cls = framer_class(framer_impl)
+    import proxy.serve.relay
+
+    monkeypatch.setattr(proxy.serve.relay, "Framer", cls)
+    if hasattr(request.module, "Framer"):
+        monkeypatch.setattr(request.module, "Framer", cls)
+    yield cls
