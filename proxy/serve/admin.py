@@ -222,6 +222,20 @@ class ProcessCommands:
                          local_addr, local_port, _wall(s.started), _wall(s._ready_at), wait, wait_us,
                          self._close_needed(s), s.state.backend_pid, _tls_version(transport),
                          s.params.get("application_name", ""), s.id, s.id])
+        # Pooled server connections no session is on ([pool], ADR 0016): idle, or being reset or checked ("used",
+        # as PgBouncer's state of a server connection that waits for its check). Their id is the negative of the
+        # pool's own number for them, and they have no link.
+        for conn in sorted(self.server.pool.servers, key=lambda c: c.id):
+            if conn.state not in ("idle", "reset", "check") or conn.peer is None or conn.peer.transport is None:
+                continue
+            transport = conn.peer.transport
+            addr, port = _split_addr(transport, "peername")
+            local_addr, local_port = _split_addr(transport, "sockname")
+            rows.append(["S", conn.key.user, conn.key.database, "idle" if conn.state == "idle" else "used",
+                         addr if addr != "unix" else str(up.host), port if port is not None else up.port,
+                         local_addr, local_port, _wall(conn.created), _wall(conn.idle_since or conn.created), 0, 0,
+                         0, conn.pid, _tls_version(transport), dict(conn.key.params).get("application_name", ""),
+                         -conn.id, None])
         return rows
 
     def pools(self) -> list:
@@ -236,6 +250,10 @@ class ProcessCommands:
             wait, wait_us = self._wait(s)
             if (wait, wait_us) > (row[6], row[7]):
                 row[6], row[7] = wait, wait_us
+        for conn in self.server.pool.servers:  # pooled server connections no session is on (ADR 0016)
+            if conn.state in ("idle", "reset", "check"):
+                row = pools.setdefault((conn.key.database, conn.key.user), [0, 0, 0, 0, 0, 0, 0, 0])
+                row[3 if conn.state == "idle" else 4] += 1
         return [[db, user, *row[:6], row[6], row[7], "session"] for (db, user), row in sorted(pools.items())]
 
     def stats(self) -> list:
@@ -353,7 +371,8 @@ class ProcessCommands:
 SHOW = {
     "clients": (CLIENT_COLUMNS, "one row per client connection (PgBouncer's columns; state waiting: held by PAUSE "
                                 "with a statement waiting)"),
-    "servers": (SERVER_COLUMNS, "one row per upstream connection (one per session: pool_mode session)"),
+    "servers": (SERVER_COLUMNS, "one row per upstream connection: one per session, and the pooled ones no session "
+                                "is on ([pool])"),
     "pools": (POOL_COLUMNS, "per database and user: clients active and waiting, upstream connections"),
     "stats": (STATS_COLUMNS, "per database (bounded as metrics.database_user_labels): transactions, statements, "
                              "bytes, since start"),
