@@ -21,10 +21,13 @@ import psycopg
 import pytest
 
 from harness import PASSWORD
+from proxy.dev.devcluster import free_port
+from proxy.serve.scram import scram_secret
 
 OTHER = "pool_b"
 OTHER_PW = "pool-b-pw"
 V1_APP = "v1-host"
+ADMIN_PW = "admin-pw"
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +55,17 @@ def verifiers(pg) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pooled(start_seat, verifiers, tmp_path_factory):
-    auth = tmp_path_factory.mktemp("pool") / "userlist.txt"
+    d = tmp_path_factory.mktemp("pool")
+    auth = d / "userlist.txt"
     auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()) + '"md5_user" "md5' + "0" * 32 + '"\n')
-    return start_seat(proxy={"clients": [{"application_name": V1_APP, "major": 1}]},
-                      extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 600}})
+    (d / "admin.txt").write_text(f'"ops" "{scram_secret(ADMIN_PW)}"\n')
+    admin_port = free_port()
+    seat = start_seat(proxy={"clients": [{"application_name": V1_APP, "major": 1}]},
+                      extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 600},
+                             "admin": {"listen": f"127.0.0.1:{admin_port}", "users": ["ops"],
+                                       "auth_file": str(d / "admin.txt")}})
+    seat.admin_port = admin_port
+    return seat
 
 
 def connect(seat, user: str = "scram_user", password: str = PASSWORD, **params) -> psycopg.Connection:
@@ -339,3 +349,101 @@ def test_a_former_clients_cancel_key_cancels_nothing(pooled, pg):
         t.join(30)
         assert result == [("",)]  # it got its lock (void), not a cancel
         nxt.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_another_startup_parameter_is_another_pool(pooled):
+    with connect(pooled, options="'-c lock_timeout=5s'") as first:
+        pid = backend(first)
+        assert first.execute("SHOW lock_timeout").fetchone()[0] == "5s"
+        first.execute("SET lock_timeout = '9s'")
+    settle(pooled)
+    with connect(pooled) as plain:
+        assert backend(plain) != pid
+        assert plain.execute("SHOW lock_timeout").fetchone()[0] != "5s"
+    with connect(pooled, options="'-c lock_timeout=5s'") as again:
+        assert backend(again) == pid
+        assert again.execute("SHOW lock_timeout").fetchone()[0] == "5s"  # its own startup's default, after the reset
+
+
+def test_the_admin_console_shows_the_idle_pooled_connections(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    with psycopg.connect(f"host=127.0.0.1 port={pooled.admin_port} dbname=pgbouncer user=ops password={ADMIN_PW}",
+                         autocommit=True) as admin:
+        servers = admin.pgconn.exec_(b"SHOW SERVERS")
+        columns = [servers.fname(i).decode() for i in range(servers.nfields)]
+        rows = [dict(zip(columns, (servers.get_value(r, i).decode() if servers.get_value(r, i) is not None
+                                   else None for i in range(servers.nfields)))) for r in range(servers.ntuples)]
+        idle = [r for r in rows if r["remote_pid"] == str(pid)]
+        assert len(idle) == 1 and idle[0]["state"] == "idle" and idle[0]["user"] == "scram_user"
+        assert int(idle[0]["id"]) < 0 and idle[0]["link"] is None
+        pools = admin.pgconn.exec_(b"SHOW POOLS")
+        columns = [pools.fname(i).decode() for i in range(pools.nfields)]
+        row = next(dict(zip(columns, (pools.get_value(r, i).decode() for i in range(pools.nfields))))
+                   for r in range(pools.ntuples) if pools.get_value(r, 1) == b"scram_user")
+        assert int(row["sv_idle"]) >= 1
+
+
+@pytest.fixture(scope="module")
+def small(start_seat, verifiers, tmp_path_factory):
+    """One server connection per pool; a client waits 5 s for it."""
+    auth = tmp_path_factory.mktemp("pool-small") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "pool_size": 1,
+                                      "query_wait_timeout": 5}})
+
+
+def test_a_client_of_a_full_pool_waits_for_the_backend(small):
+    first = connect(small)
+    pid = backend(first)
+    waits = counter(metrics(small), "openwop_seat_pool_waits")
+    got = []
+    t = threading.Thread(target=lambda: got.append(connect(small)))
+    t.start()
+    wait_for(small, lambda text: counter(text, "openwop_seat_pool_waits") == waits + 1, "a client waiting")
+    first.close()
+    t.join(30)
+    assert len(got) == 1
+    with got[0] as second:
+        assert backend(second) == pid
+
+
+def test_a_client_of_a_full_pool_is_refused_after_query_wait_timeout(small):
+    with connect(small):
+        with pytest.raises(psycopg.OperationalError, match="pool.query_wait_timeout"):
+            connect(small)
+
+
+@pytest.fixture(scope="module")
+def short_lived(start_seat, verifiers, tmp_path_factory):
+    auth = tmp_path_factory.mktemp("pool-short") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 0.2,
+                                      "server_lifetime": 1}})
+
+
+def gone(pg, pid: int) -> None:
+    """Wait until backend ``pid`` has ended (fails after 20 s)."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        deadline = time.monotonic() + 20
+        while direct.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline, f"backend {pid} is still there"
+            time.sleep(0.02)
+
+
+def test_server_idle_timeout_closes_an_idle_backend(short_lived, pg):
+    with connect(short_lived) as first:
+        pid = backend(first)
+    gone(pg, pid)
+    with connect(short_lived) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_server_lifetime_closes_an_old_backend_when_its_client_leaves(short_lived, pg):
+    resets = counter(metrics(short_lived), "openwop_seat_pool_resets", "ok")
+    with connect(short_lived) as first:
+        pid = backend(first)
+        time.sleep(1.2)  # older than server_lifetime when it leaves
+    gone(pg, pid)
+    assert counter(metrics(short_lived), "openwop_seat_pool_resets", "ok") == resets  # closed, not reset
