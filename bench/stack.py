@@ -123,21 +123,30 @@ class PgBouncer(DevPgBouncer):
                          users=(cluster.superuser,), run_as=cluster.user)
 
 
+# The superuser's password for the seat with reuse (bench/__main__.py): hand-overs authenticate at the seat.
+POOL_PASSWORD = "bench-pool-pw"
+
+
 class Seat(_Process):
     """``python -m proxy serve`` in front of the cluster: one worker, the cluster's database as the host's."""
 
     name = "seat"
 
-    def __init__(self, cluster: DevCluster, max_clients: int) -> None:
+    def __init__(self, cluster: DevCluster, max_clients: int, pool_verifier: str | None = None) -> None:
         super().__init__()
         config = self.dir / "openwop-seat.toml"
-        config.write_text(render_config({
+        sections = {
             "proxy": {"listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{cluster.port}",
                       "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5, "default_major": 2,
                       # the major-1 reader of the era2_page_major1_text workload (pgbench's PGAPPNAME)
                       "clients": [{"application_name": V1_APPLICATION, "major": 1}]},
             "host": {"dsn": cluster.dsn()},
-        }))
+        }
+        if pool_verifier is not None:  # the seat with reuse ([pool], ADR 0016): the superuser's SCRAM verifier
+            users = self.dir / "pool-users.txt"
+            users.write_text(f'"{cluster.superuser}" "{pool_verifier}"\n')
+            sections["pool"] = {"enabled": True, "auth_file": str(users)}
+        config.write_text(render_config(sections))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
