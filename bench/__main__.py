@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             pooled = stack.Seat(cluster, args.idle_connections + 100, pool_verifier=verifier)
             running.append(pooled)
             ports[report.POOLED], pids[report.POOLED] = pooled.port, pooled.pid
+            # …and PgBouncer with the same login, SCRAM-SHA-256 (the client's PBKDF2 is most of a reused connect)
+            scram_bouncer = stack.PgBouncer(pgbouncer_bin, cluster, args.idle_connections + 100,
+                                            scram_verifier=verifier)
+            running.append(scram_bouncer)
+            ports[report.BOUNCER_SCRAM], pids[report.BOUNCER_SCRAM] = scram_bouncer.port, scram_bouncer.pid
         document = {
             "bench": "openwop-seat make bench (issues #6, #15)",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"rounds": args.rounds, "seconds": args.seconds, "clients": workloads.CLIENTS,
                          "threads": workloads.THREADS, "pgbench_scale": args.scale,
                          "idle_connections": args.idle_connections, "workloads": selected,
-                         "targets": [*report.TARGETS, report.POOLED], "seat_workers": 1,
+                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM], "seat_workers": 1,
                          "pgbouncer_pool_mode": "session",
                          "postgresql": stack.cluster_settings(args.idle_connections)},
             "machine": stack.machine(cluster.psql("SHOW server_version").strip(), pgbouncer_bin, pgbench),
@@ -227,7 +232,7 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
                         cpu_before = stack.cpu_seconds(pids[target]) if target in pids else None
                         clients, threads = pgbench_clients.get(workload, (workloads.CLIENTS, workloads.THREADS))
                         env = pgbench_env.get(workload)
-                        if target == report.POOLED:  # its hand-overs log in with SCRAM-SHA-256 at the seat
+                        if target in (report.POOLED, report.BOUNCER_SCRAM):  # they log in with SCRAM-SHA-256
                             env = {**(env or {}), "PGPASSWORD": stack.POOL_PASSWORD}
                         figure, transactions = workloads.pgbench_run(pgbench, port, pgbench_args[workload](target),
                                                                      args.seconds, clients=clients, threads=threads,

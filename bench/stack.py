@@ -117,10 +117,13 @@ class _Process:
 class PgBouncer(DevPgBouncer):
     """PgBouncer in session mode in front of the cluster, as the cluster's account when we are root."""
 
-    def __init__(self, binary: str, cluster: DevCluster, max_clients: int) -> None:
-        # every client gets a server connection of its own, as through the seat
+    def __init__(self, binary: str, cluster: DevCluster, max_clients: int, scram_verifier: str | None = None) -> None:
+        # every client gets a server connection of its own, as through the seat; with a verifier, clients log in
+        # with SCRAM-SHA-256 at PgBouncer (as at the seat with reuse: the connect workloads' fair comparison)
         super().__init__(binary, cluster.port, pool_mode="session", max_clients=max_clients,
-                         users=(cluster.superuser,), run_as=cluster.user)
+                         users=(cluster.superuser,), run_as=cluster.user,
+                         auth_type="trust" if scram_verifier is None else "scram-sha-256",
+                         secrets=None if scram_verifier is None else {cluster.superuser: scram_verifier})
 
 
 # The superuser's password for the seat with reuse (bench/__main__.py): hand-overs authenticate at the seat.

@@ -39,7 +39,7 @@ def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
     assert set(document["machine"]) >= {"cpu_model", "cpus", "memory_mib", "kernel", "postgresql", "pgbouncer",
                                         "python"}
     for workload in RATIO_KEYS & set(document["rounds"]["throughput"]):
-        pooled = {"seat_pool"} if workload.startswith("connect_") else set()  # the seat with reuse (ADR 0016)
+        pooled = {"seat_pool", "pgbouncer_scram"} if workload.startswith("connect_") else set()  # reuse, SCRAM
         assert set(document["rounds"]["throughput"][workload][0]) == {"direct", "pgbouncer", "seat"} | pooled
     assert set(document["goals"]) == RATIO_KEYS - REPORTED_KEYS
     assert set(document["goals_met"]) == RATIO_KEYS - REPORTED_KEYS
