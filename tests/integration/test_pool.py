@@ -447,3 +447,32 @@ def test_server_lifetime_closes_an_old_backend_when_its_client_leaves(short_live
         time.sleep(1.2)  # older than server_lifetime when it leaves
     gone(pg, pid)
     assert counter(metrics(short_lived), "openwop_seat_pool_resets", "ok") == resets  # closed, not reset
+
+
+def test_a_wrong_password_without_an_idle_backend_is_refused_by_postgresql_and_frees_its_place(small):
+    """No idle backend: the client is relayed to PostgreSQL, which refuses it; its place in the pool of one is free
+    again (else the right password would wait for it and time out)."""
+    settle(small)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(small, password="wrong")
+    settle(small)
+    with connect(small) as right:
+        assert right.execute("SELECT current_user").fetchone()[0] == "scram_user"
+
+
+def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pooled):
+    """A client that sends its startup packet and goes away in the middle of the SCRAM exchange at the seat: the
+    backend it was to get stays in the pool, untouched."""
+    import socket
+    import struct
+
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    with socket.create_connection(("127.0.0.1", pooled.port)) as raw:
+        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+        assert raw.recv(1) == b"R"  # AuthenticationSASL from the seat: then the client leaves
+    settle(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid
