@@ -107,6 +107,22 @@ def settle(seat, user: str = "scram_user", major: int = 2) -> str:
     return wait_for(seat, lambda t: all(pool_count(t, s, user, major) == 0 for s in busy), "no reset in flight")
 
 
+def quiet(seat) -> str:
+    """Wait until no server connection of any pool is connecting, in use, being reset or checked."""
+    busy = re.compile(r'^openwop_seat_pool_server_connections\{[^}]*state="(?:active|check|login|reset)"[^}]*\} '
+                      r'([1-9]\S*)$', re.M)
+    return wait_for(seat, lambda t: busy.search(t) is None, "every pool quiet")
+
+
+@pytest.fixture(autouse=True)
+def quiet_before(request):
+    """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
+    after the first client of this one left, and its backend would then be the most recently used."""
+    for name in ("pooled", "small", "short_lived"):
+        if name in request.fixturenames:
+            quiet(request.getfixturevalue(name))
+
+
 def backend(conn) -> int:
     return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
