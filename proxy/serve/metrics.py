@@ -84,7 +84,8 @@ class SeatCollector:
         g.add_metric([], len(live))
         yield g
         g = GaugeMetricFamily("openwop_seat_upstream_connections_open", "Upstream connections open now")
-        g.add_metric([], sum(1 for s in live if s.upstream is not None and not s.upstream.lost))
+        unattached = sum(1 for c in server.pool.servers if c.state in ("idle", "reset", "check"))  # pooled, no session
+        g.add_metric([], sum(1 for s in live if s.upstream is not None and not s.upstream.lost) + unattached)
         yield g
         for name, doc, value in (
             ("openwop_seat_client_connections_accepted", "Client connections accepted", stats.client_connections),
