@@ -492,3 +492,28 @@ def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pool
     settle(pooled)
     with connect(pooled) as nxt:
         assert backend(nxt) == pid
+
+
+@pytest.fixture(scope="module")
+def pooled_tls(start_seat, verifiers, certs, tmp_path_factory):
+    auth = tmp_path_factory.mktemp("pool-tls") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(tls={"cert_file": certs["server_crt"], "key_file": certs["server_key"]},
+                      extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+
+
+def test_a_tls_client_is_handed_over_with_scram_and_no_channel_binding(pooled_tls):
+    """On TLS libpq tells the seat it could bind the channel (gs2 header "y"); the seat offers SCRAM-SHA-256 only,
+    and the exchange succeeds. A client that requires channel binding is refused at the hand-over."""
+    with connect(pooled_tls, sslmode="require") as first:
+        pid = backend(first)
+        assert first.info.pgconn.ssl_in_use
+    quiet(pooled_tls)
+    with connect(pooled_tls, sslmode="require") as nxt:
+        assert backend(nxt) == pid and nxt.info.pgconn.ssl_in_use
+    quiet(pooled_tls)
+    with pytest.raises(psycopg.OperationalError, match="channel binding"):
+        connect(pooled_tls, sslmode="require", channel_binding="require")
+    quiet(pooled_tls)
+    with connect(pooled_tls, sslmode="require") as again:  # the refused client did not take the backend with it
+        assert backend(again) == pid
