@@ -90,6 +90,8 @@ class PoolConfig:
 
     enabled: bool = False
     auth_file: str | None = None  # PgBouncer's userlist.txt format: the SCRAM-SHA-256 verifiers of pooled users
+    # …and/or a query with $1 (the user name) run on the seat's own connection (host.dsn), returning the verifier
+    auth_query: str | None = None
     pool_size: int = 20  # server connections per pool (database, user, major, startup parameters)
     max_db_connections: int = 0  # server connections per database over all its pools; 0: no limit
     server_idle_timeout: float = 600.0  # an idle pooled server connection is closed after this long; 0: never
@@ -550,17 +552,28 @@ def _pool_keys(errors: _Errors, section: Any, source: str | None) -> PoolConfig:
     if "auth_file" in pool:
         put(out, "auth_file",
             lambda v: _existing_file(_string(v, "pool.auth_file"), "pool.auth_file", source), pool["auth_file"])
+    if "auth_query" in pool:
+        put(out, "auth_query", _auth_query, pool["auth_query"])
     for key, low in (("pool_size", 1), ("max_db_connections", 0)):
         if key in pool:
             put(out, key, _integer, pool[key], f"pool.{key}", low)
     for key in ("server_idle_timeout", "server_lifetime", "query_wait_timeout"):
         if key in pool:
             put(out, key, _number, pool[key], f"pool.{key}", 0)
-    if pool.get("enabled") is True and "auth_file" not in pool:
-        errors.add("pool.auth_file: required with pool.enabled = true (a pooled server connection is handed to a "
-                   "client that proves its password to the seat, against the SCRAM-SHA-256 verifier this file "
-                   "gives for its user; see docs/configuration.md#pool)")
+    if pool.get("enabled") is True and "auth_file" not in pool and "auth_query" not in pool:
+        errors.add("pool.auth_file or pool.auth_query: one is required with pool.enabled = true (a pooled server "
+                   "connection is handed to a client that proves its password to the seat, against its user's "
+                   "SCRAM-SHA-256 verifier from the file or the query; see docs/configuration.md#pool)")
     return PoolConfig(**out)
+
+
+def _auth_query(value: Any) -> str:
+    """One SQL statement with $1 (the user name), e.g. "SELECT rolpassword FROM pg_authid WHERE rolname = $1"."""
+    text = _string(value, "pool.auth_query").strip().rstrip(";")
+    if ";" in text or not re.search(r"\$1\b", text) or re.search(r"\$[2-9]", text):
+        raise ConfigError("pool.auth_query: expected one SQL statement with $1 for the user name, such as "
+                          f"\"SELECT passwd FROM pg_shadow WHERE usename = $1\", got {value!r}")
+    return text
 
 
 def unix_socket_path(directory: str, port: int) -> str:

@@ -687,6 +687,7 @@ class SeatServer:
                 return False
             self.last_reload_error = ""
             self.pool.secrets = pool_secrets  # for the next hand-overs; a pooled backend stays its user's
+            self.pool.forget_queried()
             if self.admin is not None:
                 self.admin.set_auth(new, admin_secrets)
             changed = changed_keys(old, new)

@@ -56,6 +56,9 @@ _RESET_MESSAGES = frozenset((COMMAND_COMPLETE, DATA_ROW, NOTICE_RESPONSE, NOTIFI
 
 _ids = itertools.count(1)
 
+# How long an answer of pool.auth_query is kept (a password changed in PostgreSQL reaches hand-overs within it).
+AUTH_QUERY_SECONDS = 60.0
+
 
 class PoolKey(NamedTuple):
     database: str
@@ -178,6 +181,9 @@ class Pool:
     def __init__(self, server: "SeatView"):
         self.server = server
         self.secrets: dict[str, str] = {}  # user -> SCRAM-SHA-256 verifier (pool.auth_file)
+        # pool.auth_query's answers: user -> (verifier or None, monotonic time asked); and the lookups in flight
+        self._queried: dict[str, tuple[str | None, float]] = {}
+        self._asking: dict[str, asyncio.Future] = {}
         self.servers: set[ServerConn] = set()  # every server connection of every pool, open or connecting
         self.idle: dict[PoolKey, collections.deque[ServerConn]] = {}
         self._count: collections.Counter[PoolKey] = collections.Counter()
@@ -211,7 +217,47 @@ class Pool:
         return out
 
     def verifier(self, user: str) -> str | None:
-        return self.secrets.get(user)
+        """The user's verifier as known now: pool.auth_file's, else pool.auth_query's last answer (while fresh)."""
+        found = self.secrets.get(user)
+        if found is None:
+            known = self._queried.get(user)
+            if known is not None and time.monotonic() - known[1] < AUTH_QUERY_SECONDS:
+                found = known[0]
+        return found
+
+    async def lookup(self, user: str) -> str | None:
+        """The user's SCRAM-SHA-256 verifier: pool.auth_file's, else pool.auth_query's, run on the seat's own
+        connection (host.dsn) and kept AUTH_QUERY_SECONDS. None (not pooled) for a user the query does not know, a
+        secret that is not a SCRAM verifier, or a query that fails (logged)."""
+        found = self.verifier(user)
+        sql = self.server.config.pool.auth_query
+        if found is not None or sql is None or user in self.secrets:
+            return found
+        known = self._queried.get(user)
+        if known is not None and time.monotonic() - known[1] < AUTH_QUERY_SECONDS:
+            return known[0]
+        asking = self._asking.get(user)
+        if asking is None:  # one lookup per user at a time; the others wait for its answer
+            asking = self._asking[user] = asyncio.ensure_future(self._ask(sql, user))
+            asking.add_done_callback(lambda f: self._asking.pop(user, None))
+        return await asyncio.shield(asking)
+
+    async def _ask(self, sql: str, user: str) -> str | None:
+        try:
+            secret = await self.server.catalog.run(lambda conn: conn.fetchval(sql, user))
+        except Exception as e:  # not pooled while the query fails: relayed to PostgreSQL, which authenticates
+            log.warning("pool.auth_query failed: the user's sessions are not pooled", extra={"fields": {
+                "user": user, "error": f"{type(e).__name__}: {e}"[:300]}})
+            return None
+        verifier = secret if isinstance(secret, str) and scram_keys(secret) is not None else None
+        if len(self._queried) >= 1000:  # a bound: the users that connect are few
+            self._queried.clear()
+        self._queried[user] = (verifier, time.monotonic())
+        return verifier
+
+    def forget_queried(self) -> None:
+        """A reload: pool.auth_query's answers are asked again."""
+        self._queried.clear()
 
     @staticmethod
     def key_for(params: dict[str, str], major: int) -> PoolKey:

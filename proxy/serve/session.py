@@ -310,10 +310,14 @@ class Session:
         # Statements are counted against their ReadyForQuery (count_answered) so that idleness can be told at any
         # time: the idle timeout, a drain in shutdown_mode "idle" and the end of first boot need it.
         pool = self.server.pool
+        verifier = None
         if (claim is not None and self.config.pool.enabled and self.major in (1, 2) and not self.server.upstream_pooler
-                and startup.version == PROTOCOL_3_0 and not any(k.startswith("_pq_.") for k in self.params)
-                and pool.verifier(self.params["user"]) is not None):
-            # Pooled (ADR 0016): a user with a SCRAM-SHA-256 verifier in pool.auth_file, a claimed major.
+                and startup.version == PROTOCOL_3_0 and not any(k.startswith("_pq_.") for k in self.params)):
+            verifier = await pool.lookup(self.params["user"])
+            if self.closed:  # the client left meanwhile
+                return
+        if verifier is not None:
+            # Pooled (ADR 0016): a claimed major, a user with a SCRAM-SHA-256 verifier (pool.auth_file, auth_query).
             try:
                 conn = await pool.acquire(pool.key_for(self.params, self.major))
             except PoolWaitTimeout as e:
@@ -329,7 +333,7 @@ class Session:
                 self.pool_conn = None
                 return
             if conn.peer is not None:
-                await self._hand_over(conn, reader, identity, startup)
+                await self._hand_over(conn, reader, identity, startup, verifier)
                 return
         self.relay = Relay(self.server.stats, reader=reader, claim=claim, client_tls=self.client_tls,
                            count_answered=True, identity=identity, on_refusal=self._log_refusal,
@@ -392,14 +396,14 @@ class Session:
         return await self.client.read_exact(length - 4)
 
     async def _hand_over(self, conn: ServerConn, reader: ReadPath | None, identity: Identity | None,
-                         startup: StartupMessage) -> None:
+                         startup: StartupMessage, verifier: str) -> None:
         """An idle pooled backend of this session's pool: the client proves its password to the seat (SCRAM-SHA-256
         against pool.auth_file), then gets the login PostgreSQL would send: AuthenticationOk, the backend's current
         ParameterStatus values, a cancel key of the seat's, ReadyForQuery. No claim: the backend's claim was checked
         by its reset."""
         pool = self.server.pool
         user = self.params["user"]
-        exchange = ScramServer(pool.verifier(user))
+        exchange = ScramServer(verifier)
         try:
             self.client.write(exchange.start())
             self.client.write(exchange.client_first(await self._password_message()))

@@ -118,7 +118,7 @@ def quiet(seat) -> str:
 def quiet_before(request):
     """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
     after the first client of this one left, and its backend would then be the most recently used."""
-    for name in ("pooled", "small", "short_lived"):
+    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried"):
         if name in request.fixturenames:
             quiet(request.getfixturevalue(name))
 
@@ -517,3 +517,26 @@ def test_a_tls_client_is_handed_over_with_scram_and_no_channel_binding(pooled_tl
     quiet(pooled_tls)
     with connect(pooled_tls, sslmode="require") as again:  # the refused client did not take the backend with it
         assert backend(again) == pid
+
+
+@pytest.fixture(scope="module")
+def queried(start_seat, verifiers, tmp_path_factory):
+    """Verifiers from pool.auth_query only (the seat's own connection is the cluster's superuser here)."""
+    return start_seat(extra={"pool": {"enabled": True,
+                                      "auth_query": "SELECT rolpassword FROM pg_authid WHERE rolname = $1"}})
+
+
+def test_auth_query_gives_the_verifier_of_a_user_without_an_auth_file(queried):
+    with connect(queried) as first:
+        pid = backend(first)
+    quiet(queried)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(queried, password="wrong")
+    with connect(queried) as nxt:
+        assert backend(nxt) == pid  # handed over: the seat checked the password against the queried verifier
+    quiet(queried)
+    # md5_user's rolpassword is an md5 hash: not pooled, relayed each time
+    with connect(queried, user="md5_user") as a:
+        first_md5 = backend(a)
+    with connect(queried, user="md5_user") as b:
+        assert backend(b) != first_md5

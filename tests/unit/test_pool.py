@@ -35,12 +35,20 @@ def test_pool_keys_are_checked_all_at_once(tmp_path):
 
 
 def test_enabled_needs_an_auth_file(tmp_path):
-    with pytest.raises(ConfigError, match="pool.auth_file: required with pool.enabled = true"):
+    with pytest.raises(ConfigError, match="pool.auth_file or pool.auth_query: one is required"):
         parse_config({"pool": {"enabled": True}})
+    query = "SELECT rolpassword FROM pg_authid WHERE rolname = $1"
+    assert parse_config({"pool": {"enabled": True, "auth_query": query + ";"}}).pool.auth_query == query
     users = tmp_path / "users.txt"
     users.write_text("")
     config = parse_config({"pool": {"enabled": True, "auth_file": str(users), "pool_size": 3}})
     assert config.pool.enabled and config.pool.auth_file == str(users) and config.pool.pool_size == 3
+
+
+@pytest.mark.parametrize("query", ["SELECT passwd FROM pg_shadow", "SELECT 1; SELECT $1", "SELECT $1, $2", "", 7])
+def test_auth_query_is_one_statement_with_the_user_as_1(query):
+    with pytest.raises(ConfigError, match="pool.auth_query"):
+        parse_config({"pool": {"auth_query": query}})
 
 
 def test_a_pool_takes_only_scram_verifiers(tmp_path):
