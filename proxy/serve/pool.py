@@ -275,6 +275,8 @@ class Pool:
             idle = self.idle.get(key)
             while idle:
                 conn = idle.pop()  # the most recently used: the others age out by server_idle_timeout
+                if not idle:
+                    del self.idle[key]  # no empty deque kept per key (application names vary)
                 if self._expired(conn):
                     self._close(conn, None, "server_lifetime")
                     continue
@@ -428,6 +430,8 @@ class Pool:
         idle = self.idle.get(conn.key)
         if idle is not None and conn in idle:
             idle.remove(conn)
+            if not idle:
+                del self.idle[conn.key]
         self._cancel_timer(conn)
         conn.state = "closed"
         conn.session = None
