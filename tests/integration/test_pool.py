@@ -540,3 +540,21 @@ def test_auth_query_gives_the_verifier_of_a_user_without_an_auth_file(queried):
         first_md5 = backend(a)
     with connect(queried, user="md5_user") as b:
         assert backend(b) != first_md5
+
+
+def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
+    """Each worker has its own pools; the supervisor's /metrics sums them. Whichever worker a client lands on, it
+    gets a claimed backend of its major, and a backend is reused by the worker that keeps it."""
+    auth = tmp_path_factory.mktemp("pool-workers") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+    pids = set()
+    for _ in range(6):
+        with connect(seat) as conn:
+            pids.add(backend(conn))
+            assert conn.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+        quiet(seat)
+    assert len(pids) <= 2  # at most one backend per worker: every later client was handed one
+    text = metrics(seat)
+    assert pool_count(text, "idle") == len(pids)
+    assert counter(text, "openwop_seat_pool_hand_overs") == 6 - len(pids)
