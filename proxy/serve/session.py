@@ -500,6 +500,11 @@ class Session:
             self._hold_client("owed", True)
         if relay.ending is not None:
             self._end(relay.ending)
+        elif (self.pool_conn is not None and relay.state.phase is Phase.CLOSING and relay.state.last_fatal is None
+              and not self.closed):
+            # A pooled session's Terminate is not relayed (ADR 0016): the session ends here, as PostgreSQL would end
+            # it, and its backend goes back to the pool, not held by a client that keeps its socket open.
+            self.close("client terminated")
         if timed:
             self._seat_client.observe(perf_counter() - start)
 

@@ -558,3 +558,22 @@ def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
     text = metrics(seat)
     assert pool_count(text, "idle") == len(pids)
     assert counter(text, "openwop_seat_pool_hand_overs") == 6 - len(pids)
+
+
+def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
+    """PostgreSQL closes a connection on Terminate; the seat, which keeps the backend, does the same: a client that
+    sends Terminate and keeps its socket open does not hold the backend."""
+    import socket
+
+    with connect(pooled) as first:
+        pid = backend(first)
+        fd = socket.socket(fileno=first.pgconn.socket)  # the client's own socket, Terminate sent on it by hand
+        try:
+            fd.settimeout(20)  # a bound against hanging: without the seat closing it, recv times out and fails
+            fd.sendall(b"X\x00\x00\x00\x04")
+            assert fd.recv(1) == b""  # the seat closed the connection
+        finally:
+            fd.detach()
+    quiet(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid
