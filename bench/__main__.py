@@ -107,6 +107,21 @@ def main(argv: list[str] | None = None) -> int:
         running.append(seat)
         asyncio.run(seed.check_translation(seat.port, bouncer.port, cluster.port))
         ports = {"direct": cluster.port, "pgbouncer": bouncer.port, "seat": seat.port}
+        pids = {"pgbouncer": bouncer.pid, "seat": seat.pid}
+        if any(w in report.CONNECT for w in selected):
+            # The seat with reuse ([pool], ADR 0016), for the connect workloads: the superuser gets a SCRAM password
+            # (pg_hba stays trust: direct and PgBouncer log in as before), the seat its verifier.
+            cluster.psql(f"SET password_encryption = 'scram-sha-256'; "
+                         f"ALTER ROLE {cluster.superuser} PASSWORD '{stack.POOL_PASSWORD}'")
+            verifier = cluster.psql("SELECT rolpassword FROM pg_authid WHERE rolname = current_user").strip()
+            pooled = stack.Seat(cluster, args.idle_connections + 100, pool_verifier=verifier)
+            running.append(pooled)
+            ports[report.POOLED], pids[report.POOLED] = pooled.port, pooled.pid
+            # …and PgBouncer with the same login, SCRAM-SHA-256 (the client's PBKDF2 is most of a reused connect)
+            scram_bouncer = stack.PgBouncer(pgbouncer_bin, cluster, args.idle_connections + 100,
+                                            scram_verifier=verifier)
+            running.append(scram_bouncer)
+            ports[report.BOUNCER_SCRAM], pids[report.BOUNCER_SCRAM] = scram_bouncer.port, scram_bouncer.pid
         document = {
             "bench": "openwop-seat make bench (issues #6, #15)",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -115,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"rounds": args.rounds, "seconds": args.seconds, "clients": workloads.CLIENTS,
                          "threads": workloads.THREADS, "pgbench_scale": args.scale,
                          "idle_connections": args.idle_connections, "workloads": selected,
-                         "targets": list(report.TARGETS), "seat_workers": 1, "pgbouncer_pool_mode": "session",
+                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM], "seat_workers": 1,
+                         "pgbouncer_pool_mode": "session",
                          "postgresql": stack.cluster_settings(args.idle_connections)},
             "machine": stack.machine(cluster.psql("SHOW server_version").strip(), pgbouncer_bin, pgbench),
             "load_average_start": list(os.getloadavg()),
         }
-        results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin,
-                          {"pgbouncer": bouncer.pid, "seat": seat.pid})
+        results = measure(args, selected, ports, pgbench, cluster, pgbouncer_bin, pids)
     except (stack.StackError, stack.PgBouncerError, seed.SeedError, workloads.WorkloadError, PostgresNotFound) as e:
         _print_logs(running)
         print(f"bench: {e}", file=sys.stderr)
@@ -210,15 +225,18 @@ def measure(args, selected: list[str], ports: dict[str, int], pgbench: str, clus
             for workload in selected:
                 if workload == "idle_memory":
                     continue
-                for target in report.TARGETS:
+                for target in report.targets_of(workload, ports):
                     port = ports[target]
                     started = time.monotonic()
                     if workload in pgbench_args:
                         cpu_before = stack.cpu_seconds(pids[target]) if target in pids else None
                         clients, threads = pgbench_clients.get(workload, (workloads.CLIENTS, workloads.THREADS))
+                        env = pgbench_env.get(workload)
+                        if target in (report.POOLED, report.BOUNCER_SCRAM):  # they log in with SCRAM-SHA-256
+                            env = {**(env or {}), "PGPASSWORD": stack.POOL_PASSWORD}
                         figure, transactions = workloads.pgbench_run(pgbench, port, pgbench_args[workload](target),
                                                                      args.seconds, clients=clients, threads=threads,
-                                                                     env=pgbench_env.get(workload))
+                                                                     env=env)
                         results.add_throughput(workload, round_no, target, figure)
                         shown = f"{figure:,.0f} {report.THROUGHPUT[workload][0]}"
                         if cpu_before is not None and transactions:

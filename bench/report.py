@@ -15,6 +15,10 @@ import statistics
 from pathlib import Path
 
 TARGETS = ("direct", "pgbouncer", "seat")
+# The seat with reuse ([pool], ADR 0016), and PgBouncer with its clients logging in with SCRAM-SHA-256 as the seat's
+# hand-overs do: two more targets for the connect workloads only.
+POOLED = "seat_pool"
+BOUNCER_SCRAM = "pgbouncer_scram"
 
 # The throughput workloads, in the order they run and print; each name is also its ratio key.
 THROUGHPUT = {
@@ -80,12 +84,17 @@ GOALS: dict[str, tuple[str, float, str]] = {
                                           "(connects/s >= 0.67x direct)"),
     "connect_8_vs_direct": (">=", 1 / 1.5, "connects at 8 clients, without reuse: seat connect time <= 1.5x direct "
                                           "(connects/s >= 0.67x direct)"),
+    "connect_1_with_reuse": (">=", 1 / 1.2, "connects at 1 client, with reuse ([pool]): seat connect time <= 1.2x "
+                                            "PgBouncer's, both logging clients in with SCRAM-SHA-256 (connects/s "
+                                            ">= 0.83x)"),
+    "connect_8_with_reuse": (">=", 1 / 1.2, "connects at 8 clients, with reuse ([pool]): seat connect time <= 1.2x "
+                                            "PgBouncer's (as connect_1_with_reuse)"),
 }
 
 # Ratio keys measured and reported with no goal yet (issue #15): never counted as met or not met.
 REPORTED: dict[str, str] = {
-    "connect_1": "connects at 1 client: seat ÷ PgBouncer (PgBouncer reuses its server connections; the seat does not "
-                 "yet: the goal with reuse, <= 1.2x PgBouncer's connect time, waits for pooled server connections)",
+    "connect_1": "connects at 1 client: seat without reuse ÷ PgBouncer (which reuses its server connections; the seat "
+                 "with reuse is connect_1_with_reuse)",
     "connect_8": "connects at 8 clients: seat ÷ PgBouncer (as connect_1)",
     "host_requests_1": "the reference host's request mix at 1 client: seat ÷ PgBouncer (issue 27: its figure is the "
                        "CPU per 1,000 requests beside it)",
@@ -125,6 +134,11 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def targets_of(workload: str, ports: dict[str, int]) -> tuple[str, ...]:
+    """The targets a workload runs against: the seat with reuse too for the connect workloads."""
+    return TARGETS + (POOLED, BOUNCER_SCRAM) if workload in CONNECT and POOLED in ports else TARGETS
+
+
 def summarise(results: Results) -> dict:
     """Medians, ranges and ratios of the measured figures (absent workloads are left out)."""
     out: dict = {"throughput": {}, "latency": {}}
@@ -135,6 +149,13 @@ def summarise(results: Results) -> dict:
             per_round = [r["seat"] / r[ref] for r in rounds]
             entry[f"seat_over_{ref}"] = {"median": per_target["seat"]["median"] / per_target[ref]["median"],
                                          "min": min(per_round), "max": max(per_round)}
+        if all(POOLED in r and BOUNCER_SCRAM in r for r in rounds):
+            entry[POOLED] = _spread([r[POOLED] for r in rounds])
+            entry[BOUNCER_SCRAM] = _spread([r[BOUNCER_SCRAM] for r in rounds])
+            for ref in (BOUNCER_SCRAM, "pgbouncer", "direct"):
+                per_round = [r[POOLED] / r[ref] for r in rounds]
+                entry[f"{POOLED}_over_{ref}"] = {"median": entry[POOLED]["median"] / entry.get(
+                    ref, per_target.get(ref))["median"], "min": min(per_round), "max": max(per_round)}
         out["throughput"][workload] = entry
     out["cpu_ms_per_1000"] = {}
     for workload, rounds in results.cpu.items():
@@ -142,6 +163,9 @@ def summarise(results: Results) -> dict:
         if len(per) == len(PROXIES):
             out["cpu_ms_per_1000"][workload] = {**per, "seat_over_pgbouncer": per["seat"] / per["pgbouncer"]
                                                 if per["pgbouncer"] else None}
+            for t in (POOLED, BOUNCER_SCRAM):  # the connect workloads' targets with reuse and SCRAM logins
+                if all(t in r for r in rounds):
+                    out["cpu_ms_per_1000"][workload][t] = statistics.median(r[t] for r in rounds)
     if results.latency:
         for t in TARGETS:
             out["latency"][t] = {k: statistics.median(r[t][k] for r in results.latency)
@@ -156,6 +180,8 @@ def ratios(results: Results, summary: dict) -> dict[str, float | None]:
         out[workload] = entry["seat_over_pgbouncer"]["median"]
         if workload in CONNECT:
             out[f"{workload}_vs_direct"] = entry["seat_over_direct"]["median"]
+            if f"{POOLED}_over_{BOUNCER_SCRAM}" in entry:
+                out[f"{workload}_with_reuse"] = entry[f"{POOLED}_over_{BOUNCER_SCRAM}"]["median"]
     lat = summary["latency"]
     if lat:
         out["p50_added_us"] = lat["seat"]["p50_us"] - lat["pgbouncer"]["p50_us"]
@@ -194,6 +220,13 @@ def table(results: Results, summary: dict) -> str:
         cells += "".join(_cell(r["median"], r["min"], r["max"], 18, ratio=True)
                          for r in (entry["seat_over_pgbouncer"], entry["seat_over_direct"]))
         lines.append(f"{workload:26} {THROUGHPUT[workload][0]:8}{cells}")
+        if POOLED in entry:  # the seat with reuse in the seat's column, PgBouncer with SCRAM logins in PgBouncer's
+            s, b = entry[POOLED], entry[BOUNCER_SCRAM]
+            cells = f" {'':>24}" + _cell(b["median"], b["min"], b["max"], 24) + _cell(s["median"], s["min"],
+                                                                                       s["max"], 24)
+            cells += "".join(_cell(r["median"], r["min"], r["max"], 18, ratio=True)
+                             for r in (entry[f"{POOLED}_over_{BOUNCER_SCRAM}"], entry[f"{POOLED}_over_direct"]))
+            lines.append(f"{workload + ' reuse, SCRAM':26} {THROUGHPUT[workload][0]:8}{cells}")
     for key, label in (("p50_us", "latency p50, 1 client"), ("p99_us", "latency p99, 1 client"),
                        ("p999_us", "latency p99.9, 1 client")):
         if not results.latency:

@@ -117,10 +117,17 @@ class _Process:
 class PgBouncer(DevPgBouncer):
     """PgBouncer in session mode in front of the cluster, as the cluster's account when we are root."""
 
-    def __init__(self, binary: str, cluster: DevCluster, max_clients: int) -> None:
-        # every client gets a server connection of its own, as through the seat
+    def __init__(self, binary: str, cluster: DevCluster, max_clients: int, scram_verifier: str | None = None) -> None:
+        # every client gets a server connection of its own, as through the seat; with a verifier, clients log in
+        # with SCRAM-SHA-256 at PgBouncer (as at the seat with reuse: the connect workloads' fair comparison)
         super().__init__(binary, cluster.port, pool_mode="session", max_clients=max_clients,
-                         users=(cluster.superuser,), run_as=cluster.user)
+                         users=(cluster.superuser,), run_as=cluster.user,
+                         auth_type="trust" if scram_verifier is None else "scram-sha-256",
+                         secrets=None if scram_verifier is None else {cluster.superuser: scram_verifier})
+
+
+# The superuser's password for the seat with reuse (bench/__main__.py): hand-overs authenticate at the seat.
+POOL_PASSWORD = "bench-pool-pw"
 
 
 class Seat(_Process):
@@ -128,16 +135,21 @@ class Seat(_Process):
 
     name = "seat"
 
-    def __init__(self, cluster: DevCluster, max_clients: int) -> None:
+    def __init__(self, cluster: DevCluster, max_clients: int, pool_verifier: str | None = None) -> None:
         super().__init__()
         config = self.dir / "openwop-seat.toml"
-        config.write_text(render_config({
+        sections = {
             "proxy": {"listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{cluster.port}",
                       "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5, "default_major": 2,
                       # the major-1 reader of the era2_page_major1_text workload (pgbench's PGAPPNAME)
                       "clients": [{"application_name": V1_APPLICATION, "major": 1}]},
             "host": {"dsn": cluster.dsn()},
-        }))
+        }
+        if pool_verifier is not None:  # the seat with reuse ([pool], ADR 0016): the superuser's SCRAM verifier
+            users = self.dir / "pool-users.txt"
+            users.write_text(f'"{cluster.superuser}" "{pool_verifier}"\n')
+            sections["pool"] = {"enabled": True, "auth_file": str(users)}
+        config.write_text(render_config(sections))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

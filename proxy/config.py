@@ -84,6 +84,22 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """Pooled server connections (`[pool]`, ADR 0016): off by default, because a handed-over backend needs the
+    client's authentication to happen at the seat, against verifiers the operator gives it."""
+
+    enabled: bool = False
+    auth_file: str | None = None  # PgBouncer's userlist.txt format: the SCRAM-SHA-256 verifiers of pooled users
+    # …and/or a query with $1 (the user name) run on the seat's own connection (host.dsn), returning the verifier
+    auth_query: str | None = None
+    pool_size: int = 20  # server connections per pool (database, user, major, startup parameters)
+    max_db_connections: int = 0  # server connections per database over all its pools; 0: no limit
+    server_idle_timeout: float = 600.0  # an idle pooled server connection is closed after this long; 0: never
+    server_lifetime: float = 3600.0  # …and once it is this old, when its client leaves; 0: never
+    query_wait_timeout: float = 120.0  # how long a client waits for a server connection of a full pool; 0: forever
+
+
+@dataclass(frozen=True)
 class HostConfig:
     """Where the host keeps its runs and events (`[host]`)."""
 
@@ -180,6 +196,7 @@ class Config:
     admin_auth: str = "scram-sha-256"
     database_user_labels: int = 100  # (database, user) label pairs per process; later pairs count as "(other)"
     tls: TLSConfig = field(default_factory=TLSConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
     host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
     log_level: str = "info"
@@ -330,7 +347,7 @@ def _upstream(text: Any, key: str) -> HostPort:
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     """The configuration of ``data`` (a parsed TOML file); a ConfigError naming every invalid key at once."""
     errors = _Errors()
-    _section(errors, data, "", {"proxy", "metrics", "tls", "log", "host", "admin"})
+    _section(errors, data, "", {"proxy", "metrics", "tls", "log", "host", "admin", "pool"})
     proxy = _section(errors, data.get("proxy", {}), "proxy",
                      {"listen", "upstream", "default_major", "clients", "shutdown_timeout", "shutdown_mode",
                       "so_reuseport", "connect_timeout", "startup_timeout", "buffer_limit", "claim_buffer_limit",
@@ -398,6 +415,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             "metrics.database_user_labels", 0)
 
     kwargs.update(_admin_keys(errors, data.get("admin", {}), source))
+    kwargs["pool"] = _pool_keys(errors, data.get("pool", {}), source)
 
     tls = _section(errors, data.get("tls", {}), "tls",
                    {"cert_file", "key_file", "upstream_sslmode", "upstream_ca_file"})
@@ -524,6 +542,40 @@ def _admin_keys(errors: _Errors, section: Any, source: str | None) -> dict[str, 
     return out
 
 
+def _pool_keys(errors: _Errors, section: Any, source: str | None) -> PoolConfig:
+    """[pool]: pooled server connections (docs/configuration.md#pool, ADR 0016)."""
+    pool = _section(errors, section, "pool", {f.name for f in fields(PoolConfig)})
+    out: dict[str, Any] = {}
+    put = errors.set
+    if "enabled" in pool:
+        put(out, "enabled", _bool, pool["enabled"], "pool.enabled")
+    if "auth_file" in pool:
+        put(out, "auth_file",
+            lambda v: _existing_file(_string(v, "pool.auth_file"), "pool.auth_file", source), pool["auth_file"])
+    if "auth_query" in pool:
+        put(out, "auth_query", _auth_query, pool["auth_query"])
+    for key, low in (("pool_size", 1), ("max_db_connections", 0)):
+        if key in pool:
+            put(out, key, _integer, pool[key], f"pool.{key}", low)
+    for key in ("server_idle_timeout", "server_lifetime", "query_wait_timeout"):
+        if key in pool:
+            put(out, key, _number, pool[key], f"pool.{key}", 0)
+    if pool.get("enabled") is True and "auth_file" not in pool and "auth_query" not in pool:
+        errors.add("pool.auth_file or pool.auth_query: one is required with pool.enabled = true (a pooled server "
+                   "connection is handed to a client that proves its password to the seat, against its user's "
+                   "SCRAM-SHA-256 verifier from the file or the query; see docs/configuration.md#pool)")
+    return PoolConfig(**out)
+
+
+def _auth_query(value: Any) -> str:
+    """One SQL statement with $1 (the user name), e.g. "SELECT rolpassword FROM pg_authid WHERE rolname = $1"."""
+    text = _string(value, "pool.auth_query").strip().rstrip(";")
+    if ";" in text or not re.search(r"\$1\b", text) or re.search(r"\$[2-9]", text):
+        raise ConfigError("pool.auth_query: expected one SQL statement with $1 for the user name, such as "
+                          f"\"SELECT passwd FROM pg_shadow WHERE usename = $1\", got {value!r}")
+    return text
+
+
 def unix_socket_path(directory: str, port: int) -> str:
     """PostgreSQL's name for the socket of a port: <dir>/.s.PGSQL.<port> (libpq's host=<dir> port=<port>)."""
     return os.path.join(directory, f".s.PGSQL.{port}")
@@ -571,7 +623,7 @@ RESTART_KEYS = {"listen": "proxy.listen", "metrics_listen": "metrics.listen", "l
                 "so_reuseport": "proxy.so_reuseport"}
 
 
-_SECTIONED = {"tls": "tls", "host": "host"}
+_SECTIONED = {"tls": "tls", "host": "host", "pool": "pool"}
 
 
 _TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",

@@ -56,18 +56,18 @@ class PgBouncer:
 
     def __init__(self, binary: str, upstream_port: int, *, pool_mode: str = "session", max_clients: int = 100,
                  pool_size: int | None = None, users: tuple[str, ...] = ("postgres",), run_as: str | None = None,
-                 extra: str = ""):
+                 extra: str = "", auth_type: str = "trust", secrets: dict[str, str] | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="openwop-seat-pgbouncer-"))
         self.port = free_port()
         self.log_path = self.dir / "pgbouncer.log"
         ini = self.dir / "pgbouncer.ini"
-        (self.dir / "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in users))
+        (self.dir / "userlist.txt").write_text("".join(f'"{u}" "{(secrets or {}).get(u, "")}"\n' for u in users))
         ini.write_text(
             "[databases]\n"
             f"* = host=127.0.0.1 port={upstream_port}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
-            f"auth_type = trust\nauth_file = {self.dir / 'userlist.txt'}\n"
+            f"auth_type = {auth_type}\nauth_file = {self.dir / 'userlist.txt'}\n"
             f"pool_mode = {pool_mode}\n"
             f"max_client_conn = {max_clients}\ndefault_pool_size = {pool_size or max_clients}\n"
             "ignore_startup_parameters = extra_float_digits\n" + extra)

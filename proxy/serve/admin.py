@@ -14,7 +14,6 @@ the merge of the answers of every process (one, or each worker's when the superv
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import hmac
 import logging
@@ -29,6 +28,13 @@ from typing import TYPE_CHECKING, Callable
 from proxy import __version__
 from proxy.config import Config, ConfigError, changed_keys, config_keys
 from proxy.readpath.classify import PASSED_BYTES
+from proxy.serve.scram import (  # noqa: F401 (load_auth_file, scram_secret: the console's names too)
+    ScramServer,
+    is_md5,
+    load_auth_file,
+    scram_keys,
+    scram_secret,
+)
 from proxy.wire import messages
 from proxy.wire.codec import (
     CancelRequest,
@@ -216,6 +222,20 @@ class ProcessCommands:
                          local_addr, local_port, _wall(s.started), _wall(s._ready_at), wait, wait_us,
                          self._close_needed(s), s.state.backend_pid, _tls_version(transport),
                          s.params.get("application_name", ""), s.id, s.id])
+        # Pooled server connections no session is on ([pool], ADR 0016): idle, or being reset or checked ("used",
+        # as PgBouncer's state of a server connection that waits for its check). Their id is the negative of the
+        # pool's own number for them, and they have no link.
+        for conn in sorted(self.server.pool.servers, key=lambda c: c.id):
+            if conn.state not in ("idle", "reset", "check") or conn.peer is None or conn.peer.transport is None:
+                continue
+            transport = conn.peer.transport
+            addr, port = _split_addr(transport, "peername")
+            local_addr, local_port = _split_addr(transport, "sockname")
+            rows.append(["S", conn.key.user, conn.key.database, "idle" if conn.state == "idle" else "used",
+                         addr if addr != "unix" else str(up.host), port if port is not None else up.port,
+                         local_addr, local_port, _wall(conn.created), _wall(conn.idle_since or conn.created), 0, 0,
+                         0, conn.pid, _tls_version(transport), dict(conn.key.params).get("application_name", ""),
+                         -conn.id, None])
         return rows
 
     def pools(self) -> list:
@@ -230,6 +250,10 @@ class ProcessCommands:
             wait, wait_us = self._wait(s)
             if (wait, wait_us) > (row[6], row[7]):
                 row[6], row[7] = wait, wait_us
+        for conn in self.server.pool.servers:  # pooled server connections no session is on (ADR 0016)
+            if conn.state in ("idle", "reset", "check"):
+                row = pools.setdefault((conn.key.database, conn.key.user), [0, 0, 0, 0, 0, 0, 0, 0])
+                row[3 if conn.state == "idle" else 4] += 1
         return [[db, user, *row[:6], row[6], row[7], "session"] for (db, user), row in sorted(pools.items())]
 
     def stats(self) -> list:
@@ -347,7 +371,8 @@ class ProcessCommands:
 SHOW = {
     "clients": (CLIENT_COLUMNS, "one row per client connection (PgBouncer's columns; state waiting: held by PAUSE "
                                 "with a statement waiting)"),
-    "servers": (SERVER_COLUMNS, "one row per upstream connection (one per session: pool_mode session)"),
+    "servers": (SERVER_COLUMNS, "one row per upstream connection: one per session, and the pooled ones no session "
+                                "is on ([pool])"),
     "pools": (POOL_COLUMNS, "per database and user: clients active and waiting, upstream connections"),
     "stats": (STATS_COLUMNS, "per database (bounded as metrics.database_user_labels): transactions, statements, "
                              "bytes, since start"),
@@ -416,57 +441,6 @@ def merge_show(name: str, results: list[tuple[int | None, object]]) -> Rows:
 
 # ------------------------------------------------------------------ login: admin.users, admin.auth_file
 
-SCRAM_ITERATIONS = 4096
-
-
-def load_auth_file(path: str) -> dict[str, str]:
-    """PgBouncer's auth_file: one `"user" "secret"` a line (a `"` inside doubled); blank lines and lines starting
-    with `;` or `#` skipped. A secret is a SCRAM-SHA-256 verifier (as pg_authid.rolpassword holds it), an md5 one
-    (`md5` and 32 hex digits) or a password in plain text."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise ConfigError(f"admin.auth_file: cannot read {path!r}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"admin.auth_file: {path!r} is not UTF-8") from None
-    out = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip()[:1] in (";", "#"):
-            continue
-        m = re.fullmatch(r'\s*"((?:[^"]|"")*)"\s+"((?:[^"]|"")*)".*', line)
-        if m is None:
-            raise ConfigError(f'admin.auth_file: {path}:{number}: expected "user" "secret"')
-        out[m.group(1).replace('""', '"')] = m.group(2).replace('""', '"')
-    return out
-
-
-def _scram_keys(secret: str) -> tuple[bytes, int, bytes, bytes] | None:
-    """(salt, iterations, StoredKey, ServerKey) of a SCRAM-SHA-256 verifier, or None for another kind."""
-    m = re.fullmatch(r"SCRAM-SHA-256\$(\d+):([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+):([A-Za-z0-9+/=]+)", secret)
-    if m is None:
-        return None
-    try:
-        return (base64.b64decode(m.group(2)), int(m.group(1)), base64.b64decode(m.group(3)),
-                base64.b64decode(m.group(4)))
-    except ValueError:
-        return None
-
-
-def _is_md5(secret: str) -> bool:
-    return re.fullmatch(r"md5[0-9a-f]{32}", secret) is not None
-
-
-def scram_secret(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
-    """A SCRAM-SHA-256 verifier for ``password`` in PostgreSQL's format (ASCII passwords: no SASLprep)."""
-    salt = salt or secrets.token_bytes(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    stored = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
-    server = hmac.digest(salted, b"Server Key", "sha256")
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
-
-
 def check_auth(config: Config) -> dict[str, str]:
     """The admin users' secrets for ``config`` (at start and at each reload): every user of admin.users has one,
     of a kind admin.auth can check (an md5 secret cannot answer SCRAM)."""
@@ -478,10 +452,10 @@ def check_auth(config: Config) -> dict[str, str]:
         if user not in entries:
             raise ConfigError(f"admin.users: {user!r} has no line in admin.auth_file {config.admin_auth_file!r}")
         secret = entries[user]
-        if _is_md5(secret) and config.admin_auth != "md5":
+        if is_md5(secret) and config.admin_auth != "md5":
             raise ConfigError(f"admin.auth_file: the secret of {user!r} is an md5 hash, which cannot answer "
                               f"{config.admin_auth}: give a SCRAM-SHA-256 secret or set admin.auth = \"md5\"")
-        if secret.startswith("SCRAM-SHA-256$") and _scram_keys(secret) is None:
+        if secret.startswith("SCRAM-SHA-256$") and scram_keys(secret) is None:
             raise ConfigError(f"admin.auth_file: the SCRAM-SHA-256 secret of {user!r} is malformed")
         out[user] = secret
     return out
@@ -629,52 +603,18 @@ class AdminConsole:
         answer = (await self._password_message(conn)).rstrip(b"\x00").decode("ascii", "replace")
         if secret is None:
             return False
-        stored = secret if _is_md5(secret) else "md5" + hashlib.md5((secret + user).encode()).hexdigest()
+        stored = secret if is_md5(secret) else "md5" + hashlib.md5((secret + user).encode()).hexdigest()
         expected = "md5" + hashlib.md5(stored[3:].encode() + salt).hexdigest()
         return hmac.compare_digest(answer, expected)
 
     async def _scram(self, conn, writer, secret: str | None) -> bool:
-        keys = _scram_keys(secret) if secret is not None else None
-        if keys is None:
-            salt, iterations = secrets.token_bytes(16), SCRAM_ITERATIONS
-            if secret is None:  # not an admin user: an exchange that cannot succeed
-                stored_key, server_key = secrets.token_bytes(32), secrets.token_bytes(32)
-            else:  # a password in plain text
-                salted = hashlib.pbkdf2_hmac("sha256", secret.encode(), salt, iterations)
-                stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
-                server_key = hmac.digest(salted, b"Server Key", "sha256")
-        else:
-            salt, iterations, stored_key, server_key = keys
-        writer.write(messages.message(b"R", struct.pack("!I", 10) + b"SCRAM-SHA-256\x00\x00"))
-        body = await self._password_message(conn)
-        mechanism, _, rest = body.partition(b"\x00")
-        if mechanism != b"SCRAM-SHA-256" or len(rest) < 4:
-            raise ProtocolViolation("expected SCRAM-SHA-256")
-        client_first = rest[4:4 + struct.unpack("!i", rest[:4])[0]].decode("utf-8", "replace")
-        m = re.fullmatch(r"([ny]),(?:a=[^,]*)?,(n=[^,]*,r=([!-+\--~]+)(?:,.*)?)", client_first)
-        if m is None:
-            raise ProtocolViolation("malformed SCRAM client-first-message (channel binding is not offered)")
-        gs2_header = client_first[:len(client_first) - len(m.group(2))]
-        nonce = m.group(3) + base64.b64encode(secrets.token_bytes(18)).decode()
-        server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={iterations}"
-        writer.write(messages.message(b"R", struct.pack("!I", 11) + server_first.encode()))
-        client_final = (await self._password_message(conn)).decode("utf-8", "replace")
-        without_proof, sep, proof = client_final.rpartition(",p=")
-        if not sep or without_proof != f"c={base64.b64encode(gs2_header.encode()).decode()},r={nonce}":
+        exchange = ScramServer(secret)  # the exchange is proxy/serve/scram.py's, shared with pooled sessions
+        writer.write(exchange.start())
+        writer.write(exchange.client_first(await self._password_message(conn)))
+        final = exchange.client_final(await self._password_message(conn))
+        if final is None:
             return False
-        auth_message = f"{m.group(2)},{server_first},{without_proof}".encode()
-        try:
-            client_proof = base64.b64decode(proof, validate=True)
-        except ValueError:
-            return False
-        signature = hmac.digest(stored_key, auth_message, "sha256")
-        if len(client_proof) != len(signature):
-            return False
-        client_key = bytes(a ^ b for a, b in zip(client_proof, signature))
-        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), stored_key):
-            return False
-        verifier = base64.b64encode(hmac.digest(server_key, auth_message, "sha256")).decode()
-        writer.write(messages.message(b"R", struct.pack("!I", 12) + f"v={verifier}".encode()))
+        writer.write(final)
         return True
 
     async def _serve(self, conn: "_Conn", writer: asyncio.StreamWriter) -> None:

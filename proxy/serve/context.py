@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.config import Config, ConfigError
 from proxy.db import relations
@@ -36,6 +36,7 @@ class SeatView(Protocol):
     claim_salt: str | None  # the claim secret's salt, once a challenge returned it (one-round-trip claims, ADR 0013)
     claim_owners: dict  # user -> (whether it owns openwop_seat, monotonic time the claim found it)
     upstream_pooler: bool  # a claim saw a pooler between the seat and PostgreSQL: raw sessions are claimed too
+    pool: Any  # proxy.serve.pool.Pool: the pooled server connections ([pool], ADR 0016)
     writer_rule_verdict: str  # the last runtime check: why the writer rule is not in force, or ""
 
     @property

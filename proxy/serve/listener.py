@@ -101,6 +101,9 @@ class SeatServer:
         self.claim_salt: str | None = None  # learnt from the first challenge (ADR 0013)
         self.upstream_pooler = False  # set when a claim sees a pooler behind the seat (ADR 0013)
         self.claim_owners: dict = {}  # user -> (owns openwop_seat, when a claim found it) (ADR 0013)
+        from proxy.serve.pool import Pool
+
+        self.pool = Pool(self)  # pooled server connections ([pool], ADR 0016): used while pool.enabled
         self._reload_lock = asyncio.Lock()
         # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
         # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)
@@ -137,6 +140,7 @@ class SeatServer:
         return ctx.first_boot if ctx is not None else ""
 
     async def start(self) -> None:
+        self.pool.secrets = self.pool.load_secrets(self.config)  # a bad pool.auth_file stops the start
         if self.config.translates:
             self.read_context, self.claim_secret = await start_checks(self.config)
             if self.read_context.first_boot:
@@ -680,11 +684,14 @@ class SeatServer:
                     if claim_secret is not None and not read_context.first_boot:
                         await check_claim_secret(new, claim_secret)
                 admin_secrets = self.admin.check_auth(new) if self.admin is not None else None
+                pool_secrets = self.pool.load_secrets(new)
             except Exception as e:  # whatever the reason, the running configuration stays
                 self.last_reload_error = _reload_reason(e)
                 log.error("reload rejected: %s", self.last_reload_error, extra={"fields": {"config": old.source}})
                 return False
             self.last_reload_error = ""
+            self.pool.secrets = pool_secrets  # for the next hand-overs; a pooled backend stays its user's
+            self.pool.forget_queried()
             if self.admin is not None:
                 self.admin.set_auth(new, admin_secrets)
             changed = changed_keys(old, new)
@@ -771,6 +778,7 @@ class SeatServer:
         self._close_sockets()
         for session in list(self.sessions):
             session.shut_down()
+        self.pool.close_all()
         self._stopped.set()
 
     async def serve_forever(self) -> None:

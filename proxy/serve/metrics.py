@@ -37,6 +37,44 @@ class SeatCollector:
     def __init__(self, server: "SeatView"):
         self.server = server
 
+    def _pool_metrics(self):
+        """Pooled server connections ([pool], ADR 0016)."""
+        pool = self.server.pool
+        g = GaugeMetricFamily("openwop_seat_pool_server_connections",
+                              "Pooled server connections by pool and state: active (a session relays on it), idle "
+                              "(kept for the next client), reset (DISCARD ALL and the claim's check in flight), check "
+                              "(the claim checked before a hand-over), login (being connected for its first session)",
+                              labels=["database", "user", "major", "state"])
+        for (database, user, major, state), n in sorted(pool.counts().items(), key=str):
+            g.add_metric([database, user, str(major), state], n)
+        yield g
+        c = CounterMetricFamily("openwop_seat_pool_resets", "Resets of pooled server connections after their client "
+                                "left, by result: ok (kept), claim lost (its claim is not its pool's major: closed), "
+                                "error, timeout, lost", labels=["result"])
+        for result, n in sorted(pool.resets.items()):
+            c.add_metric([result], n)
+        yield c
+        c = CounterMetricFamily("openwop_seat_pool_checks", "Checks of a pooled server connection's claim before a "
+                                "hand-over, by result (as openwop_seat_pool_resets)", labels=["result"])
+        for result, n in sorted(pool.checks.items()):
+            c.add_metric([result], n)
+        yield c
+        for name, doc, value in (
+            ("openwop_seat_pool_hand_overs", "Sessions handed an idle pooled server connection", pool.hand_overs),
+            ("openwop_seat_pool_waits", "Sessions that waited for a server connection of a full pool", pool.waits),
+            ("openwop_seat_pool_wait_seconds", "Time sessions waited for a server connection of a full pool",
+             pool.wait_seconds),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        c = CounterMetricFamily("openwop_seat_pool_cancels", "Cancel requests received: mapped (a seat-issued key of "
+                                "a live pooled session, sent as its backend's own key) or forwarded as they came",
+                                labels=["result"])
+        for result in ("mapped", "forwarded"):
+            c.add_metric([result], pool.cancel_results[result])
+        yield c
+
     def collect(self):
         server = self.server
         stats = server.stats
@@ -46,7 +84,8 @@ class SeatCollector:
         g.add_metric([], len(live))
         yield g
         g = GaugeMetricFamily("openwop_seat_upstream_connections_open", "Upstream connections open now")
-        g.add_metric([], sum(1 for s in live if s.upstream is not None and not s.upstream.lost))
+        unattached = sum(1 for c in server.pool.servers if c.state in ("idle", "reset", "check"))  # pooled, no session
+        g.add_metric([], sum(1 for s in live if s.upstream is not None and not s.upstream.lost) + unattached)
         yield g
         for name, doc, value in (
             ("openwop_seat_client_connections_accepted", "Client connections accepted", stats.client_connections),
@@ -78,6 +117,7 @@ class SeatCollector:
         for path, n in sorted(stats.claims.items()):
             c.add_metric([path], n)
         yield c
+        yield from self._pool_metrics()
         g = GaugeMetricFamily("openwop_seat_writer_rule_broken",
                               "1 while the last check found the writer rule not in force as migrate installed it "
                               "(a trigger missing, disabled or replaced, a function replaced, another digest); new "

@@ -49,6 +49,7 @@ from proxy.wire.framer import COPY, HOLD, HOLD_ALL, REFUSE, SPAN, Framer, verbs
 from proxy.wire.state import BACKEND_CAPTURE, FRONTEND_CAPTURE, Phase, SessionState
 from proxy.wire.types import (
     AUTHENTICATION,
+    BACKEND_KEY_DATA,
     DATA_ROW,
     ERROR_RESPONSE,
     FUNCTION_CALL,
@@ -133,15 +134,20 @@ class Relay:
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
                  "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
                  "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
-                 "claim_path", "owns_seen", "pooler_seen", "salt_seen",
+                 "claim_path", "owns_seen", "pooler_seen", "salt_seen", "key_data", "pooled",
                  "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
                  "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
                  "server_framer", "state", "stats", "transactions")
 
     def __init__(self, stats: Stats, *, reader: ReadPath | None = None, claim: Claim | None = None,
                  client_tls: bool = False, count_answered: bool = False, identity: Identity | None = None,
-                 on_refusal: Callable[[str, str], None] | None = None):
+                 on_refusal: Callable[[str, str], None] | None = None, pooled: bool = False,
+                 key_data: Callable[[bytes], bytes] | None = None):
         self.stats = stats
+        # A pooled session (ADR 0016): the client's Terminate is not relayed (its backend outlives it), and the
+        # server's BackendKeyData is replaced by the seat's (key_data: the server's body -> the client's).
+        self.pooled = pooled
+        self.key_data = key_data
         self.reader = reader
         self.state = SessionState()
         self.client_tls = client_tls
@@ -157,11 +163,12 @@ class Relay:
         # when each Query/Sync/FunctionCall went upstream; made at the first (a deque is 600 bytes, idle or not)
         self._raw_sent: deque[float] | None = None
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
+        kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed
         if reader is None:
-            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED)
+            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED, hold=kept)
         else:
             reader.attach(stats, on_refusal)
-            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied, hold=READ_FRONTEND)
+            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied, hold=READ_FRONTEND | kept)
         self._count_answered = count_answered
         self.client_framer = Framer(self._client_table)
         # The server's stream: whole messages while authenticating and claiming (the offer may be edited and
@@ -196,6 +203,19 @@ class Relay:
         # A statement to parse off the event loop (its text), and the client's framed messages from it on.
         self.analysis: str | None = None
         self._deferred: list = []
+
+    def adopt(self, server_params: dict[str, str], pid: int | None, key: bytes | None) -> None:
+        """A pooled backend handed to this session (ADR 0016): authenticated, claimed and reset already. The session
+        starts READY, as if its login's ReadyForQuery had just been relayed."""
+        state = self.state
+        state.phase = Phase.READY
+        state.auth_ok = True
+        state.server_params = dict(server_params)
+        state.backend_pid, state.backend_key = pid, key
+        self.awaiting_ready = False
+        self.readies = 1
+        self._whole = False
+        self.server_framer.table = self._raw_table if self.reader is None else self._quiet_table
 
     # ------------------------------------------------------------------ boundaries
 
@@ -275,6 +295,8 @@ class Relay:
         now = None
         for item in items:
             if item[0] != COPY:
+                if item[0] == HOLD:  # a pooled session's Terminate: the session ends, its backend stays
+                    self.state.on_frontend(item[1], item[2])
                 continue
             t = item[1]
             if t == TERMINATE:
@@ -307,7 +329,7 @@ class Relay:
                 out.append(item[1])
                 continue
             t, body = item[1], item[2]
-            if kind == COPY:  # Terminate
+            if kind == COPY or t == TERMINATE:  # Terminate (held in a pooled session: not relayed)
                 self.state.on_frontend(t, body)
                 continue
             if len(body) >= ANALYSE_OFF_LOOP and self.analysis is None:
@@ -531,6 +553,8 @@ class Relay:
                 plain = messages.without_channel_binding(body)
                 if plain is not None:
                     body = plain
+            elif t == BACKEND_KEY_DATA and self.key_data is not None:
+                body = self.key_data(body)  # the seat's cancel key: the backend's own never reaches a client
             encoded = messages.message(bytes([t]), body)
             if t == READY_FOR_QUERY and self._claim is not None:
                 # Authenticated: before the client may speak, record who it is in the database. What the server

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import ssl
+import struct
 import time
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -21,7 +22,9 @@ from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
+from proxy.serve.pool import PoolWaitTimeout, ServerConn
 from proxy.serve.relay import Claim, Ending, Identity, Relay
+from proxy.serve.scram import ScramServer
 from proxy.wire import messages
 from proxy.wire.codec import (
     CancelRequest,
@@ -31,6 +34,7 @@ from proxy.wire.codec import (
     StartupMessage,
     parse_initial_packet,
 )
+from proxy.wire.messages import PROTOCOL_3_0
 from proxy.wire.startup import StartupRefused, parse_startup
 from proxy.wire.state import Phase, SessionState
 
@@ -42,6 +46,9 @@ REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", 
 # How long the seat takes a role's ownership of openwop_seat, as a claim found it, for known (the claims in between
 # leave out that question: ADR 0013).
 OWNS_KNOWN_SECONDS = 60.0
+
+# The largest SASL message a pooled client may send the seat during its login (a SCRAM message is under 300 bytes).
+MAX_PASSWORD_MESSAGE = 8192
 
 # What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
 # read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
@@ -114,6 +121,9 @@ class Session:
         # first boot): (grace in seconds, sqlstate, message, end reason); and the timer that looks again.
         self._ending: tuple[float, str, str, str] | None = None
         self._ending_timer: asyncio.TimerHandle | None = None
+        self.pool_conn: ServerConn | None = None  # a pooled session's server connection (ADR 0016)
+        self.handed_over = False  # …handed over from the pool (else connected, authenticated and claimed for it)
+        self._seat_key: tuple[int, bytes] | None = None  # the cancel key the seat gave its client
         self.first_boot = False  # started while the seat's rules were not in force: unclaimed, event rows refused
         # The admin console's PAUSE (hold): from the next transaction boundary on, what the client sends waits in
         # _held_data (up to buffer_limit, then it is no longer read) until release(); on_held is called once held.
@@ -222,7 +232,11 @@ class Session:
             self.close("cancel not forwarded")
             return
         self.server.stats.upstream_connections += 1
-        up.write(packet.raw)
+        # A pooled session's client holds a cancel key of the seat's (ADR 0016): sent on as its backend's own key, to
+        # the backend that session is on now. Any other key goes on as it came: PostgreSQL checks it (a seat key of
+        # a session that ended, or of another worker's session, matches no backend there).
+        mapped = self.server.pool.cancel_target(packet.pid, packet.key)
+        up.write(packet.raw if mapped is None else mapped)
         up.close()
         self.close("cancel forwarded")
 
@@ -295,12 +309,51 @@ class Session:
             identity = Identity(dict(self.params), self.major, self.config.major_for)
         # Statements are counted against their ReadyForQuery (count_answered) so that idleness can be told at any
         # time: the idle timeout, a drain in shutdown_mode "idle" and the end of first boot need it.
+        pool = self.server.pool
+        verifier = None
+        if (claim is not None and self.config.pool.enabled and self.major in (1, 2) and not self.server.upstream_pooler
+                and startup.version == PROTOCOL_3_0 and not any(k.startswith("_pq_.") for k in self.params)):
+            verifier = await pool.lookup(self.params["user"])
+            if self.closed:  # the client left meanwhile
+                return
+        if verifier is not None:
+            # Pooled (ADR 0016): a claimed major, a user with a SCRAM-SHA-256 verifier (pool.auth_file, auth_query).
+            try:
+                conn = await pool.acquire(pool.key_for(self.params, self.major))
+            except PoolWaitTimeout as e:
+                self._fail_client("53300", str(e), reason="query_wait_timeout")
+                return
+            self.pool_conn = conn
+            conn.session = self
+            if self.closed:  # the client left while it waited
+                if conn.peer is not None:
+                    pool.put_back(conn)
+                else:
+                    pool.forget(conn)
+                self.pool_conn = None
+                return
+            if conn.peer is not None:
+                await self._hand_over(conn, reader, identity, startup, verifier)
+                return
         self.relay = Relay(self.server.stats, reader=reader, claim=claim, client_tls=self.client_tls,
-                           count_answered=True, identity=identity, on_refusal=self._log_refusal)
+                           count_answered=True, identity=identity, on_refusal=self._log_refusal,
+                           pooled=self.pool_conn is not None,
+                           key_data=self._seat_key_data if self.pool_conn is not None else None)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
-        self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+        try:
+            self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+        except BaseException:
+            if self.pool_conn is not None:
+                pool.forget(self.pool_conn)
+                self.pool_conn = None
+            raise
         self.server.stats.upstream_connections += 1
+        if self.pool_conn is not None:
+            self.pool_conn.peer = self.upstream
         if self.closed:  # the client left while we were connecting
+            if self.pool_conn is not None:
+                pool.give_back(self.pool_conn, False, "client left while connecting")
+                self.pool_conn = None
             self.upstream.close()
             return
         up = self.upstream
@@ -326,6 +379,104 @@ class Session:
         if self.client.eof and not self.closed:
             self._client_eof()
 
+    # ------------------------------------------------------------------ pooled server connections (ADR 0016)
+
+    def _seat_key_data(self, body: bytes) -> bytes:
+        """The server's BackendKeyData of a new pooled backend: kept for the seat, the client gets one of the seat's."""
+        conn = self.pool_conn
+        conn.pid, conn.backend_key = messages.parse_backend_key_data(body)
+        self._seat_key = self.server.pool.issue_cancel_key(self, len(conn.backend_key))
+        return struct.pack("!i", self._seat_key[0]) + self._seat_key[1]
+
+    async def _password_message(self) -> bytes:
+        head = await self.client.read_exact(5)
+        (length,) = struct.unpack("!i", head[1:])
+        if head[:1] != b"p" or length < 4 or length > MAX_PASSWORD_MESSAGE:
+            raise ProtocolViolation("expected a SASL message (SCRAM-SHA-256)", sqlstate="28000")
+        return await self.client.read_exact(length - 4)
+
+    async def _hand_over(self, conn: ServerConn, reader: ReadPath | None, identity: Identity | None,
+                         startup: StartupMessage, verifier: str) -> None:
+        """An idle pooled backend of this session's pool: the client proves its password to the seat (SCRAM-SHA-256
+        against pool.auth_file), then gets the login PostgreSQL would send: AuthenticationOk, the backend's current
+        ParameterStatus values, a cancel key of the seat's, ReadyForQuery. No claim: the backend's claim was checked
+        by its reset."""
+        pool = self.server.pool
+        user = self.params["user"]
+        exchange = ScramServer(verifier)
+        try:
+            self.client.write(exchange.start())
+            self.client.write(exchange.client_first(await self._password_message()))
+            final = exchange.client_final(await self._password_message())
+        except BaseException:
+            pool.put_back(conn)
+            self.pool_conn = None
+            raise
+        if final is None:
+            pool.put_back(conn)
+            self.pool_conn = None
+            log.warning("pooled login refused", extra={"fields": self._log_fields(why="wrong password")})
+            self._fail_client("28P01", f'password authentication failed for user "{user}"',
+                              reason="password authentication failed at the seat")
+            return
+        if self.closed:  # the client left after its last SASL message
+            pool.put_back(conn)
+            self.pool_conn = None
+            return
+        if conn.closed or conn.peer.lost:  # the backend went away while the client authenticated
+            self.pool_conn = None
+            self._fail_client("08006", "the pooled server connection was lost during login; connect again",
+                              reason="pooled server connection lost")
+            return
+        self.handed_over = True
+        relay = self.relay = Relay(self.server.stats, reader=reader, claim=None, client_tls=self.client_tls,
+                                   count_answered=True, identity=identity, on_refusal=self._log_refusal, pooled=True)
+        relay.adopt(conn.params, conn.pid, conn.backend_key)
+        self._readies = relay.readies
+        self._seat_key = pool.issue_cancel_key(self, len(conn.backend_key or b"1234"))
+        log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text,
+                                                                    pooled_backend=conn.pid)})
+        up = self.upstream = conn.peer
+        up.on_lost = self._upstream_lost
+        limit = self.config.buffer_limit
+        for peer in (self.client, up):
+            peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        self.client.on_pause = lambda paused: _set_reading(up, not paused)
+        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
+        login = [final, messages.message(b"R", struct.pack("!I", 0))]
+        login += [messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
+                  for name, value in conn.params.items()]
+        login += [messages.message(b"K", struct.pack("!i", self._seat_key[0]) + self._seat_key[1]),
+                  messages.ready_for_query()]
+        self.client.write(b"".join(login))
+        up.sink = self._from_upstream
+        self.client.sink = self._from_client
+        if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now
+            pending = bytes(up.buffer)
+            up.buffer.clear()
+            self._from_upstream(pending)
+        if self.client.buffer:
+            pending = bytes(self.client.buffer)
+            self.client.buffer.clear()
+            self._from_client(pending)
+        if self.client.eof and not self.closed:
+            self._client_eof()
+
+    def _pool_clean(self) -> bool:
+        """Whether this pooled session's backend may be reset for the next client: the client left (Terminate or
+        EOF) idle outside a transaction, every statement answered, nothing sent since the last ReadyForQuery but
+        its Terminate, no message half-read on either side, no COPY, no claim in flight, no FATAL."""
+        relay = self.relay
+        if relay is None or self.upstream is None or self.upstream.lost:
+            return False
+        sent_since = relay.bytes_in - self._bytes_at_ready
+        return (relay.ending is None and not relay.awaiting_ready and not relay.claiming
+                and relay.state.last_fatal is None and relay.state.txn_status == b"I"
+                and relay.queries_sent < relay.readies and relay.readies == self._readies
+                and relay.server_at_boundary and relay.client_at_boundary
+                and not relay.deferred and not self._analysing and not self._held_data
+                and sent_since == (5 if relay.state.phase is Phase.CLOSING else 0))
+
     # ------------------------------------------------------------------ relay
 
     def _from_client(self, data: bytes) -> None:
@@ -349,6 +500,11 @@ class Session:
             self._hold_client("owed", True)
         if relay.ending is not None:
             self._end(relay.ending)
+        elif (self.pool_conn is not None and relay.state.phase is Phase.CLOSING and relay.state.last_fatal is None
+              and not self.closed):
+            # A pooled session's Terminate is not relayed (ADR 0016): the session ends here, as PostgreSQL would end
+            # it, and its backend goes back to the pool, not held by a client that keeps its socket open.
+            self.close("client terminated")
         if timed:
             self._seat_client.observe(perf_counter() - start)
 
@@ -603,8 +759,8 @@ class Session:
         since = max(self._last_client, self._ready_at)
         idle = self._is_idle()
         if idle and now - since >= timeout:
-            if self.upstream is not None:
-                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
+            if self.upstream is not None and self.pool_conn is None:
+                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend (a pooled one is reset)
             self._fail_client("57P05", "terminating connection due to idle-session timeout",
                               reason="client_idle_timeout")
             return
@@ -646,8 +802,8 @@ class Session:
         now = time.monotonic()
         since = max(self._last_client, self._ready_at)
         if now - since >= grace:
-            if self.upstream is not None:
-                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend
+            if self.upstream is not None and self.pool_conn is None:
+                self.upstream.write(messages.message(b"X"))  # a clean Terminate for the backend (a pooled one is reset)
             self._fail_client(sqlstate, text, reason=reason)
         elif self._ending_timer is None:
             self._ending_timer = asyncio.get_running_loop().call_later(max(since + grace - now, 0.01),
@@ -660,7 +816,8 @@ class Session:
         if not self.closed:
             if self.upstream is None:  # turned away before it was relayed
                 self.server.stats.connections_refused[
-                    "startup_timeout" if reason == "startup timeout" else REFUSED_REASONS.get(sqlstate, sqlstate)] += 1
+                    "startup_timeout" if reason == "startup timeout" else "query_wait_timeout"
+                    if reason == "query_wait_timeout" else REFUSED_REASONS.get(sqlstate, sqlstate)] += 1
             if sqlstate in BY_SQLSTATE:
                 self._log_refusal(sqlstate, "")
         self.server.stats.count_refusal(sqlstate)
@@ -685,6 +842,20 @@ class Session:
             return
         self.closed = True
         self.end_reason = reason
+        if self._seat_key is not None:
+            self.server.pool.drop_cancel_key(*self._seat_key)
+        conn = self.pool_conn
+        # A pooled backend this session relays on goes back to its pool (reset, or closed). One still connecting or
+        # being handed over is the handshake's to give back, when its await returns.
+        if conn is not None and self.upstream is not None and conn.peer is self.upstream:
+            self.pool_conn = None
+            clean = self._pool_clean()  # before anything of the session is torn down
+            self.upstream.sink = None
+            self.upstream.on_pause = None
+            self.client.on_pause = None
+            conn.params = dict(self.relay.state.server_params) if self.relay is not None else conn.params
+            self.server.pool.give_back(conn, clean, reason)
+            self.upstream = None
         if self.upstream is not None:
             self.upstream.sink = None
             self.upstream.close()

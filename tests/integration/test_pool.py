@@ -1,0 +1,579 @@
+"""Pooled server connections ([pool], ADR 0016), against the real cluster with psycopg.
+
+A client's backend is kept after it leaves, reset (DISCARD ALL and the claim's check) and handed to the next client
+of the same pool, who proves its password to the seat (SCRAM-SHA-256 against pool.auth_file). Each test names the
+backend by ``pg_backend_pid()`` (what the client sees as its pid is a seat-issued one) and waits for the pool's
+state on /metrics: a reset runs after the client left, so the next client must not race it.
+
+Users: ``scram_user`` (the conftest's, SCRAM at the server too) and ``pool_b`` (made here, SCRAM at the server
+through a pg_hba line added before the cluster's trust line).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+import uuid
+
+import psycopg
+import pytest
+
+from harness import PASSWORD
+from proxy.dev.devcluster import free_port
+from proxy.serve.scram import scram_secret
+
+OTHER = "pool_b"
+OTHER_PW = "pool-b-pw"
+V1_APP = "v1-host"
+ADMIN_PW = "admin-pw"
+
+
+@pytest.fixture(scope="module")
+def verifiers(pg) -> dict[str, str]:
+    pg.psql(f"""
+        DO $$ BEGIN
+            IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{OTHER}') THEN CREATE ROLE {OTHER} LOGIN; END IF;
+        END $$;
+        SET password_encryption = 'scram-sha-256';
+        ALTER ROLE {OTHER} PASSWORD '{OTHER_PW}';
+        GRANT ALL ON SCHEMA public TO {OTHER};
+    """)
+    hba = f"{pg.datadir}/pg_hba.conf"
+    lines = open(hba).read().splitlines()
+    line = f"host all {OTHER} 127.0.0.1/32 scram-sha-256"
+    if line not in lines:
+        lines.insert(lines.index("host all all 127.0.0.1/32 trust"), line)
+        open(hba, "w").write("\n".join(lines) + "\n")
+        pg.psql("SELECT pg_reload_conf()")
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        rows = conn.execute("SELECT rolname, rolpassword FROM pg_authid WHERE rolname IN ('scram_user', %s)",
+                            (OTHER,)).fetchall()
+    return dict(rows)
+
+
+@pytest.fixture(scope="module")
+def pooled(start_seat, verifiers, tmp_path_factory):
+    d = tmp_path_factory.mktemp("pool")
+    auth = d / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()) + '"md5_user" "md5' + "0" * 32 + '"\n')
+    (d / "admin.txt").write_text(f'"ops" "{scram_secret(ADMIN_PW)}"\n')
+    admin_port = free_port()
+    seat = start_seat(proxy={"clients": [{"application_name": V1_APP, "major": 1}]},
+                      extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 600},
+                             "admin": {"listen": f"127.0.0.1:{admin_port}", "users": ["ops"],
+                                       "auth_file": str(d / "admin.txt")}})
+    seat.admin_port = admin_port
+    return seat
+
+
+def connect(seat, user: str = "scram_user", password: str = PASSWORD, **params) -> psycopg.Connection:
+    return psycopg.connect(seat.dsn(user=user, password=password, **params), autocommit=True)
+
+
+def metrics(seat) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def pool_count(text: str, state: str, user: str = "scram_user", major: int = 2) -> int:
+    m = re.search(r'^openwop_seat_pool_server_connections\{database="postgres",major="%d",state="%s",user="%s"\} '
+                  r'(\S+)$' % (major, state, user), text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def counter(text: str, name: str, result: str | None = None) -> int:
+    label = f'{{result="{result}"}}' if result else ""
+    m = re.search(rf"^{name}_total{re.escape(label)} (\S+)$", text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def wait_for(seat, check, what: str):
+    """Poll /metrics until ``check(text)`` holds (a reset runs after the client left); fails after 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        text = metrics(seat)
+        if check(text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the pool never reached: {what}\n{text}")
+        time.sleep(0.02)
+
+
+def settle(seat, user: str = "scram_user", major: int = 2) -> str:
+    """Wait until no connection of the pool is being reset or checked, and return /metrics."""
+    busy = ("reset", "check", "active")
+    return wait_for(seat, lambda t: all(pool_count(t, s, user, major) == 0 for s in busy), "no reset in flight")
+
+
+def quiet(seat) -> str:
+    """Wait until no server connection of any pool is connecting, in use, being reset or checked."""
+    busy = re.compile(r'^openwop_seat_pool_server_connections\{[^}]*state="(?:active|check|login|reset)"[^}]*\} '
+                      r'([1-9]\S*)$', re.M)
+    return wait_for(seat, lambda t: busy.search(t) is None, "every pool quiet")
+
+
+@pytest.fixture(autouse=True)
+def quiet_before(request):
+    """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
+    after the first client of this one left, and its backend would then be the most recently used."""
+    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried"):
+        if name in request.fixturenames:
+            quiet(request.getfixturevalue(name))
+
+
+def backend(conn) -> int:
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def leave(seat, conn, user: str = "scram_user", major: int = 2) -> None:
+    conn.close()
+    settle(seat, user, major)
+
+
+def first_and_next(seat, setup, **params):
+    """A first client runs ``setup`` and leaves; the next client is on the same backend. Returns (pid, next)."""
+    with connect(seat, **params) as first:
+        pid = backend(first)
+        setup(first)
+    settle(seat)
+    nxt = connect(seat, **params)
+    assert backend(nxt) == pid, "the next client was not handed the first one's backend"
+    return pid, nxt
+
+
+def test_the_next_client_gets_the_same_backend_still_claimed(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+        assert first.info.backend_pid != pid  # the client's pid (and cancel key) are the seat's, never the backend's
+    text = settle(pooled)
+    assert pool_count(text, "idle") >= 1
+    before = counter(text, "openwop_seat_pool_hand_overs")
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2  # the claim survived the reset
+        assert nxt.execute("SELECT current_user").fetchone()[0] == "scram_user"
+    assert counter(metrics(pooled), "openwop_seat_pool_hand_overs") == before + 1
+
+
+def test_set_does_not_reach_the_next_client(pooled):
+    _, nxt = first_and_next(pooled, lambda c: c.execute("SET work_mem = '7777kB'; SET search_path = pg_catalog"))
+    with nxt:
+        assert nxt.execute("SHOW work_mem").fetchone()[0] != "7777kB"
+        assert nxt.execute("SHOW search_path").fetchone()[0] == '"$user", public'
+
+
+def test_prepared_statements_do_not_reach_the_next_client(pooled):
+    def setup(c):
+        c.execute("PREPARE leftover AS SELECT 1")
+        c.execute("SELECT %s::int", (1,), prepare=True)  # a protocol-level named statement (psycopg's _pg3_…)
+        assert c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] >= 2
+
+    _, nxt = first_and_next(pooled, setup)
+    with nxt:
+        assert nxt.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            nxt.execute("EXECUTE leftover")
+
+
+def test_temp_tables_do_not_reach_the_next_client(pooled):
+    _, nxt = first_and_next(pooled, lambda c: c.execute("CREATE TEMP TABLE leftover_tt (x int)"))
+    with nxt:
+        assert nxt.execute("SELECT to_regclass('pg_temp.leftover_tt')").fetchone()[0] is None
+
+
+def test_listen_does_not_reach_the_next_client(pooled):
+    _, nxt = first_and_next(pooled, lambda c: c.execute("LISTEN leftover_channel"))
+    with nxt:
+        assert nxt.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
+
+
+def test_session_advisory_locks_do_not_reach_the_next_client(pooled, pg):
+    _, nxt = first_and_next(pooled, lambda c: c.execute("SELECT pg_advisory_lock(424242)"))
+    with nxt:
+        assert nxt.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                           ).fetchone()[0] == 0
+        with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+            assert direct.execute("SELECT pg_try_advisory_lock(424242)").fetchone()[0] is True
+
+
+def test_the_read_paths_plan_once_names_do_not_reach_the_next_client(pooled):
+    run = f"pool-{uuid.uuid4()}"
+
+    def read(c):
+        c.execute("SELECT type FROM events WHERE run_id = %s", (run,)).fetchall()
+
+    def setup(c):
+        read(c)
+        assert c.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'openwop\\_seat\\_%'"
+                         ).fetchone()[0] >= 1
+
+    _, nxt = first_and_next(pooled, setup)
+    with nxt:
+        assert nxt.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        read(nxt)  # the next client's read path starts empty and prepares its own names again
+        read(nxt)
+
+
+def test_a_client_of_another_user_never_gets_the_backend(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    with connect(pooled, user=OTHER, password=OTHER_PW) as other:
+        assert backend(other) != pid
+        assert other.execute("SELECT session_user").fetchone()[0] == OTHER
+    settle(pooled, OTHER)
+    with connect(pooled) as again:
+        assert backend(again) == pid
+
+
+def test_a_client_of_another_major_never_gets_the_backend(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    with connect(pooled, application_name=V1_APP) as v1:
+        assert backend(v1) != pid
+        assert v1.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 1
+    settle(pooled, major=1)
+    with connect(pooled) as v2:
+        assert backend(v2) == pid
+        assert v2.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+
+
+def test_the_seat_refuses_a_wrong_password_and_accepts_the_right_one(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+    text = settle(pooled)
+    assert pool_count(text, "idle") >= 1
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(pooled, password="wrong")
+    # the idle backend was not used by the refused client: the right password gets it
+    with connect(pooled) as right:
+        assert backend(right) == pid
+
+
+def test_a_user_without_a_scram_verifier_is_not_pooled(pooled):
+    """md5_user's line is an md5 hash: its sessions are relayed as without a pool, their backends not kept."""
+    with connect(pooled, user="md5_user") as first:
+        pid = backend(first)
+    with connect(pooled, user="md5_user") as second:
+        assert backend(second) != pid
+    assert pool_count(metrics(pooled), "idle", "md5_user") == 0
+
+
+def test_a_backend_whose_claim_was_deleted_while_idle_is_not_handed_out(pooled, pg):
+    with connect(pooled) as first:
+        pid = backend(first)
+    text = settle(pooled)
+    lost = counter(text, "openwop_seat_pool_checks", "claim lost")
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+    with connect(pooled) as nxt:
+        assert backend(nxt) != pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+    assert counter(metrics(pooled), "openwop_seat_pool_checks", "claim lost") == lost + 1
+
+
+def test_a_backend_whose_claim_was_deleted_during_its_session_is_not_kept(pooled, pg):
+    lost = counter(metrics(pooled), "openwop_seat_pool_resets", "claim lost")
+    with connect(pooled) as first:
+        pid = backend(first)
+        with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+            assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+    text = settle(pooled)
+    assert counter(text, "openwop_seat_pool_resets", "claim lost") == lost + 1
+    with connect(pooled) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_a_client_that_leaves_mid_transaction_does_not_return_its_backend(pooled, pg):
+    with psycopg.connect(pooled.dsn(user="scram_user", password=PASSWORD)) as first:  # not autocommit
+        pid = backend(first)
+        first.execute("CREATE TEMP TABLE in_txn (x int)")
+        first.pgconn.finish()  # leaves inside the transaction (Terminate, then the socket closes)
+    settle(pooled)
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        wait = time.monotonic() + 20  # the backend ends when the seat closes its socket
+        while direct.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+            assert time.monotonic() < wait, "the backend of a client that left mid-transaction is still there"
+            time.sleep(0.02)
+    with connect(pooled) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_a_client_that_leaves_mid_copy_does_not_return_its_backend(pooled):
+    conn = connect(pooled)
+    pid = backend(conn)
+    conn.execute("CREATE TEMP TABLE copied (x int)")
+    pgconn = conn.pgconn
+    pgconn.send_query(b"COPY copied FROM STDIN")  # libpq's own calls: psycopg would end the COPY on its way out
+    assert pgconn.get_result().status == psycopg.pq.ExecStatus.COPY_IN
+    assert pgconn.put_copy_data(b"1\n") == 1 and pgconn.flush() == 0
+    pgconn.finish()  # leaves mid-COPY
+    settle(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_a_cancel_reaches_the_clients_own_statement(pooled):
+    with connect(pooled) as conn:
+        before = counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped")
+        errors = []
+
+        def sleep():
+            try:
+                conn.execute("SELECT pg_sleep(60)")
+            except psycopg.errors.QueryCanceled as e:
+                errors.append(e)
+
+        t = threading.Thread(target=sleep)
+        t.start()
+        wait_active = time.monotonic() + 20
+        with psycopg.connect(pooled.dsn(user="postgres"), autocommit=True) as watch:
+            while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' "
+                                    "AND state = 'active'").fetchone()[0]:
+                assert time.monotonic() < wait_active
+                time.sleep(0.02)
+        conn.cancel()
+        t.join(30)
+        assert len(errors) == 1
+    assert counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped") == before + 1
+
+
+def test_a_former_clients_cancel_key_cancels_nothing(pooled, pg):
+    with connect(pooled) as first:
+        pid = backend(first)
+        stale = first.pgconn.get_cancel()  # the seat-issued key the first client holds
+    settle(pooled)
+    with psycopg.connect(pg.dsn(), autocommit=True) as holder, connect(pooled) as nxt:
+        assert backend(nxt) == pid
+        holder.execute("SELECT pg_advisory_lock(515151)")
+        result = []
+        t = threading.Thread(target=lambda: result.append(
+            nxt.execute("SELECT pg_advisory_lock(515151)").fetchone()))
+        t.start()
+        deadline = time.monotonic() + 20
+        while not holder.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                                 (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        before = counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped")
+        stale.cancel()  # through the seat: a key of a session that ended maps to nothing
+        assert counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped") == before
+        holder.execute("SELECT pg_advisory_unlock(515151)")
+        t.join(30)
+        assert result == [("",)]  # it got its lock (void), not a cancel
+        nxt.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_another_startup_parameter_is_another_pool(pooled):
+    with connect(pooled, options="'-c lock_timeout=5s'") as first:
+        pid = backend(first)
+        assert first.execute("SHOW lock_timeout").fetchone()[0] == "5s"
+        first.execute("SET lock_timeout = '9s'")
+    settle(pooled)
+    with connect(pooled) as plain:
+        assert backend(plain) != pid
+        assert plain.execute("SHOW lock_timeout").fetchone()[0] != "5s"
+    with connect(pooled, options="'-c lock_timeout=5s'") as again:
+        assert backend(again) == pid
+        assert again.execute("SHOW lock_timeout").fetchone()[0] == "5s"  # its own startup's default, after the reset
+
+
+def test_the_admin_console_shows_the_idle_pooled_connections(pooled):
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    with psycopg.connect(f"host=127.0.0.1 port={pooled.admin_port} dbname=pgbouncer user=ops password={ADMIN_PW}",
+                         autocommit=True) as admin:
+        servers = admin.pgconn.exec_(b"SHOW SERVERS")
+        columns = [servers.fname(i).decode() for i in range(servers.nfields)]
+        rows = [dict(zip(columns, (servers.get_value(r, i).decode() if servers.get_value(r, i) is not None
+                                   else None for i in range(servers.nfields)))) for r in range(servers.ntuples)]
+        idle = [r for r in rows if r["remote_pid"] == str(pid)]
+        assert len(idle) == 1 and idle[0]["state"] == "idle" and idle[0]["user"] == "scram_user"
+        assert int(idle[0]["id"]) < 0 and idle[0]["link"] is None
+        pools = admin.pgconn.exec_(b"SHOW POOLS")
+        columns = [pools.fname(i).decode() for i in range(pools.nfields)]
+        row = next(dict(zip(columns, (pools.get_value(r, i).decode() for i in range(pools.nfields))))
+                   for r in range(pools.ntuples) if pools.get_value(r, 1) == b"scram_user")
+        assert int(row["sv_idle"]) >= 1
+
+
+@pytest.fixture(scope="module")
+def small(start_seat, verifiers, tmp_path_factory):
+    """One server connection per pool; a client waits 5 s for it."""
+    auth = tmp_path_factory.mktemp("pool-small") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "pool_size": 1,
+                                      "query_wait_timeout": 5}})
+
+
+def test_a_client_of_a_full_pool_waits_for_the_backend(small):
+    first = connect(small)
+    pid = backend(first)
+    waits = counter(metrics(small), "openwop_seat_pool_waits")
+    got = []
+    t = threading.Thread(target=lambda: got.append(connect(small)))
+    t.start()
+    wait_for(small, lambda text: counter(text, "openwop_seat_pool_waits") == waits + 1, "a client waiting")
+    first.close()
+    t.join(30)
+    assert len(got) == 1
+    with got[0] as second:
+        assert backend(second) == pid
+
+
+def test_a_client_of_a_full_pool_is_refused_after_query_wait_timeout(small):
+    with connect(small):
+        with pytest.raises(psycopg.OperationalError, match="pool.query_wait_timeout"):
+            connect(small)
+
+
+@pytest.fixture(scope="module")
+def short_lived(start_seat, verifiers, tmp_path_factory):
+    auth = tmp_path_factory.mktemp("pool-short") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 0.2,
+                                      "server_lifetime": 1}})
+
+
+def gone(pg, pid: int) -> None:
+    """Wait until backend ``pid`` has ended (fails after 20 s)."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        deadline = time.monotonic() + 20
+        while direct.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline, f"backend {pid} is still there"
+            time.sleep(0.02)
+
+
+def test_server_idle_timeout_closes_an_idle_backend(short_lived, pg):
+    with connect(short_lived) as first:
+        pid = backend(first)
+    gone(pg, pid)
+    with connect(short_lived) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_server_lifetime_closes_an_old_backend_when_its_client_leaves(short_lived, pg):
+    resets = counter(metrics(short_lived), "openwop_seat_pool_resets", "ok")
+    with connect(short_lived) as first:
+        pid = backend(first)
+        time.sleep(1.2)  # older than server_lifetime when it leaves
+    gone(pg, pid)
+    assert counter(metrics(short_lived), "openwop_seat_pool_resets", "ok") == resets  # closed, not reset
+
+
+def test_a_wrong_password_without_an_idle_backend_is_refused_by_postgresql_and_frees_its_place(small):
+    """No idle backend: the client is relayed to PostgreSQL, which refuses it; its place in the pool of one is free
+    again (else the right password would wait for it and time out)."""
+    settle(small)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(small, password="wrong")
+    settle(small)
+    with connect(small) as right:
+        assert right.execute("SELECT current_user").fetchone()[0] == "scram_user"
+
+
+def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pooled):
+    """A client that sends its startup packet and goes away in the middle of the SCRAM exchange at the seat: the
+    backend it was to get stays in the pool, untouched."""
+    import socket
+    import struct
+
+    with connect(pooled) as first:
+        pid = backend(first)
+    settle(pooled)
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    with socket.create_connection(("127.0.0.1", pooled.port)) as raw:
+        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+        assert raw.recv(1) == b"R"  # AuthenticationSASL from the seat: then the client leaves
+    settle(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid
+
+
+@pytest.fixture(scope="module")
+def pooled_tls(start_seat, verifiers, certs, tmp_path_factory):
+    auth = tmp_path_factory.mktemp("pool-tls") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(tls={"cert_file": certs["server_crt"], "key_file": certs["server_key"]},
+                      extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+
+
+def test_a_tls_client_is_handed_over_with_scram_and_no_channel_binding(pooled_tls):
+    """On TLS libpq tells the seat it could bind the channel (gs2 header "y"); the seat offers SCRAM-SHA-256 only,
+    and the exchange succeeds. A client that requires channel binding is refused at the hand-over."""
+    with connect(pooled_tls, sslmode="require") as first:
+        pid = backend(first)
+        assert first.info.pgconn.ssl_in_use
+    quiet(pooled_tls)
+    with connect(pooled_tls, sslmode="require") as nxt:
+        assert backend(nxt) == pid and nxt.info.pgconn.ssl_in_use
+    quiet(pooled_tls)
+    with pytest.raises(psycopg.OperationalError, match="channel binding"):
+        connect(pooled_tls, sslmode="require", channel_binding="require")
+    quiet(pooled_tls)
+    with connect(pooled_tls, sslmode="require") as again:  # the refused client did not take the backend with it
+        assert backend(again) == pid
+
+
+@pytest.fixture(scope="module")
+def queried(start_seat, verifiers, tmp_path_factory):
+    """Verifiers from pool.auth_query only (the seat's own connection is the cluster's superuser here)."""
+    return start_seat(extra={"pool": {"enabled": True,
+                                      "auth_query": "SELECT rolpassword FROM pg_authid WHERE rolname = $1"}})
+
+
+def test_auth_query_gives_the_verifier_of_a_user_without_an_auth_file(queried):
+    with connect(queried) as first:
+        pid = backend(first)
+    quiet(queried)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(queried, password="wrong")
+    with connect(queried) as nxt:
+        assert backend(nxt) == pid  # handed over: the seat checked the password against the queried verifier
+    quiet(queried)
+    # md5_user's rolpassword is an md5 hash: not pooled, relayed each time
+    with connect(queried, user="md5_user") as a:
+        first_md5 = backend(a)
+    with connect(queried, user="md5_user") as b:
+        assert backend(b) != first_md5
+
+
+def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
+    """Each worker has its own pools; the supervisor's /metrics sums them. Whichever worker a client lands on, it
+    gets a claimed backend of its major, and a backend is reused by the worker that keeps it."""
+    auth = tmp_path_factory.mktemp("pool-workers") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+    pids = set()
+    for _ in range(6):
+        with connect(seat) as conn:
+            pids.add(backend(conn))
+            assert conn.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+        quiet(seat)
+    assert len(pids) <= 2  # at most one backend per worker: every later client was handed one
+    text = metrics(seat)
+    assert pool_count(text, "idle") == len(pids)
+    assert counter(text, "openwop_seat_pool_hand_overs") == 6 - len(pids)
+
+
+def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
+    """PostgreSQL closes a connection on Terminate; the seat, which keeps the backend, does the same: a client that
+    sends Terminate and keeps its socket open does not hold the backend."""
+    import socket
+
+    with connect(pooled) as first:
+        pid = backend(first)
+        fd = socket.socket(fileno=first.pgconn.socket)  # the client's own socket, Terminate sent on it by hand
+        try:
+            fd.settimeout(20)  # a bound against hanging: without the seat closing it, recv times out and fails
+            fd.sendall(b"X\x00\x00\x00\x04")
+            assert fd.recv(1) == b""  # the seat closed the connection
+        finally:
+            fd.detach()
+    quiet(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid

@@ -1,0 +1,130 @@
+"""Pooled server connections' pure parts (ADR 0016): the [pool] keys, the pool key, the SCRAM exchange at the seat
+(against a client written here from RFC 5802, with PostgreSQL's verifier format), the secrets a pool takes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import struct
+
+import pytest
+
+from proxy.config import Config, ConfigError, parse_config
+from proxy.serve.pool import Pool
+from proxy.serve.scram import ScramServer, scram_secret
+from proxy.wire.codec import ProtocolViolation
+
+
+def test_pool_is_off_by_default():
+    config = parse_config({})
+    assert config.pool.enabled is False and config.pool.auth_file is None
+    assert Config().pool.pool_size == 20
+
+
+def test_pool_keys_are_checked_all_at_once(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"pool": {"enabled": "yes", "pool_size": 0, "max_db_connections": -1,
+                               "server_idle_timeout": "1", "server_lifetime": -2, "query_wait_timeout": True,
+                               "auth_file": str(tmp_path / "missing.txt"), "reset_query": "x"}})
+    text = str(e.value)
+    for key in ("pool.enabled", "pool.pool_size", "pool.max_db_connections", "pool.server_idle_timeout",
+                "pool.server_lifetime", "pool.query_wait_timeout", "pool.auth_file", "unknown key pool.reset_query"):
+        assert key in text, key
+    assert text.startswith("8 errors")
+
+
+def test_enabled_needs_an_auth_file(tmp_path):
+    with pytest.raises(ConfigError, match="pool.auth_file or pool.auth_query: one is required"):
+        parse_config({"pool": {"enabled": True}})
+    query = "SELECT rolpassword FROM pg_authid WHERE rolname = $1"
+    assert parse_config({"pool": {"enabled": True, "auth_query": query + ";"}}).pool.auth_query == query
+    users = tmp_path / "users.txt"
+    users.write_text("")
+    config = parse_config({"pool": {"enabled": True, "auth_file": str(users), "pool_size": 3}})
+    assert config.pool.enabled and config.pool.auth_file == str(users) and config.pool.pool_size == 3
+
+
+@pytest.mark.parametrize("query", ["SELECT passwd FROM pg_shadow", "SELECT 1; SELECT $1", "SELECT $1, $2", "", 7])
+def test_auth_query_is_one_statement_with_the_user_as_1(query):
+    with pytest.raises(ConfigError, match="pool.auth_query"):
+        parse_config({"pool": {"auth_query": query}})
+
+
+def test_a_pool_takes_only_scram_verifiers(tmp_path):
+    users = tmp_path / "users.txt"
+    users.write_text(f'"a" "{scram_secret("pw")}"\n"b" "md5{"0" * 32}"\n"c" "plain-text"\n')
+    config = parse_config({"pool": {"enabled": True, "auth_file": str(users)}})
+    assert set(Pool.load_secrets(config)) == {"a"}
+    users.write_text('"a" "SCRAM-SHA-256$4096:bad"\n')
+    with pytest.raises(ConfigError, match="malformed"):
+        Pool.load_secrets(config)
+    assert Pool.load_secrets(parse_config({})) == {}  # off: no file read
+
+
+def test_the_pool_key_holds_user_database_major_and_every_other_parameter():
+    base = {"user": "u", "database": "d", "application_name": "app", "options": "-c work_mem=4MB"}
+    key = Pool.key_for(base, 2)
+    assert key.user == "u" and key.database == "d" and key.major == 2
+    assert key != Pool.key_for(base, 1)
+    assert key != Pool.key_for({**base, "user": "v"}, 2)
+    assert key != Pool.key_for({**base, "application_name": "other"}, 2)
+    assert key != Pool.key_for({**base, "options": ""}, 2)
+    assert key == Pool.key_for(dict(reversed(list(base.items()))), 2)  # the order of the packet does not matter
+
+
+def _client(password: str, server: ScramServer, nonce: str = "rOprNGfwEbeRWgbNEkqO", tamper=None):
+    """RFC 5802's client side: returns (the server's final message or None, the expected server signature)."""
+    assert server.start()[5:9] == struct.pack("!I", 10)
+    bare = f"n=,r={nonce}"
+    first = b"SCRAM-SHA-256\x00" + struct.pack("!i", len("n,," + bare)) + ("n,," + bare).encode()
+    cont = server.client_first(first)
+    server_first = cont[9:].decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    assert fields["r"].startswith(nonce)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    without_proof = f"c={base64.b64encode(b'n,,').decode()},r={fields['r']}"
+    auth_message = f"{bare},{server_first},{without_proof}".encode()
+    signature = hmac.digest(stored_key, auth_message, "sha256")
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}"
+    if tamper is not None:
+        final = tamper(final)
+    answer = server.client_final(final.encode())
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    return answer, base64.b64encode(hmac.digest(server_key, auth_message, "sha256")).decode()
+
+
+def test_scram_at_the_seat_accepts_the_right_password_and_proves_itself():
+    answer, expected = _client("pencil", ScramServer(scram_secret("pencil")))
+    assert answer is not None and answer[5:9] == struct.pack("!I", 12)
+    assert answer[9:].decode() == f"v={expected}"
+
+
+@pytest.mark.parametrize("secret", [scram_secret("pencil"), None])
+def test_scram_at_the_seat_refuses_a_wrong_password_and_an_unknown_user(secret):
+    answer, _ = _client("not-pencil" if secret else "pencil", ScramServer(secret))
+    assert answer is None
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda f: f.replace(",p=", ",p=AAAA"),  # a proof of the wrong length
+    lambda f: f.replace("r=", "r=x", 1),  # another nonce
+    lambda f: f.replace("c=biws", "c=eSws"),  # another GS2 header (channel binding claimed)
+    lambda f: f.rpartition(",p=")[0],  # no proof
+    lambda f: f + "!",  # not base64
+])
+def test_scram_at_the_seat_refuses_a_tampered_final_message(tamper):
+    answer, _ = _client("pencil", ScramServer(scram_secret("pencil")), tamper=tamper)
+    assert answer is None
+
+
+def test_scram_at_the_seat_refuses_another_mechanism_and_a_final_before_a_first():
+    server = ScramServer(scram_secret("pencil"))
+    with pytest.raises(ProtocolViolation):
+        server.client_first(b"SCRAM-SHA-256-PLUS\x00" + struct.pack("!i", 4) + b"p=x,")
+    with pytest.raises(ProtocolViolation):
+        server.client_first(b"SCRAM-SHA-256\x00" + struct.pack("!i", 9) + b"p=tls,,x")  # channel binding asked
+    assert ScramServer(scram_secret("pencil")).client_final(b"c=biws,r=abc,p=AAAA") is None
