@@ -45,6 +45,8 @@ CLASSIFIER_FAILED = "classifier error"  # the reason of the refusal made when th
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
+# What a level whose row lock applies to the events table reads (ADR 0017): the same translation, lockable.
+LOCK_VIEW = {2: "events_m2_lock", 1: "events_m1_lock"}
 KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
 DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (proxy/db/net_sql.py)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
@@ -467,13 +469,20 @@ class Classifier:
         changed = False
         self._kept: set[int] = set()
         unqualified: list[str] = []
+        locks = _lock_targets(stmt)
 
-        def from_item(item, translate: bool):
+        def from_item(item, translate: bool, locked=frozenset()):
             nonlocal changed
             if self._is_events(item):
                 changed = True
                 if item.schemaname is None and item.catalogname is None:
                     unqualified.append(item.relname)
+                view = self._relation(item)
+                if locked is None or view.alias.aliasname in locked:
+                    # ADR 0017: a row lock applies to these rows: the lockable translation, which PostgreSQL locks
+                    # through to the events table's rows (whatever the level reads: only what it names is computed)
+                    view.relname = LOCK_VIEW[self.major]
+                    return view
                 if not translate:
                     # ADR 0009: the events table itself is never read in a translated session (the net refuses
                     # it); a level that reads neither type nor payload reads events_keys, a join-free view.
@@ -481,10 +490,10 @@ class Classifier:
                     keys.relname = KEYS_VIEW
                     self._kept.add(id(keys))
                     return keys
-                return self._relation(item)
+                return view
             if isinstance(item, ast.JoinExpr):
-                item.larg = from_item(item.larg, translate)
-                item.rarg = from_item(item.rarg, translate)
+                item.larg = from_item(item.larg, translate, locked)
+                item.rarg = from_item(item.rarg, translate, locked)
             elif isinstance(item, ast.RangeTableSample):
                 if self._is_events(item.relation):
                     raise Untranslatable("TABLESAMPLE on the events table",
@@ -496,9 +505,8 @@ class Classifier:
                 items = getattr(n, field, None) if field in getattr(n, "__slots__", ()) else None
                 if items:
                     translate = self._reads_translated(n, items)
-                    if translate and getattr(n, "lockingClause", None):
-                        self._no_row_lock_on_events(n, items)
-                    setattr(n, field, tuple(from_item(i, translate) for i in items))
+                    locked = locks.get(id(n), frozenset())
+                    setattr(n, field, tuple(from_item(i, translate, locked) for i in items))
             if unqualified and "whereClause" in getattr(n, "__slots__", ()):
                 # An unqualified name is the host's table only where the session's search_path finds it there
                 # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
@@ -518,31 +526,6 @@ class Classifier:
                 changed = True
         return changed
 
-    def _no_row_lock_on_events(self, level, items) -> None:
-        """A row lock (FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE, SKIP LOCKED or NOWAIT) that would apply to
-        the events table at a level that reads its translated columns: the translated relation is a union and
-        outer joins, which PostgreSQL cannot lock through, so it is refused here with its reason rather than
-        left to fail in the server with a message about a view the client never named (issue 23). A lock
-        ``OF`` the level's other tables only (``FOR UPDATE OF r``) goes on."""
-        from pglast import ast
-
-        names = set()
-        for item in items:
-            for n in _walk(item):
-                if self._is_events(n):
-                    names.add(n.alias.aliasname if n.alias is not None else n.relname)
-        for clause in level.lockingClause:
-            locked = {rv.relname for rv in clause.lockedRels or ()} if clause.lockedRels else None
-            if locked is None or locked & names:
-                strength = {1: "FOR KEY SHARE", 2: "FOR SHARE", 3: "FOR NO KEY UPDATE", 4: "FOR UPDATE"}.get(
-                    int(clause.strength), "a row lock")
-                raise Untranslatable("row lock on the events table",
-                                     f"{strength} on the events table in a translated read: the rows a translated "
-                                     f"session reads are the seat's translation, which PostgreSQL cannot lock; lock "
-                                     f"the run's row instead (FOR UPDATE OF the runs table), or lock from a raw "
-                                     f"session")
-        del ast
-
     def _unqualify_columns(self, stmt) -> None:
         """``public.events.type`` (what SQLAlchemy Core emits for ``Table('events', …, schema='public')``) names
         the relation by its schema and table; once substituted, the relation is the seat's view aliased to the
@@ -551,7 +534,8 @@ class Classifier:
         from pglast import ast
 
         named = {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeVar) and n.schemaname ==
-                 SEAT_SCHEMA and n.relname in (VIEW[self.major], KEYS_VIEW) and n.alias is not None}
+                 SEAT_SCHEMA and n.relname in (VIEW[self.major], LOCK_VIEW[self.major], KEYS_VIEW)
+                 and n.alias is not None}
         if self._table not in named:
             return
         schemas = {self._schema or "public"}
@@ -607,6 +591,8 @@ class Classifier:
 
         targets = {id(n.relation) for n in _walk(stmt)
                    if isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and n.relation is not None}
+        # FOR UPDATE OF events: a name in a lock clause is the alias of a FROM item, not a reference of its own
+        targets |= {id(rv) for n in _walk(stmt) if isinstance(n, ast.LockingClause) for rv in n.lockedRels or ()}
         for n in _walk(stmt):
             if self._is_events(n) and id(n) not in targets and id(n) not in self._kept:
                 raise Untranslatable("events table in an unknown position",
@@ -784,6 +770,64 @@ def _init_kinds() -> None:
 
 
 _init_kinds()
+
+
+def _lock_targets(stmt) -> dict:
+    """The query levels under ``stmt`` that a row lock (``FOR UPDATE``, ``FOR NO KEY UPDATE``, ``FOR SHARE``, ``FOR
+    KEY SHARE``) applies to, as PostgreSQL applies it: ``id(level)`` → the names of the level's ``FROM`` items it
+    locks (``None``: all of them, a lock without ``OF``). A lock of a sub-select in ``FROM`` (named, or all) is pushed
+    into it and locks everything there, at every level of it, as PostgreSQL pushes it (ADR 0017)."""
+    from pglast import ast
+
+    out: dict = {}
+    levels = {}
+    for n in _walk(stmt):
+        if isinstance(n, ast.SelectStmt) and n.lockingClause:
+            names: set | None = set()
+            for clause in n.lockingClause:
+                if not clause.lockedRels:
+                    names = None
+                    break
+                names |= {rv.relname for rv in clause.lockedRels}
+            out[id(n)] = None if names is None else frozenset(names)
+            levels[id(n)] = n
+    todo = list(levels.values())
+    while todo:
+        level = todo.pop()
+        locked = out[id(level)]
+        for item in _from_items(level):
+            if isinstance(item, ast.RangeSubselect) and item.alias is not None and \
+                    (locked is None or item.alias.aliasname in locked):
+                for sub in _select_levels(item.subquery):
+                    if out.get(id(sub), frozenset()) is not None:
+                        out[id(sub)] = None
+                        todo.append(sub)
+    return out
+
+
+def _from_items(level):
+    """A level's FROM items, joins opened."""
+    from pglast import ast
+
+    stack = list(getattr(level, "fromClause", None) or ())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.JoinExpr):
+            stack += [item.larg, item.rarg]
+        else:
+            yield item
+
+
+def _select_levels(query):
+    """The SELECT levels of a sub-select a pushed-down lock reaches: the sub-select itself and, below it, the
+    sub-selects of its FROM (each level's own FROM is pushed into by _lock_targets' loop)."""
+    from pglast import ast
+
+    if isinstance(query, ast.SelectStmt):
+        yield query
+        for part in (query.larg, query.rarg):  # a set operation: PostgreSQL refuses the lock there itself
+            if part is not None:
+                yield from _select_levels(part)
 
 
 def _cost(sql: str, plan: Plan) -> int:

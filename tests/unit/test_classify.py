@@ -504,26 +504,46 @@ def test_a_classifier_error_refuses_the_statement_and_is_not_cached(monkeypatch,
 
 
 @pytest.mark.parametrize("major", [1, 2])
-@pytest.mark.parametrize("sql", [
-    "SELECT * FROM events WHERE run_id = $1 FOR UPDATE",
-    "SELECT type FROM events WHERE run_id = $1 ORDER BY sequence LIMIT 10 FOR UPDATE SKIP LOCKED",
-    "SELECT payload FROM events WHERE run_id = $1 FOR SHARE NOWAIT",
-    "SELECT e.type FROM events e JOIN runs r USING (run_id) FOR NO KEY UPDATE OF e",
-    "SELECT * FROM runs r WHERE r.run_id IN (SELECT run_id FROM events WHERE type = 'x' FOR KEY SHARE)",
+@pytest.mark.parametrize("sql, locked", [
+    ("SELECT * FROM events WHERE run_id = $1 FOR UPDATE", ["events"]),
+    ("SELECT type FROM events WHERE run_id = $1 ORDER BY sequence LIMIT 10 FOR UPDATE SKIP LOCKED", ["events"]),
+    ("SELECT payload FROM events WHERE run_id = $1 FOR SHARE NOWAIT", ["events"]),
+    ("SELECT e.type FROM events e JOIN runs r USING (run_id) FOR NO KEY UPDATE OF e", ["e"]),
+    ("SELECT * FROM runs r WHERE r.run_id IN (SELECT run_id FROM events WHERE type = 'x' FOR KEY SHARE)", ["events"]),
+    ("SELECT run_id, sequence FROM events WHERE run_id = $1 FOR UPDATE", ["events"]),  # keys only: locked too
+    ("SELECT s.type FROM (SELECT * FROM events) s FOR UPDATE OF s", ["events"]),  # pushed into the sub-select
+    ("SELECT * FROM (SELECT * FROM (SELECT type FROM events) a) b FOR SHARE", ["events"]),  # at every level
+    ("WITH l AS (SELECT * FROM events e FOR UPDATE) SELECT * FROM l", ["e"]),
+    ("SELECT a.type FROM events a, events b WHERE a.sequence = b.sequence FOR UPDATE OF b", ["b"]),
+    ('SELECT "events"."type" FROM "events" WHERE "events"."run_id" = $1 FOR UPDATE OF "events"', ["events"]),  # Django
 ])
-def test_a_row_lock_on_a_translated_read_is_refused_with_its_reason(sql, major):
-    """Issue 23: the translated relation is a union with outer joins, which PostgreSQL cannot lock through; the
-    seat refuses the lock with its reason (OW004) instead of the server's error about a view the client never
-    named."""
+def test_a_row_lock_on_a_translated_read_reads_the_lockable_view(sql, locked, major):
+    """ADR 0017: where a row lock applies to the events table (a lock without OF, OF its alias, or pushed into a
+    sub-select of FROM), the level reads the lockable translation events_m<major>_lock, which PostgreSQL locks
+    through to the stored rows; the lock clause is sent as written."""
     plan = classify(sql, major)
-    assert plan.refused is not None and plan.refused.kind == "row lock on the events table", plan
-    assert "FOR UPDATE OF the runs table" in plan.refused.detail
+    assert plan.refused is None and plan.changed, plan
+    for alias in locked:
+        assert f"openwop_seat.events_m{major}_lock AS {alias}" in plan.text, plan.text
+    assert plan.text.count("_lock AS") == len(locked), plan.text
+    assert "openwop_seat.events_keys" not in plan.text
 
 
 @pytest.mark.parametrize("major", [1, 2])
-def test_a_row_lock_of_another_table_or_of_the_keys_goes_on(major):
+def test_a_row_lock_of_another_table_reads_the_plain_translation(major):
     text = classify("SELECT e.type FROM events e JOIN runs r USING (run_id) WHERE r.run_id = $1 "
                     "FOR UPDATE OF r SKIP LOCKED", major).text
     assert f"openwop_seat.events_m{major} AS e" in text and text.endswith("FOR UPDATE OF r SKIP LOCKED")
-    text = classify("SELECT run_id, sequence FROM events WHERE run_id = $1 FOR UPDATE", major).text
-    assert "openwop_seat.events_keys AS events" in text and text.endswith("FOR UPDATE")
+    text = classify("SELECT s.type FROM (SELECT * FROM events) s, runs r FOR UPDATE OF r", major).text
+    assert f"openwop_seat.events_m{major} AS events" in text and "_lock" not in text
+    # a lock in one level does not reach a sub-select in its WHERE, nor a CTE it reads
+    text = classify("WITH c AS (SELECT * FROM events) SELECT * FROM runs r WHERE EXISTS (SELECT 1 FROM events e "
+                    "WHERE e.type = r.run_id) AND r.run_id IN (SELECT c.run_id FROM c) FOR UPDATE", major).text
+    assert "_lock" not in text, text
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_a_client_naming_the_lockable_view_is_refused(major):
+    for name in ("events_m1_lock", "events_m2_lock"):
+        plan = classify(f"SELECT * FROM openwop_seat.{name} FOR UPDATE", major)
+        assert plan.refused is not None and plan.refused.kind == "seat relation"
