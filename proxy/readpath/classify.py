@@ -52,6 +52,8 @@ DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (prox
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
+SYSTEM_COLUMNS = ("xmax", "xmin", "ctid", "cmin", "cmax", "tableoid")  # what a RETURNING list may name (issue 23)
+SYSTEM_PREFIX = "openwop_seat_sys_"  # a system column carried from the written rows to the RETURNING list
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
 PASSED_TEXTS = 1024
@@ -693,16 +695,76 @@ class Classifier:
                               f"{arg(h.node_id_column, 'text')})"}
         cols = ", ".join(f"{translated[c]} AS {_quote(c)}" if c in translated else f"openwop_seat_w.{_quote(c)}"
                          for c in self.columns)
+        self._system = self._system_columns(write, alias)
+        cols += "".join(f", openwop_seat_w.{SYSTEM_PREFIX}{c}" for c in self._system)
         call = f"(SELECT {SEAT_SCHEMA}.era_now({arg(h.run_id_column, 'text')}) AS era)"
         select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w "
                            f"CROSS JOIN LATERAL {call} openwop_seat_r) AS {_quote(alias)}")[0].stmt
         select.targetList = write.returningClause.exprs
         return select
 
+    def _system_columns(self, write, alias: str) -> list[str]:
+        """The system columns (``xmax``, ``ctid`` …) ``write``'s RETURNING list names (``RETURNING *, (xmax = 0)``
+        of an upsert, issue 23), the list rewritten in place to read them from the written rows: the CTE returns
+        each as ``openwop_seat_sys_<name>``, the translated rows carry it along, and a ``*`` of the list (which
+        would now take those too) is spelled out as the table's columns. A whole row of the target together with
+        a system column, or a system column inside a sub-select of the list, is refused."""
+        from pglast import ast
+
+        found: list[str] = []
+        exprs = write.returningClause.exprs
+
+        def name_of(ref) -> str | None:
+            names = [getattr(f, "sval", None) for f in ref.fields]
+            if len(names) == 1 and names[0] in SYSTEM_COLUMNS:
+                return names[0]
+            if len(names) == 2 and names[0] == alias and names[1] in SYSTEM_COLUMNS:
+                return names[1]
+            return None
+
+        for n in _walk(exprs):
+            if isinstance(n, ast.SubLink) and any(isinstance(m, ast.ColumnRef) and name_of(m) for m in _walk(n)):
+                raise Untranslatable("RETURNING system column in a sub-select",
+                                     "a system column inside a sub-select of a RETURNING list of the events table is "
+                                     "not translated; name it in the list itself")
+        refs = [n for n in _walk(exprs) if isinstance(n, ast.ColumnRef) and name_of(n)]
+        if not refs:
+            return []
+        stars = [t for t in exprs if isinstance(t.val, ast.ColumnRef) and isinstance(t.val.fields[-1], ast.A_Star)
+                 and (len(t.val.fields) == 1 or getattr(t.val.fields[0], "sval", None) == alias)]
+        for n in _walk(exprs):
+            if isinstance(n, ast.ColumnRef) and [getattr(f, "sval", None) for f in n.fields] == [alias] \
+                    and not isinstance(n.fields[-1], ast.A_Star):
+                raise Untranslatable("RETURNING system column with a whole row",
+                                     "a RETURNING list of the events table naming both its whole row and a system "
+                                     "column is not translated")
+        for ref in refs:
+            name = name_of(ref)
+            if name not in found:
+                found.append(name)
+            ref.fields = (ast.String(sval=alias), ast.String(sval=SYSTEM_PREFIX + name))
+        for t in exprs:
+            if isinstance(t.val, ast.ColumnRef) and t.name is None and len(t.val.fields) == 2 and \
+                    getattr(t.val.fields[1], "sval", "").startswith(SYSTEM_PREFIX):
+                t.name = t.val.fields[1].sval[len(SYSTEM_PREFIX):]  # RETURNING xmax: still named xmax
+        out = []
+        for t in exprs:
+            if any(t is s for s in stars):
+                out += [ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=c))))
+                        for c in self.columns]
+            else:
+                out.append(t)
+        write.returningClause.exprs = tuple(out)
+        return found
+
     def _star_returning(self, write):
         from pglast import ast
 
-        write.returningClause = ast.ReturningClause(exprs=(ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),))),))
+        exprs = [ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),)))]
+        exprs += [ast.ResTarget(name=SYSTEM_PREFIX + c, val=ast.ColumnRef(fields=(ast.String(sval=c),)))
+                  for c in getattr(self, "_system", ())]
+        self._system = []
+        write.returningClause = ast.ReturningClause(exprs=tuple(exprs))
 
     def _wrap_returning(self, write):
         """``WITH …, written AS (write RETURNING *) SELECT <its RETURNING list> FROM <translated rows>``."""

@@ -547,3 +547,32 @@ def test_a_client_naming_the_lockable_view_is_refused(major):
     for name in ("events_m1_lock", "events_m2_lock"):
         plan = classify(f"SELECT * FROM openwop_seat.{name} FOR UPDATE", major)
         assert plan.refused is not None and plan.refused.kind == "seat relation"
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_returning_system_columns_are_carried_from_the_written_rows(major):
+    """Issue 23: ``RETURNING *, (xmax = 0) AS inserted`` of an upsert. The CTE returns the system columns under the
+    seat's names, the translated rows carry them, and the list's ``*`` is spelled out as the table's columns."""
+    text = classify("INSERT INTO events VALUES ($1) ON CONFLICT (event_id) DO UPDATE SET node_id = excluded.node_id "
+                    "RETURNING *, (xmax = 0) AS inserted", major).text
+    assert "RETURNING *, xmax AS openwop_seat_sys_xmax)" in text
+    assert text.startswith("WITH openwop_seat_written AS (") and ") SELECT events.event_id, events.run_id, " in text
+    assert "events.causation_id, events.openwop_seat_sys_xmax = 0 AS inserted FROM (SELECT " in text
+    assert f"openwop_seat.type_m{major}(" in text and "openwop_seat_w.openwop_seat_sys_xmax FROM" in text
+    text = classify("INSERT INTO events AS e VALUES ($1) RETURNING e.xmax, type, ctid", major).text
+    assert "SELECT e.openwop_seat_sys_xmax AS xmax, type, e.openwop_seat_sys_ctid AS ctid FROM" in text
+    # in a data-modifying CTE too
+    text = classify("WITH w AS (INSERT INTO events VALUES (1) RETURNING type, xmax) SELECT * FROM w", major).text
+    assert "RETURNING *, xmax AS openwop_seat_sys_xmax), w AS (SELECT type, events.openwop_seat_sys_xmax AS xmax" \
+        in text
+    # without a system column: as before
+    assert "openwop_seat_sys" not in classify("INSERT INTO events VALUES (1) RETURNING *", major).text
+
+
+@pytest.mark.parametrize("sql, kind", [
+    ("INSERT INTO events AS e VALUES (1) RETURNING e, xmax", "RETURNING system column with a whole row"),
+    ("INSERT INTO events VALUES (1) RETURNING (SELECT xmax)", "RETURNING system column in a sub-select"),
+])
+def test_returning_system_columns_the_wrapper_cannot_carry_are_refused(sql, kind):
+    plan = classify(sql, 2)
+    assert plan.refused is not None and plan.refused.kind == kind
