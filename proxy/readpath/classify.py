@@ -278,9 +278,13 @@ class Classifier:
         if not self._worth_parsing(sql):
             return Plan((StatementPlan(PASS, sql),), sql)
         if len(sql.encode("utf-8", "surrogateescape")) > self.max_statement_bytes:
+            why = self._unsafe_unparsed(sql)
+            if not why:
+                # ADR 0017: not parsed, sent as it is; the net refuses whatever in it reads the stored rows
+                return Plan((StatementPlan(PASS, sql),), sql)
             refusal = StatementPlan(REFUSE, sql, "statement too large",
                                     f"a statement that mentions the events table is larger than the seat analyses "
-                                    f"({self.max_statement_bytes} bytes, reader.max_statement_bytes)")
+                                    f"({self.max_statement_bytes} bytes, reader.max_statement_bytes) and {why}")
             return Plan((refusal,), sql, False, refusal, True)
         from pglast import parse_sql
         from pglast.parser import ParseError
@@ -305,6 +309,27 @@ class Classifier:
         refused = next((p for p in pieces if p.action == REFUSE), None)
         text = "; ".join(p.sql for p in pieces)
         return Plan(tuple(pieces), text, any(p.action == TRANSLATE for p in pieces), refused, True)
+
+    def _unsafe_unparsed(self, sql: str) -> str:
+        """Why a statement too large to parse may not be sent unparsed ('' when it may), ADR 0017. The net refuses
+        every read of the stored rows in a translated session whatever the text; what it does not hold is the new
+        row of an ``INSERT … RETURNING`` (which only the seat's rewrite translates), dynamic SQL and DO blocks
+        (which can build such a statement), ``dblink`` (another session) and the seat's own relations. A word
+        test on the whole text, literals and comments included: a false alarm refuses, as before."""
+        if self.first_boot:
+            return "the seat's rules are not in force yet"
+        low = sql.lower()
+        for word, what in (("returning", "holds RETURNING"), ("execute", "holds EXECUTE"),
+                           ("openwop_seat", "names the seat's schema"), ("dblink", "calls dblink")):
+            if word in low:
+                return what
+        if "do" in low and _DO_BLOCK.search(low) is not None:
+            return "holds a DO block"
+        if any(f in low for f in self.functions):
+            return "calls a function whose body could read the events table"
+        if encoding.might_set(low):
+            return "may set client_encoding"
+        return ""
 
     def _statement(self, stmt, text: str) -> StatementPlan:
         from pglast.stream import RawStream

@@ -321,10 +321,33 @@ def test_refusal_in_a_multi_statement_string_names_the_first_refused_statement()
     assert plan.refused is plan.statements[1]
 
 
-def test_a_statement_larger_than_the_analysis_limit_is_refused_without_parsing():
+def test_a_statement_larger_than_the_analysis_limit_is_sent_unparsed_unless_its_text_could_return_stored_rows():
+    """ADR 0017: the net refuses every read of the stored rows whatever the text, so an oversized statement is sent as
+    it is (not parsed, not rewritten: the database decides); what the net does not hold is refused by a word test of
+    the whole text: RETURNING (the new row of an INSERT), EXECUTE and DO blocks (which can build one), dblink (another
+    session), the seat's schema, the database's risky functions, and what may set client_encoding."""
     sql = "SELECT * FROM events WHERE node_id IN (" + ",".join(["'x'"] * 600) + ")"
-    assert only(classify(sql, max_statement_bytes=2048)).kind == "statement too large"
+    plan = classify(sql, max_statement_bytes=2048)
+    assert only(plan).action == PASS and plan.text == sql and not plan.changed
     assert only(classify(sql)).action == TRANSLATE
+    values = ",".join(["('x', 'r', 1, 't', NULL, NULL, now(), NULL)"] * 100)
+    assert only(classify(f"INSERT INTO events VALUES {values}", max_statement_bytes=2048)).action == PASS
+    for bad, why in [(f"INSERT INTO events VALUES {values} RETURNING type", "holds RETURNING"),
+                     (f"WITH w AS (INSERT INTO events VALUES {values} ReTuRnInG *) SELECT * FROM w", "holds RETURNING"),
+                     (f"DO $$ BEGIN EXECUTE 'insert into events values {values} ret' || 'urning 1'; END $$",
+                      "holds EXECUTE"),
+                     (f"DO $$ BEGIN PERFORM 1; END $$; INSERT INTO events VALUES {values}", "holds a DO block"),
+                     (f"SELECT * FROM openwop_seat.events_m1, events WHERE node_id IN ({values})",
+                      "names the seat's schema"),
+                     (f"SELECT * FROM dblink('', '') t(x text), events WHERE node_id IN ({values})", "calls dblink"),
+                     (f"SET NAMES 'SJIS'; INSERT INTO events VALUES {values}", "may set client_encoding")]:
+        refused = only(classify(bad, max_statement_bytes=2048))
+        assert refused.kind == "statement too large" and refused.detail.endswith(why), (why, refused)
+    c = Classifier(HostConfig(), 2, max_statement_bytes=2048)
+    c.set_functions({"leaky_rows"})
+    assert only(c.classify(f"SELECT leaky_rows(); INSERT INTO events VALUES {values}")).kind == "statement too large"
+    first_boot = Classifier(HostConfig(), 2, max_statement_bytes=2048, first_boot=True)
+    assert only(first_boot.classify(f"INSERT INTO events VALUES {values}")).kind == "statement too large"
     # a statement that does not mention the table is never analysed, whatever its size
     assert only(classify("SELECT " + "1," * 5000 + "1", max_statement_bytes=2048)).action == PASS
 
