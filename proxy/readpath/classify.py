@@ -148,6 +148,7 @@ class Classifier:
         self._table = table
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
+        self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
         self.first_boot = first_boot
@@ -341,6 +342,7 @@ class Classifier:
         if why:
             return StatementPlan(REFUSE, text, encoding.ERROR_CODE, why)
         try:
+            self._cte_refs = self._cte_references(stmt)
             self._seat_relations(stmt)
             self._server_side_sql(stmt, text)
             if not any(self._is_events(n) for n in _walk(stmt)):
@@ -359,13 +361,51 @@ class Classifier:
     def _is_events(self, node) -> bool:
         from pglast import ast
 
-        if not isinstance(node, ast.RangeVar) or node.relname != self._table:
+        if not isinstance(node, ast.RangeVar) or node.relname != self._table or id(node) in self._cte_refs:
             return False
         if node.catalogname is not None:
             return True  # db.schema.events: treat as the table (PostgreSQL refuses other databases anyway)
         if self._schema is None:
             return node.schemaname in (None, "public")
         return node.schemaname in (None, self._schema)
+
+    def _cte_references(self, stmt) -> set[int]:
+        """The unqualified references named like the events table that PostgreSQL resolves to a CTE of that name
+        (``WITH events AS (…) SELECT … FROM events``), by its scoping: the CTE is seen by the query that holds the
+        WITH, its sub-queries and the CTEs after it in the list, and by every CTE of the list, its own body
+        included, when the WITH is RECURSIVE; an inner WITH of the same name hides an outer one. They are not the
+        table and are not substituted. Had one been taken for the CTE wrongly, it would read the table itself,
+        which the net refuses (ADR 0009, 0017)."""
+        from pglast import ast
+
+        if self._needle not in {getattr(n, "ctename", "").lower() for n in _walk(stmt)
+                                if isinstance(n, ast.CommonTableExpr)}:
+            return set()
+        scope: dict[int, bool] = {}  # id(RangeVar) -> it is the CTE; outer WITHs first, inner ones override
+
+        def mark(node, cte: bool) -> None:
+            for m in _walk(node):
+                if isinstance(m, ast.RangeVar) and m.relname == self._table and m.schemaname is None \
+                        and m.catalogname is None:
+                    if cte:
+                        scope[id(m)] = True
+                    else:  # where this WITH's CTE is not seen, an outer one of the same name still is
+                        scope.setdefault(id(m), False)
+
+        for n in _walk(stmt):  # parents before children: an inner WITH is seen after the outer one
+            w = getattr(n, "withClause", None) if "withClause" in getattr(n, "__slots__", ()) else None
+            if w is None or not any(c.ctename == self._table for c in w.ctes or ()):
+                continue
+            k = next(i for i, c in enumerate(w.ctes) if c.ctename == self._table)
+            n.withClause = None  # the query's own body: everything but its WITH
+            try:
+                mark(n, True)
+            finally:
+                n.withClause = w
+            for i, c in enumerate(w.ctes):
+                mark(c.ctequery, bool(w.recursive) or i > k)
+            # a CTE body's own inner WITHs are walked later and override what they define
+        return {i for i, cte in scope.items() if cte}
 
     def _seat_relations(self, stmt) -> None:
         """A client reads the seat's relations only through the rewrite: naming them itself (a major-2 session
@@ -424,13 +464,6 @@ class Classifier:
         RETURNING write; None when nothing reads the table (DDL on it, COPY FROM, a write without RETURNING)."""
         from pglast import ast
 
-        for n in _walk(stmt):
-            if isinstance(n, ast.WithClause):
-                for cte in n.ctes or ():
-                    if cte.ctename == self._table:
-                        raise Untranslatable("CTE named like the events table",
-                                             f"a CTE named {cte.ctename!r} would hide the events table in some query "
-                                             f"levels and not in others; rename the CTE")
         kind = type(stmt).__name__
         if isinstance(stmt, (ast.ViewStmt, ast.RuleStmt, ast.CreateFunctionStmt, ast.CreatePolicyStmt,
                              ast.AlterPolicyStmt, ast.CreateTrigStmt, ast.MergeStmt, ast.CreateStatsStmt)):

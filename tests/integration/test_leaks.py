@@ -124,12 +124,15 @@ READS = [
     ("insert ... returning of a copy",
      "WITH c AS (INSERT INTO events SELECT event_id || '-copy', run_id || '-copy', sequence, type, node_id, payload, "
      "timestamp, causation_id FROM events WHERE run_id = %(run)s RETURNING *) SELECT type FROM c"),
+    # a CTE named like the table (issue 23): the name is the CTE where PostgreSQL resolves it so, the table elsewhere
+    ("CTE named like the table", "WITH events AS (SELECT 'x' AS type) SELECT (SELECT type FROM public.events "
+                                 "WHERE run_id = %(run)s LIMIT 1), type FROM events"),
+    ("CTE named like the table over it",
+     "WITH events AS (SELECT * FROM events WHERE run_id = %(run)s) SELECT type, payload FROM events"),
 ]
 
 # Shapes that must be refused (OW004): (name, SQL).
 REFUSALS = [
-    ("CTE hiding the table", "WITH events AS (SELECT 'x' AS type) SELECT (SELECT type FROM public.events "
-                             "WHERE run_id = %(run)s LIMIT 1) FROM events"),
     ("upsert reading the stored row",
      "INSERT INTO events VALUES (%(run)s || '-0', %(run)s, 0, 'x', NULL, NULL, now(), NULL) "
      "ON CONFLICT (event_id) DO UPDATE SET node_id = events.type RETURNING node_id"),

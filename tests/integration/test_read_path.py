@@ -134,7 +134,7 @@ def test_refused_statement_fails_the_server_transaction(read_seat, pg, fresh_tab
     with psycopg.connect(read_seat.dsn()) as conn:
         conn.execute(f"INSERT INTO {table} VALUES (1)")
         with pytest.raises(psycopg.Error) as e:
-            conn.execute("WITH events AS (SELECT 1) SELECT * FROM events")  # a CTE hiding the table: refused
+            conn.execute("SELECT * FROM events TABLESAMPLE SYSTEM (1)")  # not substitutable: refused
         assert e.value.sqlstate == "OW004" and "statement_untranslatable" in str(e.value)
         assert json.loads(e.value.diag.message_detail)["details"]["kind"]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
@@ -213,7 +213,7 @@ def test_refusal_inside_a_pipeline_discards_up_to_sync(read_seat, fresh_table):
         with pytest.raises(psycopg.Error) as e:
             with conn.pipeline() as p:
                 conn.execute(f"INSERT INTO {table} VALUES (1)")
-                conn.execute("WITH events AS (SELECT 1) SELECT * FROM events")  # refused
+                conn.execute("SELECT * FROM events TABLESAMPLE SYSTEM (1)")  # refused
                 conn.execute(f"INSERT INTO {table} VALUES (2)")  # skipped, like after any error
                 p.sync()
         assert e.value.sqlstate == "OW004"
