@@ -148,6 +148,7 @@ class Classifier:
         self._table = table
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
+        self.arities: dict | None = None  # name -> ((lowest, highest or None), …) of its risky overloads; None: any
         self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
@@ -249,11 +250,16 @@ class Classifier:
 
     def set_functions(self, names) -> None:
         """The functions defined in the database whose bodies could read the events table out of the seat's
-        sight (lower case; ``proxy.serve.listener.risky_functions``): a translated session may not call them. The
-        plans made with another set are dropped."""
+        sight (lower case; ``proxy.serve.context.risky_functions``): a translated session may not call them. With
+        their ``arities`` (the argument counts of their risky overloads), a call with a count none of them takes is
+        not one of them (a user's ``public.lower(text, int)`` leaves ``lower(x)`` alone). The plans made with
+        another set are dropped."""
+        arities = getattr(names, "arities", None)
+        arities = None if arities is None else {k.lower(): tuple(v) for k, v in arities.items()}
         names = frozenset(n.lower() for n in names)
-        if names != self.functions:
+        if names != self.functions or arities != self.arities:
             self.functions = names
+            self.arities = arities
             self.generation += 1
             self._analysed.clear()
             self._cache.clear()
@@ -443,12 +449,19 @@ class Classifier:
                 raise Untranslatable("query-running function",
                                      f"{n.funcname[-1].sval}() runs SQL (or reads whole tables) on the server, out "
                                      f"of the seat's sight: it is refused in a translated session")
-            if name in self.functions and schema != "pg_catalog":
+            if name in self.functions and schema != "pg_catalog" and self._may_be_risky(name, len(n.args or ())):
                 raise Untranslatable("database function",
                                      f"{n.funcname[-1].sval}() is defined in the database and its body could read "
                                      f"the events table out of the seat's sight (it names the table, runs dynamic "
                                      f"SQL, or calls such a function), so a translated session may not call it "
                                      f"(call it from a raw session, or read the events table directly)")
+
+    def _may_be_risky(self, name: str, nargs: int) -> bool:
+        """Could a call of ``name`` with ``nargs`` arguments resolve to one of its risky overloads? (PostgreSQL
+        resolves a call only to a function that takes that many arguments, defaults and VARIADIC counted.)"""
+        if self.arities is None or name not in self.arities:
+            return True
+        return any(lo <= nargs and (hi is None or nargs <= hi) for lo, hi in self.arities[name])
 
     def _risky_block(self, stmt) -> bool:
         """Could a DO block read the events table: the same test as for the database's functions."""

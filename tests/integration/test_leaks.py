@@ -280,6 +280,34 @@ def test_functions_in_the_database_are_refused_including_ones_created_after_star
         pg.psql("DROP FUNCTION leak_rows(); DROP FUNCTION leak_dyn(text)")
 
 
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_risky_overload_leaves_the_built_in_of_the_same_name_callable(leak_seat, pg, logs, major):
+    """Issue 23: a user's ``public.lower(text, int)`` that runs dynamic SQL is refused; the built-in ``lower(text)``
+    is not (a call PostgreSQL cannot resolve to the risky overload: another number of arguments)."""
+    pg.psql("CREATE FUNCTION public.lower(t text, n int) RETURNS text LANGUAGE plpgsql AS "
+            "$$ DECLARE r text; BEGIN EXECUTE 'SELECT string_agg(type, '','') FROM ev' || 'ents' INTO r; "
+            "RETURN r; END $$")
+    try:
+        deadline = time.monotonic() + 30
+        with connect(leak_seat, major) as conn:
+            while True:  # until the seat's function check has seen it (every 2 s)
+                try:
+                    conn.execute("SELECT public.lower('X', 1) FROM events WHERE run_id = %s LIMIT 1",
+                                 (logs[major],)).fetchall()
+                except psycopg.Error as e:
+                    assert e.sqlstate == "OW004" and "defined in the database" in str(e), e
+                    break
+                assert time.monotonic() < deadline, "the function was never noticed"
+                time.sleep(0.5)
+            rows = conn.execute("SELECT lower(type), lower('ABC') FROM events WHERE run_id = %s ORDER BY sequence",
+                                (logs[major],)).fetchall()
+            assert rows and rows[0][1] == "abc"
+            assert_clean(rows, major)
+            assert_translated([r[0] for r in rows], major)
+    finally:
+        pg.psql("DROP FUNCTION public.lower(text, int)")
+
+
 def test_ddl_on_the_events_table_is_noticed_and_translated_reads_are_refused_until_migrate(leak_seat, pg, logs):
     # a rebuilt type column cannot happen under the seat's relations: PostgreSQL refuses the drop
     with pytest.raises(RuntimeError, match="depend"):

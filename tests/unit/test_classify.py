@@ -617,3 +617,31 @@ def test_a_cte_named_like_the_table_is_the_cte_where_postgresql_resolves_the_nam
         assert plan.refused is None, plan
         assert plan.text.count(f"openwop_seat.events_m{major} AS events") == table_refs, plan.text
         assert plan.text.count("FROM events") + plan.text.count(", events") >= 1
+
+
+def test_a_risky_overload_refuses_only_the_calls_postgresql_could_resolve_to_it():
+    """Issue 23: a user's ``public.lower(text, int)`` with dynamic SQL made every ``lower(x)`` refused (matched by
+    name only). The risky overloads' argument counts (defaults and VARIADIC counted) now decide."""
+    from proxy.serve.context import risky_functions
+
+    rows = [{"name": n, "language": "plpgsql", "body": b, "nargs": na, "ndefaults": nd, "variadic": v}
+            for n, b, na, nd, v in (
+                ("lower", "BEGIN EXECUTE 'select 1'; RETURN $1; END", 2, 0, False),
+                ("safe_or_not", "BEGIN RETURN 1; END", 1, 0, False),
+                ("safe_or_not", "BEGIN EXECUTE 'select 1'; END", 3, 1, False),
+                ("many", "BEGIN EXECUTE 'select 1'; END", 2, 0, True),
+                ("calls_lower", "BEGIN RETURN lower($1, 2); END", 1, 0, False))]
+    risky = risky_functions(rows, "events")
+    assert risky == {"lower", "safe_or_not", "many", "calls_lower"}
+    assert risky.arities == {"lower": ((2, 2),), "safe_or_not": ((2, 3),), "many": ((2, None),),
+                             "calls_lower": ((1, 1),)}
+    c = Classifier(HostConfig(), 2)
+    c.set_functions(risky)
+    for sql in ("SELECT lower('X')", "SELECT pg_catalog.lower('X', 1)", "SELECT safe_or_not(1)", "SELECT many(1)"):
+        assert only(c.classify(sql)).action == PASS, sql
+    for sql in ("SELECT lower('X', 1)", "SELECT public.lower(x => 'X', n => 1)", "SELECT safe_or_not(1, 2)",
+                "SELECT safe_or_not(1, 2, 3)", "SELECT many(1, 2, 3, 4)", "SELECT calls_lower('a')"):
+        assert only(c.classify(sql)).kind == "database function", sql
+    # names only (arities unknown): every call by the name is refused, as before
+    c.set_functions(frozenset(risky))
+    assert only(c.classify("SELECT lower('X')")).kind == "database function"
