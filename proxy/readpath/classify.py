@@ -14,13 +14,18 @@ Writes stay on the base table (the writer rule's triggers guard them).  A
 rows as the reader rule returns them: the write becomes a data-modifying CTE
 and the list is selected over its rows with ``type_m2``/``payload_m2`` (``_m1``) applied.
 
+A row lock that applies to the events table reads the lockable translation
+(``events_m2_lock``/``_m1_lock``, ADR 0017); a CTE named like the table is the
+CTE where PostgreSQL's scoping says so.
+
 What cannot be substituted exactly is refused (``statement_untranslatable``,
-the plan's ``kind`` and ``detail`` say why): a CTE that takes the events
-table's name, objects that would keep a read of the events table for later
-(views, rules, SQL-body functions, policies), ``MERGE``, writes whose
-predicates or values read the stored ``type``/``payload`` of the rows they
-change, references to the seat's own relations, statements larger than the
-analysis limit, and text the parser rejects.
+the plan's ``kind`` and ``detail`` say why): objects that would keep a read of
+the events table for later (views, rules, SQL-body functions, policies),
+``MERGE``, writes whose predicates or values read the stored
+``type``/``payload`` of the rows they change, references to the seat's own
+relations, text the parser rejects, and statements larger than the analysis
+limit whose text could return a stored row past the net (ADR 0017: the others
+are sent unparsed, and the net decides).
 
 Plans are cached by exact text, bounded in bytes; pglast runs only on a cache
 miss and only after a substring prefilter (the table's name, a Unicode-escaped
