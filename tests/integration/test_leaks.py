@@ -147,6 +147,15 @@ REFUSALS = [
     ("the other major's relation", "SELECT type FROM openwop_seat.events_m1 WHERE run_id = %(run)s"),
     ("the other major's relation", "SELECT type FROM openwop_seat.events_m2 WHERE run_id = %(run)s"),
     ("update by stored type", "UPDATE events SET node_id = 'x' WHERE type = 'agent.toolCalled'"),
+    # ADR 0017: the net lets the new row of an INSERT … RETURNING pass, so server-side code that could run one stays
+    # refused (a DO block naming the table, or building the statement at run time)
+    ("DO block, INSERT … RETURNING",
+     "DO $$ DECLARE t text; BEGIN INSERT INTO events (event_id, run_id, sequence, type, timestamp) VALUES "
+     "('x-do', 'x-do', 0, 'agent.tool-called', now()) RETURNING type INTO t; RAISE EXCEPTION '%%', t; END $$"),
+    ("DO block, dynamic INSERT … RETURNING",
+     "DO $$ DECLARE t text; BEGIN EXECUTE 'INSERT INTO ev' || 'ents (event_id, run_id, sequence, type, timestamp) "
+     "VALUES (''x-do'', ''x-do'', 0, ''agent.tool-called'', now()) RET' || 'URNING type' INTO t; "
+     "RAISE EXCEPTION '%%', t; END $$"),
 ]
 
 
