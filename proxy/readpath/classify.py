@@ -251,6 +251,7 @@ class Classifier:
         low = sql.lower()
         return (self._needle in low or "u&" in low or "openwop_seat" in low or "to_xml" in low or "ts_stat" in low
                 or "ts_rewrite" in low or "dblink" in low or ("do" in low and _DO_BLOCK.search(low) is not None)
+                or ("create" in low and ("function" in low or "procedure" in low))  # ADR 0017: a dynamic body
                 or (bool(self.functions) and any(f in low for f in self.functions)))
 
     def set_functions(self, names) -> None:
@@ -445,6 +446,13 @@ class Classifier:
             raise Untranslatable("a function body naming the events table",
                                  "a function body naming the events table would read it on the server, "
                                  "untranslated; create it from a raw session")
+        if isinstance(stmt, ast.CreateFunctionStmt) and self._dynamic_function(stmt):
+            # ADR 0017: such a body can build an INSERT … RETURNING into events, whose new row the net lets pass;
+            # a function created here in pg_temp is never in the database's watched list, so it is refused here.
+            raise Untranslatable("a function body running dynamic SQL",
+                                 "a function whose body runs dynamic SQL (EXECUTE, query_to_xml …) or is not SQL or "
+                                 "PL/pgSQL could return the events table's stored rows out of the seat's sight; "
+                                 "create it from a raw session")
         for n in _walk(stmt):
             if not isinstance(n, ast.FuncCall):
                 continue
@@ -467,6 +475,19 @@ class Classifier:
         if self.arities is None or name not in self.arities:
             return True
         return any(lo <= nargs and (hi is None or nargs <= hi) for lo, hi in self.arities[name])
+
+    @staticmethod
+    def _dynamic_function(stmt) -> bool:
+        """Does a CREATE FUNCTION/PROCEDURE's body run dynamic SQL, or is it in a language other than SQL and
+        PL/pgSQL (the watch's test of the database's functions, proxy.serve.context.risky_functions)?"""
+        language, body = "sql", ""
+        for d in stmt.options or ():
+            if d.defname == "language" and getattr(d.arg, "sval", None):
+                language = d.arg.sval.lower()
+            elif d.defname == "as":
+                parts = d.arg if isinstance(d.arg, (list, tuple)) else (d.arg,)
+                body = " ".join(getattr(p, "sval", "") or "" for p in parts).lower()
+        return language not in ("sql", "plpgsql") or any(w in body for w in DYNAMIC_SQL_WORDS)
 
     def _risky_block(self, stmt) -> bool:
         """Could a DO block read the events table: the same test as for the database's functions."""

@@ -488,15 +488,21 @@ def net_connect(seat, major, **kw):
 
 # Statements the seat's classifier lets through (it cannot see what they read, or reads them as harmless)
 # and that would hand the reader stored rows: (name, setup statements run first in the same session, SQL).
-# The table named through an escaped string literal (E'\\145vents'): neither the seat nor its function watch reads it.
-PG_TEMP_SQL = ("CREATE FUNCTION pg_temp.net_leak() RETURNS SETOF text LANGUAGE plpgsql AS $f$ BEGIN "
-               "RETURN QUERY EXECUTE E'SELECT type || '' '' || payload::text FROM public.\\145vents'; END $f$")
+# A pg_temp function (never in the seat's function watch) reading the host's view over events: its body names
+# neither the table nor dynamic SQL. (One that runs dynamic SQL is refused when it is created, ADR 0017: it could
+# build an INSERT … RETURNING, whose new row the net lets pass; see PG_TEMP_DYNAMIC below.)
+PG_TEMP_SQL = ("CREATE FUNCTION pg_temp.net_leak() RETURNS SETOF text LANGUAGE sql AS $f$ "
+               "SELECT type || ' ' || payload::text FROM public.net_view $f$")
 PG_TEMP_DYNAMIC = ("CREATE FUNCTION pg_temp.net_dyn(r text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; "
                    "BEGIN EXECUTE 'SELECT string_agg(type, '','') FROM public.ev' || 'ents WHERE run_id = $1' "
                    "INTO t USING r; RETURN t; END $f$")
+# The vehicle of the measured gap (ADR 0017): a pg_temp function appending through dynamic SQL with RETURNING, the
+# table named through an escaped string literal (E'\\145vents'). Refused when it is created.
+PG_TEMP_APPEND = ("CREATE FUNCTION pg_temp.net_ins(r text, t text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE s "
+                  "text; BEGIN EXECUTE E'INSERT INTO public.\\145vents (event_id, run_id, sequence, type, timestamp) "
+                  "VALUES ($1 || ''-x'', $1, 99, $2, now()) RETURNING type' INTO s USING r, t; RETURN s; END $f$")
 NET_LEAKS = [
-    ("pg_temp function, escaped name in its body", [PG_TEMP_SQL], "SELECT * FROM pg_temp.net_leak()"),
-    ("pg_temp function, dynamic SQL", [PG_TEMP_DYNAMIC], "SELECT pg_temp.net_dyn(%(run)s)"),
+    ("pg_temp function over a host view", [PG_TEMP_SQL], "SELECT * FROM pg_temp.net_leak()"),
     ("DO block calling a pg_temp function", [PG_TEMP_SQL],
      "DO $$ BEGIN RAISE EXCEPTION '%%', (SELECT string_agg(t, ',') FROM pg_temp.net_leak() t); END $$"),
     ("view expression", [], "SELECT type || '', to_jsonb(v) FROM net_view v WHERE run_id = %(run)s"),
@@ -559,7 +565,25 @@ def test_field_notation_and_join_alias_rows_read_translated_rows(net_seat, logs,
     assert_translated(rows, major)
 
 
-def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs):
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_pg_temp_function_running_dynamic_sql_is_refused_when_created(net_seat, logs, major):
+    """ADR 0017: measured on main before, a pg_temp function (PUBLIC has TEMP) that appends through dynamic SQL
+    with RETURNING returned the stored spelling of what it appended to a translated session: the net lets the new
+    row of an INSERT … RETURNING pass. Such a function is refused when it is created, in both majors; nothing is
+    written."""
+    with net_connect(net_seat, major) as conn:
+        for sql in (PG_TEMP_APPEND, PG_TEMP_DYNAMIC):
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(sql)
+            assert info.value.sqlstate == "OW004" and "dynamic SQL" in str(info.value)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT pg_temp.net_ins(%s, %s)", (logs[2], RENAMED_V2[0]))
+        assert info.value.sqlstate in ("42883", "3F000")  # never created (no such function, or no pg_temp yet)
+    with net_connect(net_seat, "raw") as conn:  # a raw session creates and runs it, as on PostgreSQL
+        conn.execute(PG_TEMP_APPEND)
+
+
+def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs, net_objects):
     with net_connect(net_seat, 2) as conn:
         conn.execute(PG_TEMP_SQL)
         with pytest.raises(psycopg.Error) as info:
@@ -572,7 +596,7 @@ def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs):
     assert "docs/refusals-and-errors.md#ow008" in e.diag.message_hint
 
 
-def test_the_hosts_statements_work_under_the_net(net_seat, pg, logs):
+def test_the_hosts_statements_work_under_the_net(net_seat, pg, logs, net_objects):
     """The append (max(sequence), INSERT … RETURNING), a page, and for a raw or unclaimed session anything."""
     run = f"net-append-{uuid.uuid4().hex[:8]}"
     try:

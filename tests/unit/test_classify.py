@@ -645,3 +645,25 @@ def test_a_risky_overload_refuses_only_the_calls_postgresql_could_resolve_to_it(
     # names only (arities unknown): every call by the name is refused, as before
     c.set_functions(frozenset(risky))
     assert only(c.classify("SELECT lower('X')")).kind == "database function"
+
+
+@pytest.mark.parametrize("sql, refused", [
+    ("CREATE FUNCTION pg_temp.ins(r text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE s text; BEGIN "
+     "EXECUTE E'INSERT INTO public.\\\\145vents (run_id) VALUES ($1) RETURNING type' INTO s USING r; RETURN s; END $f$",
+     True),
+    ("CREATE OR REPLACE PROCEDURE p() LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'select 1'; END $$", True),
+    ("CREATE FUNCTION f() RETURNS int LANGUAGE plperl AS $$ return 1; $$", True),
+    ("CREATE FUNCTION f() RETURNS xml LANGUAGE sql AS $$ SELECT query_to_xml('select 1', true, true, '') $$", True),
+    ("CREATE FUNCTION pg_temp.f(a int) RETURNS int LANGUAGE sql AS $$ SELECT a + 1 $$", False),
+    ("CREATE FUNCTION new_run(r text) RETURNS void LANGUAGE plpgsql AS $$ BEGIN INSERT INTO runs VALUES (r); END $$",
+     False),
+])
+def test_creating_a_function_whose_body_runs_dynamic_sql_is_refused(sql, refused):
+    """ADR 0017: the net lets the new row of an INSERT … RETURNING pass; a body with dynamic SQL can build one that
+    names the table through an escape no text test sees (measured: a pg_temp function returned a stored spelling to
+    a major-2 session). pg_temp functions are never in the watched list, so creating one is where to refuse it."""
+    plan = classify(sql)
+    if refused:
+        assert plan.refused is not None and plan.refused.kind == "a function body running dynamic SQL", plan
+    else:
+        assert plan.refused is None and not plan.changed, plan
