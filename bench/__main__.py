@@ -261,7 +261,7 @@ def _print_logs(running: list) -> None:
     for proc in running:
         tail = proc.log()[-3000:]
         if tail:
-            print(f"--- {proc.name} log (tail) ---\n{tail}", file=sys.stderr)
+            print(f"--- {getattr(proc, 'name', type(proc).__name__)} log (tail) ---\n{tail}", file=sys.stderr)
 
 
 if __name__ == "__main__":

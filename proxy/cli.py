@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Set by the supervisor ([proxy] workers > 1) on the processes it starts; not for people.
     serve.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-start", type=int, default=0, help=argparse.SUPPRESS)
     serve.set_defaults(run=cmd_serve)
 
     config = commands.add_parser(
@@ -291,7 +292,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from proxy.serve.supervisor import install_worker_log_fields
 
         install_worker_log_fields(args.worker)
-        number_sessions(args.worker, config.workers)  # ids unique across the workers (the admin console's KILL)
+        # ids unique across the workers and their restarts (the admin console's KILL, the log lines)
+        number_sessions(args.worker, config.workers, args.worker_start)
 
     async def run() -> None:
         server = SeatServer(config)

@@ -237,6 +237,9 @@ WHERE {may_read};"""
             in_force = store_sql.in_force_sql(host.events_table, TRIGGER_PREFIX)
             # ADR 0015: the translation computed at read time for runs not in the v2 store, the store for the rest
             return f"""
+DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};
+DROP VIEW IF EXISTS {store_sql.FILLED};
+DROP VIEW IF EXISTS {store_sql.MARKED};
 DROP VIEW IF EXISTS {SCHEMA}.events_m2;
 DROP VIEW IF EXISTS {SCHEMA}.events_m2_live;
 CREATE VIEW {SCHEMA}.events_m2_live AS
@@ -246,9 +249,13 @@ COMMENT ON VIEW {SCHEMA}.events_m2_live IS
 REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
 {store_sql.store_tables_sql(host, columns, types[host.run_id_column])}{
     store_sql.store_view_sql(host, columns, events, (E, C), era, clean_join, may_read, in_force, era2_type,
-                             era2_payload_tail)}"""
+                             era2_payload_tail)}{
+    store_sql.store_run_sql(host, columns, types[host.run_id_column], may_read, in_force)}"""
+        drop_run = (f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};\n"
+                    f"DROP VIEW IF EXISTS {store_sql.FILLED};\nDROP VIEW IF EXISTS {store_sql.MARKED};\n"
+                    if major == 2 else "")
         return f"""
-DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
+{drop_run}DROP VIEW IF EXISTS {SCHEMA}.{VIEW[major]};
 CREATE VIEW {SCHEMA}.{VIEW[major]} AS
 {body}
 COMMENT ON VIEW {SCHEMA}.{VIEW[major]} IS

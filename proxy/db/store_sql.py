@@ -51,6 +51,9 @@ EQ = "OPERATOR(pg_catalog.=)"
 STORE = f"{SCHEMA}.events_v2_store"
 RUNS = f"{SCHEMA}.events_v2_runs"
 REFUSED = f"{SCHEMA}.events_v2_refused"
+FILLED = f"{SCHEMA}.events_v2_filled"  # the store's rows of the filled runs (a view)
+MARKED = f"{SCHEMA}.events_v2_marked"  # the filled runs' ids (a view)
+RUN_FUNCTION = "events_m2_run"  # events_m2 for one run: what the classifier substitutes for a run's page
 S, M, U = "openwop_seat_s", "openwop_seat_m", "openwop_seat_u"  # aliases inside events_m2
 # The union's own columns (never seen by a reader): the inputs of the translation above it.
 ERA3, CLEAN, STORED = "openwop_seat_era3", "openwop_seat_clean", "openwop_seat_stored"
@@ -148,6 +151,52 @@ GRANT SELECT ON {SCHEMA}.events_m2 TO PUBLIC;
 """
 
 
+def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) -> str:
+    """``events_m2_run(run)``: ``events_m2``'s rows of one run, for a query level that names the run by a
+    parameter or a constant (the host's page statement, ``WHERE run_id = $1``; the classifier substitutes it,
+    ADR 0015 decision 7).
+
+    ``events_m2`` cannot tell before it reads a row which arm of its union the row's run is in, so a page of a
+    filled run reads the host's rows of that run too (and drops them), sorts the union, and translates above it.
+    Here the run is known when the statement starts: whether it is filled is asked once (an InitPlan: a one-time
+    filter on each arm), and the page reads one arm, the store's rows as they are or ``events_m2_live``'s
+    translation, in index order. ``LANGUAGE sql``, ``STABLE``, not strict, no ``SET``: PostgreSQL inlines the
+    body into the caller's query, so the caller's ``sequence > $2 ORDER BY sequence LIMIT $3`` reaches the
+    index scans, and its plan is cached with the statement. Inlined, the body runs with the caller's rights:
+    the two views and ``events_m2_live`` are readable by PUBLIC and show, like ``events_m2``, nothing to a role
+    without ``SELECT`` on the events table; everything is schema-qualified (no search_path of its own)."""
+    run = quote_ident(host.run_id_column)
+    names = ", ".join(quote_ident(c.name) for c in columns)
+    f_cols = ", ".join(f"f.{quote_ident(c.name)}" for c in columns)
+    l_cols = ", ".join(f"l.{quote_ident(c.name)}" for c in columns)
+    s_cols = ", ".join(f"{S}.{quote_ident(c.name)}" for c in columns)
+    return f"""
+CREATE VIEW {FILLED} ({names}) AS
+SELECT {s_cols}
+FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run}
+WHERE {in_force} AND {may_read};
+COMMENT ON VIEW {FILLED} IS
+    'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
+GRANT SELECT ON {FILLED} TO PUBLIC;
+CREATE VIEW {MARKED} AS
+SELECT {M}.run_id FROM {RUNS} {M} WHERE {in_force} AND {may_read};
+COMMENT ON VIEW {MARKED} IS 'the runs events_m2 reads from the v2 store (ADR 0015); read by events_m2_run';
+GRANT SELECT ON {MARKED} TO PUBLIC;
+GRANT SELECT ON {SCHEMA}.events_m2_live TO PUBLIC;
+CREATE FUNCTION {SCHEMA}.{RUN_FUNCTION}(run {run_type})
+RETURNS SETOF {SCHEMA}.events_m2 LANGUAGE sql STABLE
+AS $ow$
+SELECT {f_cols} FROM {FILLED} f WHERE f.{run} {EQ} $1
+UNION ALL
+SELECT {l_cols} FROM {SCHEMA}.events_m2_live l
+WHERE l.{run} {EQ} $1 AND NOT EXISTS (SELECT 1 FROM {MARKED} m WHERE m.run_id {EQ} $1)
+$ow$;
+COMMENT ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) IS
+    'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store or the live translation';
+GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) TO PUBLIC;
+"""
+
+
 def store_functions_sql(host, columns, events_table: str) -> str:
     """store_fill, store_pending, store_unmark and the store triggers' functions."""
     run = quote_ident(host.run_id_column)
@@ -234,6 +283,8 @@ REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
 
 -- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
 -- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
+-- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
+-- run's events (retention, erasure) leaves no translated copy of them behind.
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -241,6 +292,9 @@ AS $ow$
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+        IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
+            DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
+        END IF;
     END IF;
     IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
         PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);

@@ -54,6 +54,7 @@ VIEW = {2: "events_m2", 1: "events_m1"}
 LOCK_VIEW = {2: "events_m2_lock", 1: "events_m1_lock"}
 KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
 DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (proxy/db/net_sql.py)
+RUN_FUNCTION = "events_m2_run"  # events_m2 for one run (proxy/db/store_sql.py, ADR 0015 decision 7)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
@@ -130,7 +131,7 @@ class Classifier:
 
     def __init__(self, host: HostConfig, major: int, columns: tuple[str, ...] = (), *,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES,
-                 first_boot: bool = False):
+                 first_boot: bool = False, run_function: bool = False):
         if major not in VIEW:
             raise ValueError(f"Classifier: major must be 1 or 2, got {major!r}")
         self.host = host
@@ -158,6 +159,8 @@ class Classifier:
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
         self.first_boot = first_boot
+        # The database has events_m2_run (the v2 store is installed): a major-2 level that names its run reads it
+        self.run_function = run_function and major == 2
 
     # -- public
 
@@ -360,6 +363,11 @@ class Classifier:
             if not any(self._is_events(n) for n in _walk(stmt)):
                 return StatementPlan(PASS, text)
             if self.first_boot and isinstance(stmt, _ROW_STATEMENTS):
+                if self.major == 1:
+                    # No run can be era 3 before the rules are in force (nothing stamps one), so a v1 session reads
+                    # and writes event rows as stored: runs it creates are era 2, as a v1 host's are. The session
+                    # ends once the rules come into force (docs/operations.md#first-boot).
+                    return StatementPlan(PASS, text)
                 raise Untranslatable("rules not in force", FIRST_BOOT_REFUSAL)
             new = self._rewrite(stmt)
         except Untranslatable as e:
@@ -570,7 +578,7 @@ class Classifier:
         unqualified: list[str] = []
         locks = _lock_targets(stmt)
 
-        def from_item(item, translate: bool, locked=frozenset()):
+        def from_item(item, translate: bool, run_key=None, locked=frozenset()):
             nonlocal changed
             if self._is_events(item):
                 changed = True
@@ -582,6 +590,8 @@ class Classifier:
                     # through to the events table's rows (whatever the level reads: only what it names is computed)
                     view.relname = LOCK_VIEW[self.major]
                     return view
+                if run_key is not None and run_key[0] is item:
+                    return self._run_relation(item, run_key[1])
                 if not translate:
                     # ADR 0009: the events table itself is never read in a translated session (the net refuses
                     # it); a level that reads neither type nor payload reads events_keys, a join-free view.
@@ -591,8 +601,8 @@ class Classifier:
                     return keys
                 return view
             if isinstance(item, ast.JoinExpr):
-                item.larg = from_item(item.larg, translate, locked)
-                item.rarg = from_item(item.rarg, translate, locked)
+                item.larg = from_item(item.larg, translate, run_key, locked)
+                item.rarg = from_item(item.rarg, translate, run_key, locked)
             elif isinstance(item, ast.RangeTableSample):
                 if self._is_events(item.relation):
                     raise Untranslatable("TABLESAMPLE on the events table",
@@ -605,7 +615,12 @@ class Classifier:
                 if items:
                     translate = self._reads_translated(n, items)
                     locked = locks.get(id(n), frozenset())
-                    setattr(n, field, tuple(from_item(i, translate, locked) for i in items))
+                    # a level a row lock reaches (its own, or pushed down from an outer level) reads the lock view,
+                    # never events_m2_run: PostgreSQL does not lock through a function in FROM
+                    run_key = self._run_key(n, items) if translate and self.run_function and \
+                        field == "fromClause" and isinstance(n, ast.SelectStmt) and not n.lockingClause and \
+                        id(n) not in locks else None
+                    setattr(n, field, tuple(from_item(i, translate, run_key, locked) for i in items))
             if unqualified and "whereClause" in getattr(n, "__slots__", ()):
                 # An unqualified name is the host's table only where the session's search_path finds it there
                 # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
@@ -625,6 +640,75 @@ class Classifier:
                 changed = True
         return changed
 
+    def _run_key(self, level, items):
+        """(the events reference, the run's expression) when ``level`` reads one events reference of its FROM
+        and its WHERE holds, as a conjunct at the top, ``<that reference>.run_id = <a parameter or a constant>``
+        (the host's page statement, ``WHERE run_id = $1 AND sequence > $2``): that reference may then read
+        ``events_m2_run(<the expression>)``, events_m2 restricted to the run, which asks once per statement
+        whether the run is in the v2 store (ADR 0015 decision 7). The level keeps its WHERE, so its answer is
+        the same. None otherwise."""
+        from pglast import ast, enums
+
+        refs = []
+
+        def collect(item):
+            if isinstance(item, ast.JoinExpr):
+                collect(item.larg)
+                collect(item.rarg)
+            elif isinstance(item, ast.RangeVar) and self._is_events(item):
+                refs.append(item)
+
+        for item in items:
+            collect(item)
+        if len(refs) != 1 or level.whereClause is None:
+            return None
+        (rv,) = refs
+        alone = len(items) == 1 and items[0] is rv  # an unqualified column can only be the reference's
+        name = rv.alias.aliasname if rv.alias is not None else rv.relname
+        run = self.host.run_id_column
+        if rv.alias is not None and rv.alias.colnames:
+            return None  # FROM events AS e(a, b, …): the run's column has another name here
+
+        def is_run_column(n) -> bool:
+            if not isinstance(n, ast.ColumnRef) or not all(isinstance(f, ast.String) for f in n.fields):
+                return False
+            names = [f.sval for f in n.fields]
+            if names[-1] != run:
+                return False
+            if len(names) == 1:
+                return alone
+            if len(names) == 2:
+                return names[0] == name
+            return len(names) == 3 and rv.alias is None and names[1] == rv.relname and \
+                names[0] in {rv.schemaname or self._schema or "public"}
+
+        def is_key(n) -> bool:
+            if isinstance(n, ast.TypeCast):
+                n = n.arg
+            return isinstance(n, ast.ParamRef) or (isinstance(n, ast.A_Const) and not n.isnull)
+
+        where = level.whereClause
+        conjuncts = where.args if isinstance(where, ast.BoolExpr) and where.boolop == enums.BoolExprType.AND_EXPR \
+            else (where,)
+        for c in conjuncts:
+            if isinstance(c, ast.A_Expr) and c.kind == enums.A_Expr_Kind.AEXPR_OP and len(c.name) == 1 and \
+                    c.name[0].sval == "=":
+                for col, key in ((c.lexpr, c.rexpr), (c.rexpr, c.lexpr)):
+                    if is_run_column(col) and is_key(key):
+                        return rv, key
+        return None
+
+    def _run_relation(self, rv, key):
+        """``openwop_seat.events_m2_run(<key>) AS <the reference's name>`` in place of the events reference."""
+        from pglast import ast, enums
+
+        alias = rv.alias if rv.alias is not None else ast.Alias(aliasname=rv.relname)
+        call = ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=RUN_FUNCTION)), args=(key,),
+                            agg_within_group=False, agg_star=False, agg_distinct=False, func_variadic=False,
+                            funcformat=enums.CoercionForm.COERCE_EXPLICIT_CALL)
+        return ast.RangeFunction(lateral=False, ordinality=False, is_rowsfrom=False, functions=((call, None),),
+                                 alias=alias)
+
     def _unqualify_columns(self, stmt) -> None:
         """``public.events.type`` (what SQLAlchemy Core emits for ``Table('events', …, schema='public')``) names
         the relation by its schema and table; once substituted, the relation is the seat's view aliased to the
@@ -635,6 +719,8 @@ class Classifier:
         named = {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeVar) and n.schemaname ==
                  SEAT_SCHEMA and n.relname in (VIEW[self.major], LOCK_VIEW[self.major], KEYS_VIEW)
                  and n.alias is not None}
+        named |= {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeFunction) and n.alias is not None
+                  and [f.sval for f in n.functions[0][0].funcname] == [SEAT_SCHEMA, RUN_FUNCTION]}
         if self._table not in named:
             return
         schemas = {self._schema or "public"}

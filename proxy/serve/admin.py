@@ -114,7 +114,9 @@ SERVER_COLUMNS = ["type", "user", "database", "state", "addr", "port", "local_ad
                   "link"]
 POOL_COLUMNS = ["database", "user", "cl_active", "cl_waiting", "sv_active", "sv_idle", "sv_used", "sv_login",
                 "maxwait", "maxwait_us", "pool_mode"]
-STATS_COLUMNS = ["database", "total_xact_count", "total_query_count", "total_received", "total_sent"]
+STATS_COLUMNS = ["database", "total_xact_count", "total_query_count", "total_received", "total_sent",
+                 "avg_xact_count", "avg_query_count", "avg_recv", "avg_sent"]
+STATS_PERIOD = 60.0  # seconds: PgBouncer's stats_period, over which SHOW STATS's avg_* are per-second rates
 
 
 def _split_addr(transport, key: str) -> tuple[object, object]:
@@ -135,6 +137,9 @@ class ProcessCommands:
 
     def __init__(self, server: "SeatView"):
         self.server = server
+        # SHOW STATS's averages: the totals at the start of the current period, and the rates of the last one
+        self._period_start: tuple[float, dict[str, list[int]]] = (time.monotonic(), {})
+        self._period_rates: dict[str, list[int]] | None = None
         self.handlers: dict[str, Callable] = {
             "clients": self.clients, "servers": self.servers, "pools": self.pools, "stats": self.stats,
             "sessions": self.sessions, "caches": self.caches, "state": self.state, "version": self.version,
@@ -238,7 +243,21 @@ class ProcessCommands:
             t[1] += relay.queries_sent if relay is not None else 0
             t[2] += s.bytes_in
             t[3] += s.bytes_out
-        return [[db, *t] for db, t in sorted(totals.items())]
+        rates = self._rates(totals)
+        return [[db, *t, *rates.get(db, (0, 0, 0, 0))] for db, t in sorted(totals.items())]
+
+    def _rates(self, totals: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Per second, per database: over the last completed period of at least STATS_PERIOD (a period ends at
+        the first SHOW STATS after STATS_PERIOD has passed), or over the current one before the first ends.
+        Counters only grow while the process lives, so a rate is never negative."""
+        now = time.monotonic()
+        started, before = self._period_start
+        elapsed = max(now - started, 1e-3)
+        current = {db: [round((v - b) / elapsed) for v, b in zip(t, before.get(db, (0, 0, 0, 0)))]
+                   for db, t in totals.items()}
+        if elapsed >= STATS_PERIOD:
+            self._period_rates, self._period_start = current, (now, {db: list(t) for db, t in totals.items()})
+        return self._period_rates if self._period_rates is not None else current
 
     def sessions(self) -> list:
         rows = []

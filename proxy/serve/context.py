@@ -271,6 +271,9 @@ async def load_read_context(config: Config):
                 "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 "
                 "AND NOT a.attisdropped ORDER BY a.attnum", row["oid"])]
             functions = await database_functions(conn, host.events_table)
+            # the v2 store's per-run function (ADR 0015 decision 7): what a run's page reads, where migrate made it
+            run_function = await conn.fetchval(
+                "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run') IS NOT NULL")
     finally:
         await conn.close()
     if row is None:
@@ -282,7 +285,7 @@ async def load_read_context(config: Config):
                                  f"run openwop-seat migrate")
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
-                                     max_statement_bytes=config.max_statement_bytes)
+                                     max_statement_bytes=config.max_statement_bytes, run_function=run_function)
                    for major in (1, 2)}
     for classifier in classifiers.values():
         classifier.set_functions(functions)

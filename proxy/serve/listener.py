@@ -450,18 +450,24 @@ class SeatServer:
             self._rules_in_force(new)
 
     def _rules_in_force(self, ctx: ReadContext) -> None:
-        """First boot is over: new sessions are claimed and translated; the sessions that started before (unclaimed,
-        every event row statement refused) end as soon as they are idle outside a transaction."""
+        """First boot is over: new sessions are claimed and translated; the sessions that started before (unclaimed)
+        end: those of major 2 (every event row statement refused) as soon as they are idle outside a transaction,
+        those of major 1 (event rows as stored) at once."""
         self.read_context = ctx
         retiring = [s for s in self.sessions if s.first_boot and not s.closed]
         log.warning("the seat's rules are in force in the host database: translating and claiming new sessions",
                     extra={"fields": {"first_boot_sessions_ending": len(retiring)}})
+        text = ("terminating connection due to administrator command: openwop-seat's rules came into force in this "
+                "database after this session began; reconnect")
         for session in retiring:
             # PostgreSQL's own words and SQLSTATE for a server restart: pools and hosts reconnect on them and log them
             # as such, not as an error of the application
-            session.end_when_idle(0.0, "57P01", "terminating connection due to administrator command: openwop-seat's "
-                                  "rules came into force in this database after this session began; reconnect",
-                                  "rules came into force")
+            if session.major == 1:
+                # it read event rows as stored: from now on a run can be era 3, so it ends at once, in a transaction
+                # too (as at a server restart, the server rolls back what it had in progress)
+                session.end_now("57P01", text, "rules came into force")
+            else:
+                session.end_when_idle(0.0, "57P01", text, "rules came into force")
 
     async def check_writer_rule(self) -> str:
         """Check that the writer rule is in force as migrate installed it (``verify``: layout, digest,

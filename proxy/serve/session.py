@@ -60,11 +60,16 @@ log = logging.getLogger("openwop_seat.session")
 _session_ids = itertools.count(1)
 
 
-def number_sessions(first: int, step: int) -> None:
+SESSIONS_PER_START = 1 << 32  # ids a worker process may number before the next start of its slot would repeat them
+
+
+def number_sessions(first: int, step: int, start: int = 0) -> None:
     """Session ids first, first + step, …: with ``proxy.workers`` > 1 worker W of N numbers W, W + N, …, so that an
-    id names one session of the whole seat (the admin console's KILL, the log lines)."""
+    id names one session of the whole seat (the admin console's KILL, the log lines). ``start`` counts the earlier
+    processes of this worker slot (the supervisor restarts a worker that exited): the k-th start numbers from
+    W + N·k·2³², so a restarted worker never hands out an id an earlier one used."""
     global _session_ids
-    _session_ids = itertools.count(first, step)
+    _session_ids = itertools.count(first + step * start * SESSIONS_PER_START, step)
 
 
 class Session:

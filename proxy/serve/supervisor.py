@@ -198,6 +198,7 @@ class Supervisor:
         self.count = config.workers
         self.workers: dict[int, Worker] = {}
         self.restarts = 0
+        self.starts: dict[int, int] = {}  # worker slot -> processes started in it so far (numbers its session ids)
         self.retired: dict = {}  # counter samples of exited workers
         self.stopping = False
         self.listen: HostPort = config.listen
@@ -234,8 +235,11 @@ class Supervisor:
         """Start worker `wid`; return it and whether it reported listening (False: it exited first)."""
         parent, child = socket.socketpair()
         fd = child.fileno()
+        start = self.starts.get(wid, 0)
+        self.starts[wid] = start + 1
         cmd = [sys.executable, "-m", "proxy", "serve", *self.worker_args, "--listen", str(self.listen),
-               "--metrics-listen", "127.0.0.1:0", "--worker", str(wid), "--worker-fd", str(fd)]
+               "--metrics-listen", "127.0.0.1:0", "--worker", str(wid), "--worker-fd", str(fd),
+               "--worker-start", str(start)]
         try:
             proc = await asyncio.create_subprocess_exec(*cmd, pass_fds=(fd,), stdin=asyncio.subprocess.DEVNULL)
         finally:

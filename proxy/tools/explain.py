@@ -23,7 +23,7 @@ from typing import Callable
 
 from proxy.config import Config
 from proxy.errors import ERRORS
-from proxy.readpath.classify import PASS, REFUSE, TRANSLATE, VIEW, Classifier
+from proxy.readpath.classify import PASS, REFUSE, RUN_FUNCTION, TRANSLATE, VIEW, Classifier
 
 _WHAT = {
     1: "major 1: for era-3 rows, type is mapped to its v1 name; payloads pass as stored",
@@ -52,7 +52,9 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
     if major == "raw":
         out("passthrough: a raw session is relayed as is; the seat does not classify its statements")
         return 0
-    plan = Classifier(config.host, major).classify(sql)
+    # as a seat whose database has the v2 store of this [host] configuration (migrate installs it; ADR 0015)
+    store = config.host.store and config.host.era_column is None
+    plan = Classifier(config.host, major, run_function=store).classify(sql)
     refusal = ERRORS["statement_untranslatable"]
     if not plan.statements:
         out("passthrough: no statement")
@@ -62,7 +64,10 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
         if st.action == PASS:
             out(f"{head}passthrough: sent as written (it reads nothing of the events table)")
         elif st.action == TRANSLATE:
-            out(f"{head}translated: the events table is read as openwop_seat.{VIEW[major]}")
+            per_run = f"openwop_seat.{RUN_FUNCTION}(" in st.sql
+            out(f"{head}translated: the events table is read as openwop_seat.{VIEW[major]}"
+                + (f" (through {RUN_FUNCTION}, one run's rows of it: the v2 store's or the live translation's)"
+                   if per_run else ""))
             out(f"  {_WHAT[major]}")
             out(f"  sent: {st.sql}")
         else:

@@ -140,6 +140,8 @@ def test_show_clients_servers_pools_stats(start_seat, tmp_path, workers):
         assert int(after["total_xact_count"]) == int(before["total_xact_count"]) + 2
         assert int(after["total_query_count"]) > int(before["total_query_count"])
         assert int(after["total_received"]) > int(before["total_received"])
+        # the first minute: per-second rates since the process started (every worker's, summed)
+        assert int(after["avg_query_count"]) > 0 and int(after["avg_recv"]) > 0 and int(after["avg_sent"]) > 0
     for conn in conns:
         conn.close()
     stats = {r["database"]: r for r in table(dsn, "SHOW STATS", STATS_COLUMNS)}["postgres"]
@@ -372,3 +374,22 @@ def test_sighup_applies_admin_users_in_the_supervisor(start_seat, tmp_path):
     seat.proc.send_signal(signal.SIGHUP)
     until(lambda: run(dsn, "SHOW VERSION", user="second", password="second-pw", check=False).returncode != 0,
           "the removed admin user refused")
+
+
+def test_session_ids_are_not_reused_after_a_worker_restart(start_seat, tmp_path):
+    seat, dsn = console(start_seat, tmp_path, workers=2)
+    seat._admin = dsn
+    before = on_every_worker(seat, 2, "before")
+    ids_before = {int(r["id"]) for r in clients(dsn)}
+    for conn in before:
+        conn.close()
+    os.kill(worker_pids(seat)[1], signal.SIGKILL)
+    until(lambda: len(re.findall(r"worker started worker=1 ", seat.log())) == 2, "worker 1 restarted")
+    after = on_every_worker(seat, 2, "after")
+    ids_after = {int(r["id"]) for r in clients(dsn) if r["application_name"].startswith("after-")}
+    assert len(ids_after) == len(after)
+    assert not ids_after & ids_before, (ids_before, ids_after)  # the restarted worker numbers past its earlier ids
+    (restarted,) = {i % 2 for i in ids_after} & {1}  # worker 1 numbers 1, 3, 5, …
+    assert min(i for i in ids_after if i % 2 == restarted) > max(ids_before)
+    for conn in after:
+        conn.close()

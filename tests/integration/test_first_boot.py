@@ -1,6 +1,7 @@
 """First boot: a translating seat starts on a database where the host has not created its tables yet, relays the
-host's own migrations, refuses every statement that reads or writes event rows until `migrate` has run, then
-translates without a restart (docs/operations.md#first-boot)."""
+host's own migrations, refuses every statement of a v2 session that reads or writes event rows until `migrate` has
+run (a v1 session reads and writes them as stored), then translates without a restart
+(docs/operations.md#first-boot)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,46 @@ def test_host_boots_its_schema_through_the_seat_then_migrate_turns_translation_o
     e = refused(host, "SELECT 1")
     assert isinstance(e, psycopg.OperationalError)
     host.close()
+
+
+def test_a_v1_host_writes_and_reads_its_events_at_first_boot_and_they_are_era_2_after_migrate(pg, empty_db, start_seat):
+    """A v1 host (major 1) is not held up by first boot: no run can be era 3 before the rules are in force, so its
+    event rows pass as stored, and the runs it creates then are era 2. When the rules come into force its sessions
+    end at once, in a transaction too: from then on a run can be era 3, which a v1 reader must read translated."""
+    seat = start_seat(proxy={"default_major": 1}, host={"dsn": pg.dsn(dbname=empty_db)})
+    host = psycopg.connect(seat.dsn(dbname=empty_db), autocommit=True)
+    for statement in filter(str.strip, HOST_SCHEMA.split(";")):
+        host.execute(statement)
+    v1 = sorted(A.renamed)[0]
+    host.execute("INSERT INTO runs (run_id, tenant_id) VALUES ('r1', 't')")
+    host.execute("INSERT INTO events VALUES ('e1', 'r1', 1, %s, 'n1', '{}', now(), NULL)", (v1,))
+    time.sleep(2.5)  # the seat has learnt the events table's columns: the leak check does not end the v1 session
+    for prepare in (False, True):
+        assert host.execute("SELECT type FROM events WHERE run_id = %s", ("r1",), prepare=prepare).fetchall() \
+            == [(v1,)]
+    in_txn = psycopg.connect(seat.dsn(dbname=empty_db))
+    assert in_txn.execute("SELECT 1").fetchone() == (1,)  # a transaction left open (on neither table: migrate waits
+    # for the locks of one that read them)
+
+    out = seat_cli("migrate", "--dsn", pg.dsn(dbname=empty_db))
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 15
+    while "rules are in force" not in seat.log():
+        assert time.monotonic() < deadline, seat.log()
+        time.sleep(0.1)
+    # the session in its transaction was ended at once, and nothing it could still send reaches the server
+    with pytest.raises(psycopg.OperationalError):
+        in_txn.execute("SELECT type FROM events").fetchall()
+    in_txn.close()
+    with pytest.raises(psycopg.OperationalError):
+        host.execute("SELECT 1")
+    host.close()
+    # the run written at first boot is era 2: stored in v1 spelling, read by a v2 session in v2 spelling
+    assert pg.psql("SELECT type FROM events WHERE run_id = 'r1'", dbname=empty_db).strip() == v1
+    second = start_seat(host={"dsn": pg.dsn(dbname=empty_db)})  # default major 2
+    with psycopg.connect(second.dsn(dbname=empty_db)) as v2:
+        assert v2.execute("SELECT type FROM events WHERE run_id = 'r1'").fetchall() == [(A.v1_to_v2[v1],)]
+        assert pg.psql("SELECT count(*) FROM openwop_seat.run_era WHERE run_id = 'r1'", dbname=empty_db).strip() == "0"
+    with psycopg.connect(seat.dsn(dbname=empty_db)) as v1_again:  # a new v1 session is claimed now
+        assert v1_again.execute("SELECT openwop_seat.session_major()").fetchone() == (1,)
+        assert v1_again.execute("SELECT type FROM events WHERE run_id = 'r1'").fetchall() == [(v1,)]

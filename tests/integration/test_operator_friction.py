@@ -306,8 +306,8 @@ def test_an_ordinary_refusal_leaves_no_error_in_postgresqls_log(pg, host_db, sta
         log = f.read()
     # (the client's own statement in the failed block gets PostgreSQL's 25P02, logged as PostgreSQL logs it)
     errors = [line for line in log.splitlines() if "ERROR:" in line and "current transaction is aborted" not in line]
-    assert len([line for line in errors if "refused_statement" in line]) == 1, errors  # the block's poison only
-    assert not [line for line in errors if "refused_statement" not in line], errors
+    assert len([line for line in errors if "refused by openwop-seat: the client got its error" in line]) == 1, errors
+    assert not [line for line in errors if "refused by openwop-seat" not in line], errors  # the block's poison only
 
 
 def test_a_reload_that_would_leave_major_2_without_a_secret_is_rejected(pg, host_db, tmp_path):

@@ -81,16 +81,19 @@ def append(conn, run, seq, t, payload, node=None) -> None:
 def read(conn, rel: str, run: str):
     try:
         with conn.transaction():
+            args = (run, run) if "%s" in rel else (run,)
             return "ok", conn.execute(f"SELECT *, payload::text FROM openwop_seat.{rel} WHERE run_id = %s "
-                                      f"ORDER BY sequence", (run,)).fetchall()
+                                      f"ORDER BY sequence", args).fetchall()
     except psycopg.Error as e:
         return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
 
 
 def same(conn, run: str):
-    """The run as events_m2 reads it, asserted equal to the live translation."""
+    """The run as events_m2 reads it, asserted equal to the live translation; and as events_m2_run(run) reads it
+    (what the classifier substitutes for a level that names its run, ADR 0015 decision 7)."""
     stored, live = read(conn, "events_m2", run), read(conn, "events_m2_live", run)
     assert stored == live, run
+    assert read(conn, "events_m2_run(%s) AS events", run) == live, run
     return stored
 
 
@@ -118,7 +121,11 @@ def tamper(conn, run: str) -> None:
 
 
 def read_store_node_ids(conn, run: str) -> set:
-    return {r[0] for r in conn.execute("SELECT node_id FROM openwop_seat.events_m2 WHERE run_id = %s", (run,))}
+    seen = {r[0] for r in conn.execute("SELECT node_id FROM openwop_seat.events_m2 WHERE run_id = %s", (run,))}
+    per_run = {r[0] for r in conn.execute("SELECT node_id FROM openwop_seat.events_m2_run(%s) e WHERE run_id = %s",
+                                          (run, run))}
+    assert per_run == seen, (per_run, seen)
+    return seen
 
 
 # --- the oracle ---------------------------------------------------------------------------------------------
@@ -212,6 +219,23 @@ def test_updates_and_deletes_of_a_filled_run_unmark_it(conn):
         got = same(conn, run)
         fill(conn, run)
         assert same(conn, run) == got
+
+
+def test_deleting_a_runs_events_leaves_no_copy_in_the_store(conn, pg, db):
+    """A host that deletes a run (retention, erasure) deletes the store's translated copy of its rows with it,
+    in the same transaction: rolled back with it, and gone when it commits, filled or not at the time."""
+    run = new_run(conn, REFERENCE_HOST)
+    fill(conn, run)
+    with psycopg.connect(pg.dsn(dbname=db)) as w:
+        w.execute("DELETE FROM events WHERE run_id = %s", (run,))
+        w.rollback()
+    assert stored(conn, run) == len(REFERENCE_HOST)  # rolled back with the delete
+    append(conn, run, len(REFERENCE_HOST) + 1, "node.started", {})  # unmarked, its old copy still stored
+    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST)
+    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence <= 2", (run,))
+    assert stored(conn, run) == len(REFERENCE_HOST) - 2
+    conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
+    assert stored(conn, run) == 0 and same(conn, run) == ("ok", [])
 
 
 def test_a_fill_committed_after_a_repeatable_read_writers_snapshot_makes_it_retry(conn, pg, db):
@@ -325,6 +349,67 @@ def test_the_store_is_not_readable_by_the_host_role_and_pending_names_no_run_to_
             c.execute("SELECT * FROM openwop_seat.events_v2_store")
         c.rollback()
         assert c.execute("SELECT count(*) FROM openwop_seat.store_pending(100)").fetchone()[0] == 0
+
+
+# --- a run's page: events_m2_run --------------------------------------------------------------------------
+
+
+def executed_relations(conn, sql: str, args) -> dict[str, int]:
+    """Relation name -> rows its scans returned, from EXPLAIN ANALYZE (what was read, not a time)."""
+    (plan,) = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args).fetchone()[0]
+    out: dict[str, int] = {}
+
+    def walk(node):
+        if "Relation Name" in node:
+            out[node["Relation Name"]] = out.get(node["Relation Name"], 0) + \
+                node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+        assert node["Node Type"] != "Function Scan", node  # inlined: the caller's query, not a function call
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan["Plan"])
+    return out
+
+
+PAGE = "SELECT * FROM openwop_seat.events_m2_run(%s) AS events WHERE run_id = %s AND sequence > %s " \
+       "ORDER BY sequence LIMIT %s"
+
+
+def test_a_page_of_a_filled_run_reads_the_store_alone_and_an_unfilled_run_the_host_rows_alone(conn):
+    run = new_run(conn, REFERENCE_HOST)
+    before = executed_relations(conn, PAGE, (run, run, 0, 100))
+    assert before.get("events", 0) == len(REFERENCE_HOST) and before.get("events_v2_store", 0) == 0, before
+    fill(conn, run)
+    after = executed_relations(conn, PAGE, (run, run, 0, 100))
+    assert after.get("events_v2_store", 0) == len(REFERENCE_HOST) and after.get("events", 0) == 0, after  # no host row
+    page = conn.execute(PAGE, (run, run, 2, 2)).fetchall()
+    assert [r[2] for r in page] == [3, 4]
+    assert page == conn.execute("SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > 2 "
+                                "ORDER BY sequence LIMIT 2", (run,)).fetchall()
+
+
+def test_the_per_run_function_shows_nothing_the_view_does_not_to_a_host_role(pg, db, conn):
+    """Inlined, events_m2_run runs with the caller's rights: a login role reads a run's page through it, and
+    neither it nor the views it reads show a row of a run after a write unmarked it (the store's stale copy)."""
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    conn.execute("GRANT SELECT ON events, runs TO md5_user")  # a host role (payload projection reads runs)
+    try:
+        with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
+            assert same(c, run)[0] == "ok"
+            append(conn, run, 4, "node.started", {})  # unmarks: the store's copy of the run is stale now
+            assert len(same(c, run)[1]) == 4
+            assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_filled WHERE run_id = %s",
+                             (run,)).fetchone() == (0,)
+            assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_marked WHERE run_id = %s",
+                             (run,)).fetchone() == (0,)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT * FROM openwop_seat.events_v2_store")
+    finally:
+        conn.execute("REVOKE SELECT ON events, runs FROM md5_user")
+    with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
+        # without SELECT on the events table: nothing, as events_m2 shows nothing
+        assert c.execute("SELECT count(*) FROM openwop_seat.events_m2_run(%s) e", (run,)).fetchone() == (0,)
 
 
 # --- serve fills it -----------------------------------------------------------------------------------------

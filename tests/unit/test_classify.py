@@ -471,12 +471,14 @@ FIRST_BOOT_PASSED = [
 
 
 @pytest.mark.parametrize("sql", FIRST_BOOT_REFUSED)
-def test_first_boot_refuses_every_statement_over_event_rows(sql):
-    """Before the seat's rules are in force (first boot) nothing reads or writes the events table's rows."""
-    for major in (1, 2):
-        plan = classify(sql, major, first_boot=True)
-        assert plan.refused is not None and plan.refused.kind == "rules not in force", (sql, plan)
-        assert "first boot" in plan.refused.detail
+def test_first_boot_refuses_every_statement_over_event_rows_to_major_2_and_passes_them_to_major_1(sql):
+    """Before the seat's rules are in force (first boot) a v2 session neither reads nor writes the events table's rows;
+    a v1 session reads and writes them as stored (no run can be era 3 yet)."""
+    plan = classify(sql, 2, first_boot=True)
+    assert plan.refused is not None and plan.refused.kind == "rules not in force", (sql, plan)
+    assert "first boot" in plan.refused.detail
+    plan = classify(sql, 1, first_boot=True)
+    assert plan.refused is None and not plan.changed, (sql, plan)
 
 
 @pytest.mark.parametrize("sql", FIRST_BOOT_PASSED)
@@ -667,3 +669,14 @@ def test_creating_a_function_whose_body_runs_dynamic_sql_is_refused(sql, refused
         assert plan.refused is not None and plan.refused.kind == "a function body running dynamic SQL", plan
     else:
         assert plan.refused is None and not plan.changed, plan
+
+
+def test_a_locked_level_reads_the_lock_view_not_the_run_function():
+    """ADR 0017 with ADR 0015 decision 7: PostgreSQL does not lock through a function in FROM, so a level a row lock
+    reaches (its own, or pushed down into a sub-select) reads events_m2_lock even when it names its run."""
+    c = Classifier(HostConfig(), 2, run_function=True)
+    assert "events_m2_run" in c.classify("SELECT * FROM events WHERE run_id = $1").text
+    for sql in ("SELECT * FROM events WHERE run_id = $1 FOR UPDATE",
+                "SELECT * FROM (SELECT * FROM events WHERE run_id = $1) s FOR UPDATE OF s SKIP LOCKED"):
+        text = c.classify(sql).text
+        assert "openwop_seat.events_m2_lock AS events" in text and "events_m2_run" not in text, text

@@ -1,0 +1,58 @@
+"""A major-2 level that names its run by a parameter or a constant reads ``events_m2_run(<that>)`` (ADR 0015
+decision 7): the generated text, and the shapes that keep the plain view."""
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import HostConfig
+from proxy.readpath.classify import Classifier
+
+RUN = "openwop_seat.events_m2_run"
+
+
+def rewritten(sql: str, major: int = 2, run_function: bool = True) -> str:
+    plan = Classifier(HostConfig(), major, run_function=run_function).classify(sql)
+    assert plan.refused is None, plan
+    return plan.text
+
+
+@pytest.mark.parametrize("sql, call, alias", [
+    ("SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC LIMIT $3", "($1)", "events"),
+    ("SELECT * FROM events WHERE $1 = run_id", "($1)", "events"),
+    ("SELECT type FROM events e WHERE e.run_id = 'r1'", "('r1')", "e"),
+    ("SELECT e.type FROM events e JOIN runs r USING (event_id) WHERE e.run_id = $1::text", "(CAST($1 AS text))", "e"),
+    ("SELECT payload FROM public.events WHERE public.events.run_id = $1 AND type <> 'x'", "($1)", "events"),
+    ("SELECT count(*) FROM (SELECT type FROM events WHERE run_id = $1) q", "($1)", "events"),
+])
+def test_a_level_that_names_its_run_reads_the_per_run_function(sql, call, alias):
+    text = rewritten(sql)
+    assert f"{RUN}{call} AS {alias}" in text, text
+    assert "events_m2 " not in text and "events_m2)" not in text, text
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM events WHERE run_id = $1 OR sequence = 0",  # not a conjunct at the top
+    "SELECT * FROM events WHERE run_id IN ($1, $2)",
+    "SELECT * FROM events e JOIN runs r ON r.run_id = e.run_id WHERE r.run_id = $1",  # the other table's column
+    "SELECT * FROM events WHERE run_id = node_id",  # not a parameter or a constant
+    "SELECT * FROM events e, events f WHERE e.run_id = $1 AND f.run_id = $1",  # two references at the level
+    "SELECT * FROM events AS e(a, b) WHERE e.run_id = $1",  # columns renamed
+    "SELECT * FROM events e JOIN runs r USING (event_id) WHERE run_id = $1",  # unqualified, not alone
+    "SELECT * FROM events WHERE run_id = NULL",
+    "SELECT * FROM events WHERE run_id OPERATOR(pg_catalog.=) $1",
+])
+def test_other_shapes_keep_the_view(sql):
+    text = rewritten(sql)
+    assert RUN not in text and "openwop_seat.events_m2" in text, text
+
+
+def test_only_major_2_with_the_function_installed():
+    sql = "SELECT * FROM events WHERE run_id = $1"
+    assert RUN not in rewritten(sql, run_function=False)
+    assert RUN not in rewritten(sql, major=1)
+    assert "openwop_seat.events_m1" in rewritten(sql, major=1)
+
+
+def test_a_level_that_reads_no_translated_column_keeps_the_keys_view():
+    text = rewritten("SELECT max(sequence) FROM events WHERE run_id = $1")
+    assert RUN not in text and "openwop_seat.events_keys" in text, text
