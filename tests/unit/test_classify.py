@@ -346,6 +346,8 @@ def test_a_statement_larger_than_the_analysis_limit_is_sent_unparsed_unless_its_
     assert only(c.classify(f"SELECT leaky_rows(); INSERT INTO events VALUES {values}")).kind == "statement too large"
     first_boot = Classifier(HostConfig(), 2, max_statement_bytes=2048, first_boot=True)
     assert only(first_boot.classify(f"INSERT INTO events VALUES {values}")).kind == "statement too large"
+    first_boot = Classifier(HostConfig(), 1, max_statement_bytes=2048, first_boot=True)  # as its short statements
+    assert only(first_boot.classify(f"INSERT INTO events VALUES {values} RETURNING *")).action == PASS
     # a statement that does not mention the table is never analysed, whatever its size
     assert only(classify("SELECT " + "1," * 5000 + "1", max_statement_bytes=2048)).action == PASS
 
