@@ -343,7 +343,7 @@ class Classifier:
             return "holds a DO block"
         if any(f in low for f in self.functions):
             return "calls a function whose body could read the events table"
-        if encoding.might_set(low):
+        if "client_encoding" in low or "set_config" in low or _SETS_NAMES.search(low) is not None:
             return "may set client_encoding"
         return ""
 
@@ -994,6 +994,7 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
 DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink",
                      "ts_stat", "ts_rewrite")
 _DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
+_SETS_NAMES = re.compile(r"\b(set\s+names|reset)\b")  # SET NAMES, RESET client_encoding / ALL
 
 _QUERY_STATEMENTS: tuple = ()
 _ROW_STATEMENTS: tuple = ()  # statements that read or write rows: the query statements and COPY

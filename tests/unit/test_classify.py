@@ -330,6 +330,9 @@ def test_a_statement_larger_than_the_analysis_limit_is_sent_unparsed_unless_its_
     assert only(classify(sql)).action == TRANSLATE
     values = ",".join(["('x', 'r', 1, 't', NULL, NULL, now(), NULL)"] * 100)
     assert only(classify(f"INSERT INTO events VALUES {values}", max_statement_bytes=2048)).action == PASS
+    named = values.replace("NULL, now()", "'{\"names\": [\"a\"]}', now()")  # a payload's word is not SET NAMES
+    assert "names" in named and only(classify(f"INSERT INTO events VALUES {named}", max_statement_bytes=2048)).action \
+        == PASS
     for bad, why in [(f"INSERT INTO events VALUES {values} RETURNING type", "holds RETURNING"),
                      (f"WITH w AS (INSERT INTO events VALUES {values} ReTuRnInG *) SELECT * FROM w", "holds RETURNING"),
                      (f"DO $$ BEGIN EXECUTE 'insert into events values {values} ret' || 'urning 1'; END $$",
@@ -338,7 +341,10 @@ def test_a_statement_larger_than_the_analysis_limit_is_sent_unparsed_unless_its_
                      (f"SELECT * FROM openwop_seat.events_m1, events WHERE node_id IN ({values})",
                       "names the seat's schema"),
                      (f"SELECT * FROM dblink('', '') t(x text), events WHERE node_id IN ({values})", "calls dblink"),
-                     (f"SET NAMES 'SJIS'; INSERT INTO events VALUES {values}", "may set client_encoding")]:
+                     (f"SET NAMES 'SJIS'; INSERT INTO events VALUES {values}", "may set client_encoding"),
+                     (f"RESET ALL; INSERT INTO events VALUES {values}", "may set client_encoding"),
+                     (f"INSERT INTO events VALUES {values}; SELECT set_config('client_encoding', 'GBK', false)",
+                      "may set client_encoding")]:
         refused = only(classify(bad, max_statement_bytes=2048))
         assert refused.kind == "statement too large" and refused.detail.endswith(why), (why, refused)
     c = Classifier(HostConfig(), 2, max_statement_bytes=2048)
