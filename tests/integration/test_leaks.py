@@ -308,11 +308,12 @@ def test_a_risky_overload_leaves_the_built_in_of_the_same_name_callable(leak_sea
                     break
                 assert time.monotonic() < deadline, "the function was never noticed"
                 time.sleep(0.5)
-            rows = conn.execute("SELECT lower(type), lower('ABC') FROM events WHERE run_id = %s ORDER BY sequence",
-                                (logs[major],)).fetchall()
-            assert rows and rows[0][1] == "abc"
-            assert_clean(rows, major)
-            assert_translated([r[0] for r in rows], major)
+            for binary in (False, True):
+                rows = conn.execute("SELECT lower(type), lower('ABC') FROM events WHERE run_id = %s "
+                                    "ORDER BY sequence", (logs[major],), binary=binary).fetchall()
+                assert rows and rows[0][1] == "abc"
+                assert_clean(rows, major)
+                assert_translated([r[0] for r in rows], major)
     finally:
         pg.psql("DROP FUNCTION public.lower(text, int)")
 

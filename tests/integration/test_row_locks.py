@@ -157,14 +157,16 @@ def test_locks_in_joins_subqueries_ctes_and_cursors(lock_seat, pg, runs, major):
         conn.rollback()
 
 
-def test_asyncpg_prepared_lock_binary(lock_seat, pg, runs):
+@pytest.mark.parametrize("major", [2, 1])
+def test_asyncpg_prepared_lock_binary(lock_seat, pg, runs, major):
     """asyncpg: a prepared, binary FOR UPDATE SKIP LOCKED, executed several times (the seat's named statement)."""
     import asyncio
 
-    run = runs[2]
+    run = runs[major]
 
     async def go():
-        conn = await asyncpg.connect(lock_seat.url(user=USER))
+        conn = await asyncpg.connect(lock_seat.url(user=USER),
+                                     server_settings={"application_name": {2: "app", 1: "v1-host"}[major]})
         try:
             out = []
             for _ in range(3):
@@ -178,7 +180,7 @@ def test_asyncpg_prepared_lock_binary(lock_seat, pg, runs):
             await conn.close()
 
     got = asyncio.run(go())
-    assert got == [READ[2], True] * 3
+    assert got == [READ[major], True] * 3
 
 
 @pytest.mark.parametrize("major", [2, 1])
