@@ -14,13 +14,18 @@ Writes stay on the base table (the writer rule's triggers guard them).  A
 rows as the reader rule returns them: the write becomes a data-modifying CTE
 and the list is selected over its rows with ``type_m2``/``payload_m2`` (``_m1``) applied.
 
+A row lock that applies to the events table reads the lockable translation
+(``events_m2_lock``/``_m1_lock``, ADR 0017); a CTE named like the table is the
+CTE where PostgreSQL's scoping says so.
+
 What cannot be substituted exactly is refused (``statement_untranslatable``,
-the plan's ``kind`` and ``detail`` say why): a CTE that takes the events
-table's name, objects that would keep a read of the events table for later
-(views, rules, SQL-body functions, policies), ``MERGE``, writes whose
-predicates or values read the stored ``type``/``payload`` of the rows they
-change, references to the seat's own relations, statements larger than the
-analysis limit, and text the parser rejects.
+the plan's ``kind`` and ``detail`` say why): objects that would keep a read of
+the events table for later (views, rules, SQL-body functions, policies),
+``MERGE``, writes whose predicates or values read the stored
+``type``/``payload`` of the rows they change, references to the seat's own
+relations, text the parser rejects, and statements larger than the analysis
+limit whose text could return a stored row past the net (ADR 0017: the others
+are sent unparsed, and the net decides).
 
 Plans are cached by exact text, bounded in bytes; pglast runs only on a cache
 miss and only after a substring prefilter (the table's name, a Unicode-escaped
@@ -45,12 +50,16 @@ CLASSIFIER_FAILED = "classifier error"  # the reason of the refusal made when th
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
+# What a level whose row lock applies to the events table reads (ADR 0017): the same translation, lockable.
+LOCK_VIEW = {2: "events_m2_lock", 1: "events_m1_lock"}
 KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
 DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (proxy/db/net_sql.py)
 RUN_FUNCTION = "events_m2_run"  # events_m2 for one run (proxy/db/store_sql.py, ADR 0015 decision 7)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
+SYSTEM_COLUMNS = ("xmax", "xmin", "ctid", "cmin", "cmax", "tableoid")  # what a RETURNING list may name (issue 23)
+SYSTEM_PREFIX = "openwop_seat_sys_"  # a system column carried from the written rows to the RETURNING list
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 DEFAULT_CACHE_BYTES = 32 << 20
 PASSED_TEXTS = 1024
@@ -145,6 +154,8 @@ class Classifier:
         self._table = table
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
+        self.arities: dict | None = None  # name -> ((lowest, highest or None), …) of its risky overloads; None: any
+        self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
         self.first_boot = first_boot
@@ -243,15 +254,21 @@ class Classifier:
         low = sql.lower()
         return (self._needle in low or "u&" in low or "openwop_seat" in low or "to_xml" in low or "ts_stat" in low
                 or "ts_rewrite" in low or "dblink" in low or ("do" in low and _DO_BLOCK.search(low) is not None)
+                or ("create" in low and ("function" in low or "procedure" in low))  # ADR 0017: a dynamic body
                 or (bool(self.functions) and any(f in low for f in self.functions)))
 
     def set_functions(self, names) -> None:
         """The functions defined in the database whose bodies could read the events table out of the seat's
-        sight (lower case; ``proxy.serve.listener.risky_functions``): a translated session may not call them. The
-        plans made with another set are dropped."""
+        sight (lower case; ``proxy.serve.context.risky_functions``): a translated session may not call them. With
+        their ``arities`` (the argument counts of their risky overloads), a call with a count none of them takes is
+        not one of them (a user's ``public.lower(text, int)`` leaves ``lower(x)`` alone). The plans made with
+        another set are dropped."""
+        arities = getattr(names, "arities", None)
+        arities = None if arities is None else {k.lower(): tuple(v) for k, v in arities.items()}
         names = frozenset(n.lower() for n in names)
-        if names != self.functions:
+        if names != self.functions or arities != self.arities:
             self.functions = names
+            self.arities = arities
             self.generation += 1
             self._analysed.clear()
             self._cache.clear()
@@ -277,9 +294,13 @@ class Classifier:
         if not self._worth_parsing(sql):
             return Plan((StatementPlan(PASS, sql),), sql)
         if len(sql.encode("utf-8", "surrogateescape")) > self.max_statement_bytes:
+            why = self._unsafe_unparsed(sql)
+            if not why:
+                # ADR 0017: not parsed, sent as it is; the net refuses whatever in it reads the stored rows
+                return Plan((StatementPlan(PASS, sql),), sql)
             refusal = StatementPlan(REFUSE, sql, "statement too large",
                                     f"a statement that mentions the events table is larger than the seat analyses "
-                                    f"({self.max_statement_bytes} bytes, reader.max_statement_bytes)")
+                                    f"({self.max_statement_bytes} bytes, reader.max_statement_bytes) and {why}")
             return Plan((refusal,), sql, False, refusal, True)
         from pglast import parse_sql
         from pglast.parser import ParseError
@@ -305,6 +326,27 @@ class Classifier:
         text = "; ".join(p.sql for p in pieces)
         return Plan(tuple(pieces), text, any(p.action == TRANSLATE for p in pieces), refused, True)
 
+    def _unsafe_unparsed(self, sql: str) -> str:
+        """Why a statement too large to parse may not be sent unparsed ('' when it may), ADR 0017. The net refuses
+        every read of the stored rows in a translated session whatever the text; what it does not hold is the new
+        row of an ``INSERT … RETURNING`` (which only the seat's rewrite translates), dynamic SQL and DO blocks
+        (which can build such a statement), ``dblink`` (another session) and the seat's own relations. A word
+        test on the whole text, literals and comments included: a false alarm refuses, as before."""
+        if self.first_boot:  # a v1 session reads and writes rows as stored then (docs/operations.md#first-boot)
+            return "" if self.major == 1 else "the seat's rules are not in force yet"
+        low = sql.lower()
+        for word, what in (("returning", "holds RETURNING"), ("execute", "holds EXECUTE"),
+                           ("openwop_seat", "names the seat's schema"), ("dblink", "calls dblink")):
+            if word in low:
+                return what
+        if "do" in low and _DO_BLOCK.search(low) is not None:
+            return "holds a DO block"
+        if any(f in low for f in self.functions):
+            return "calls a function whose body could read the events table"
+        if "client_encoding" in low or "set_config" in low or _SETS_NAMES.search(low) is not None:
+            return "may set client_encoding"
+        return ""
+
     def _statement(self, stmt, text: str) -> StatementPlan:
         from pglast.stream import RawStream
 
@@ -315,6 +357,7 @@ class Classifier:
         if why:
             return StatementPlan(REFUSE, text, encoding.ERROR_CODE, why)
         try:
+            self._cte_refs = self._cte_references(stmt)
             self._seat_relations(stmt)
             self._server_side_sql(stmt, text)
             if not any(self._is_events(n) for n in _walk(stmt)):
@@ -338,13 +381,51 @@ class Classifier:
     def _is_events(self, node) -> bool:
         from pglast import ast
 
-        if not isinstance(node, ast.RangeVar) or node.relname != self._table:
+        if not isinstance(node, ast.RangeVar) or node.relname != self._table or id(node) in self._cte_refs:
             return False
         if node.catalogname is not None:
             return True  # db.schema.events: treat as the table (PostgreSQL refuses other databases anyway)
         if self._schema is None:
             return node.schemaname in (None, "public")
         return node.schemaname in (None, self._schema)
+
+    def _cte_references(self, stmt) -> set[int]:
+        """The unqualified references named like the events table that PostgreSQL resolves to a CTE of that name
+        (``WITH events AS (…) SELECT … FROM events``), by its scoping: the CTE is seen by the query that holds the
+        WITH, its sub-queries and the CTEs after it in the list, and by every CTE of the list, its own body
+        included, when the WITH is RECURSIVE; an inner WITH of the same name hides an outer one. They are not the
+        table and are not substituted. Had one been taken for the CTE wrongly, it would read the table itself,
+        which the net refuses (ADR 0009, 0017)."""
+        from pglast import ast
+
+        if self._needle not in {getattr(n, "ctename", "").lower() for n in _walk(stmt)
+                                if isinstance(n, ast.CommonTableExpr)}:
+            return set()
+        scope: dict[int, bool] = {}  # id(RangeVar) -> it is the CTE; outer WITHs first, inner ones override
+
+        def mark(node, cte: bool) -> None:
+            for m in _walk(node):
+                if isinstance(m, ast.RangeVar) and m.relname == self._table and m.schemaname is None \
+                        and m.catalogname is None:
+                    if cte:
+                        scope[id(m)] = True
+                    else:  # where this WITH's CTE is not seen, an outer one of the same name still is
+                        scope.setdefault(id(m), False)
+
+        for n in _walk(stmt):  # parents before children: an inner WITH is seen after the outer one
+            w = getattr(n, "withClause", None) if "withClause" in getattr(n, "__slots__", ()) else None
+            if w is None or not any(c.ctename == self._table for c in w.ctes or ()):
+                continue
+            k = next(i for i, c in enumerate(w.ctes) if c.ctename == self._table)
+            n.withClause = None  # the query's own body: everything but its WITH
+            try:
+                mark(n, True)
+            finally:
+                n.withClause = w
+            for i, c in enumerate(w.ctes):
+                mark(c.ctequery, bool(w.recursive) or i > k)
+            # a CTE body's own inner WITHs are walked later and override what they define
+        return {i for i, cte in scope.items() if cte}
 
     def _seat_relations(self, stmt) -> None:
         """A client reads the seat's relations only through the rewrite: naming them itself (a major-2 session
@@ -373,6 +454,13 @@ class Classifier:
             raise Untranslatable("a function body naming the events table",
                                  "a function body naming the events table would read it on the server, "
                                  "untranslated; create it from a raw session")
+        if isinstance(stmt, ast.CreateFunctionStmt) and self._dynamic_function(stmt):
+            # ADR 0017: such a body can build an INSERT … RETURNING into events, whose new row the net lets pass;
+            # a function created here in pg_temp is never in the database's watched list, so it is refused here.
+            raise Untranslatable("a function body running dynamic SQL",
+                                 "a function whose body runs dynamic SQL (EXECUTE, query_to_xml …) or is not SQL or "
+                                 "PL/pgSQL could return the events table's stored rows out of the seat's sight; "
+                                 "create it from a raw session")
         for n in _walk(stmt):
             if not isinstance(n, ast.FuncCall):
                 continue
@@ -382,12 +470,32 @@ class Classifier:
                 raise Untranslatable("query-running function",
                                      f"{n.funcname[-1].sval}() runs SQL (or reads whole tables) on the server, out "
                                      f"of the seat's sight: it is refused in a translated session")
-            if name in self.functions and schema != "pg_catalog":
+            if name in self.functions and schema != "pg_catalog" and self._may_be_risky(name, len(n.args or ())):
                 raise Untranslatable("database function",
                                      f"{n.funcname[-1].sval}() is defined in the database and its body could read "
                                      f"the events table out of the seat's sight (it names the table, runs dynamic "
                                      f"SQL, or calls such a function), so a translated session may not call it "
                                      f"(call it from a raw session, or read the events table directly)")
+
+    def _may_be_risky(self, name: str, nargs: int) -> bool:
+        """Could a call of ``name`` with ``nargs`` arguments resolve to one of its risky overloads? (PostgreSQL
+        resolves a call only to a function that takes that many arguments, defaults and VARIADIC counted.)"""
+        if self.arities is None or name not in self.arities:
+            return True
+        return any(lo <= nargs and (hi is None or nargs <= hi) for lo, hi in self.arities[name])
+
+    @staticmethod
+    def _dynamic_function(stmt) -> bool:
+        """Does a CREATE FUNCTION/PROCEDURE's body run dynamic SQL, or is it in a language other than SQL and
+        PL/pgSQL (the watch's test of the database's functions, proxy.serve.context.risky_functions)?"""
+        language, body = "sql", ""
+        for d in stmt.options or ():
+            if d.defname == "language" and getattr(d.arg, "sval", None):
+                language = d.arg.sval.lower()
+            elif d.defname == "as":
+                parts = d.arg if isinstance(d.arg, (list, tuple)) else (d.arg,)
+                body = " ".join(getattr(p, "sval", "") or "" for p in parts).lower()
+        return language not in ("sql", "plpgsql") or any(w in body for w in DYNAMIC_SQL_WORDS)
 
     def _risky_block(self, stmt) -> bool:
         """Could a DO block read the events table: the same test as for the database's functions."""
@@ -403,13 +511,6 @@ class Classifier:
         RETURNING write; None when nothing reads the table (DDL on it, COPY FROM, a write without RETURNING)."""
         from pglast import ast
 
-        for n in _walk(stmt):
-            if isinstance(n, ast.WithClause):
-                for cte in n.ctes or ():
-                    if cte.ctename == self._table:
-                        raise Untranslatable("CTE named like the events table",
-                                             f"a CTE named {cte.ctename!r} would hide the events table in some query "
-                                             f"levels and not in others; rename the CTE")
         kind = type(stmt).__name__
         if isinstance(stmt, (ast.ViewStmt, ast.RuleStmt, ast.CreateFunctionStmt, ast.CreatePolicyStmt,
                              ast.AlterPolicyStmt, ast.CreateTrigStmt, ast.MergeStmt, ast.CreateStatsStmt)):
@@ -475,13 +576,20 @@ class Classifier:
         changed = False
         self._kept: set[int] = set()
         unqualified: list[str] = []
+        locks = _lock_targets(stmt)
 
-        def from_item(item, translate: bool, run_key=None):
+        def from_item(item, translate: bool, run_key=None, locked=frozenset()):
             nonlocal changed
             if self._is_events(item):
                 changed = True
                 if item.schemaname is None and item.catalogname is None:
                     unqualified.append(item.relname)
+                view = self._relation(item)
+                if locked is None or view.alias.aliasname in locked:
+                    # ADR 0017: a row lock applies to these rows: the lockable translation, which PostgreSQL locks
+                    # through to the events table's rows (whatever the level reads: only what it names is computed)
+                    view.relname = LOCK_VIEW[self.major]
+                    return view
                 if run_key is not None and run_key[0] is item:
                     return self._run_relation(item, run_key[1])
                 if not translate:
@@ -491,10 +599,10 @@ class Classifier:
                     keys.relname = KEYS_VIEW
                     self._kept.add(id(keys))
                     return keys
-                return self._relation(item)
+                return view
             if isinstance(item, ast.JoinExpr):
-                item.larg = from_item(item.larg, translate, run_key)
-                item.rarg = from_item(item.rarg, translate, run_key)
+                item.larg = from_item(item.larg, translate, run_key, locked)
+                item.rarg = from_item(item.rarg, translate, run_key, locked)
             elif isinstance(item, ast.RangeTableSample):
                 if self._is_events(item.relation):
                     raise Untranslatable("TABLESAMPLE on the events table",
@@ -506,11 +614,13 @@ class Classifier:
                 items = getattr(n, field, None) if field in getattr(n, "__slots__", ()) else None
                 if items:
                     translate = self._reads_translated(n, items)
-                    if translate and getattr(n, "lockingClause", None):
-                        self._no_row_lock_on_events(n, items)
+                    locked = locks.get(id(n), frozenset())
+                    # a level a row lock reaches (its own, or pushed down from an outer level) reads the lock view,
+                    # never events_m2_run: PostgreSQL does not lock through a function in FROM
                     run_key = self._run_key(n, items) if translate and self.run_function and \
-                        field == "fromClause" and isinstance(n, ast.SelectStmt) and not n.lockingClause else None
-                    setattr(n, field, tuple(from_item(i, translate, run_key) for i in items))
+                        field == "fromClause" and isinstance(n, ast.SelectStmt) and not n.lockingClause and \
+                        id(n) not in locks else None
+                    setattr(n, field, tuple(from_item(i, translate, run_key, locked) for i in items))
             if unqualified and "whereClause" in getattr(n, "__slots__", ()):
                 # An unqualified name is the host's table only where the session's search_path finds it there
                 # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
@@ -599,31 +709,6 @@ class Classifier:
         return ast.RangeFunction(lateral=False, ordinality=False, is_rowsfrom=False, functions=((call, None),),
                                  alias=alias)
 
-    def _no_row_lock_on_events(self, level, items) -> None:
-        """A row lock (FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE, SKIP LOCKED or NOWAIT) that would apply to
-        the events table at a level that reads its translated columns: the translated relation is a union and
-        outer joins, which PostgreSQL cannot lock through, so it is refused here with its reason rather than
-        left to fail in the server with a message about a view the client never named (issue 23). A lock
-        ``OF`` the level's other tables only (``FOR UPDATE OF r``) goes on."""
-        from pglast import ast
-
-        names = set()
-        for item in items:
-            for n in _walk(item):
-                if self._is_events(n):
-                    names.add(n.alias.aliasname if n.alias is not None else n.relname)
-        for clause in level.lockingClause:
-            locked = {rv.relname for rv in clause.lockedRels or ()} if clause.lockedRels else None
-            if locked is None or locked & names:
-                strength = {1: "FOR KEY SHARE", 2: "FOR SHARE", 3: "FOR NO KEY UPDATE", 4: "FOR UPDATE"}.get(
-                    int(clause.strength), "a row lock")
-                raise Untranslatable("row lock on the events table",
-                                     f"{strength} on the events table in a translated read: the rows a translated "
-                                     f"session reads are the seat's translation, which PostgreSQL cannot lock; lock "
-                                     f"the run's row instead (FOR UPDATE OF the runs table), or lock from a raw "
-                                     f"session")
-        del ast
-
     def _unqualify_columns(self, stmt) -> None:
         """``public.events.type`` (what SQLAlchemy Core emits for ``Table('events', …, schema='public')``) names
         the relation by its schema and table; once substituted, the relation is the seat's view aliased to the
@@ -632,7 +717,8 @@ class Classifier:
         from pglast import ast
 
         named = {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeVar) and n.schemaname ==
-                 SEAT_SCHEMA and n.relname in (VIEW[self.major], KEYS_VIEW) and n.alias is not None}
+                 SEAT_SCHEMA and n.relname in (VIEW[self.major], LOCK_VIEW[self.major], KEYS_VIEW)
+                 and n.alias is not None}
         named |= {n.alias.aliasname for n in _walk(stmt) if isinstance(n, ast.RangeFunction) and n.alias is not None
                   and [f.sval for f in n.functions[0][0].funcname] == [SEAT_SCHEMA, RUN_FUNCTION]}
         if self._table not in named:
@@ -690,6 +776,8 @@ class Classifier:
 
         targets = {id(n.relation) for n in _walk(stmt)
                    if isinstance(n, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) and n.relation is not None}
+        # FOR UPDATE OF events: a name in a lock clause is the alias of a FROM item, not a reference of its own
+        targets |= {id(rv) for n in _walk(stmt) if isinstance(n, ast.LockingClause) for rv in n.lockedRels or ()}
         for n in _walk(stmt):
             if self._is_events(n) and id(n) not in targets and id(n) not in self._kept:
                 raise Untranslatable("events table in an unknown position",
@@ -790,16 +878,76 @@ class Classifier:
                               f"{arg(h.node_id_column, 'text')})"}
         cols = ", ".join(f"{translated[c]} AS {_quote(c)}" if c in translated else f"openwop_seat_w.{_quote(c)}"
                          for c in self.columns)
+        self._system = self._system_columns(write, alias)
+        cols += "".join(f", openwop_seat_w.{SYSTEM_PREFIX}{c}" for c in self._system)
         call = f"(SELECT {SEAT_SCHEMA}.era_now({arg(h.run_id_column, 'text')}) AS era)"
         select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w "
                            f"CROSS JOIN LATERAL {call} openwop_seat_r) AS {_quote(alias)}")[0].stmt
         select.targetList = write.returningClause.exprs
         return select
 
+    def _system_columns(self, write, alias: str) -> list[str]:
+        """The system columns (``xmax``, ``ctid`` …) ``write``'s RETURNING list names (``RETURNING *, (xmax = 0)``
+        of an upsert, issue 23), the list rewritten in place to read them from the written rows: the CTE returns
+        each as ``openwop_seat_sys_<name>``, the translated rows carry it along, and a ``*`` of the list (which
+        would now take those too) is spelled out as the table's columns. A whole row of the target together with
+        a system column, or a system column inside a sub-select of the list, is refused."""
+        from pglast import ast
+
+        found: list[str] = []
+        exprs = write.returningClause.exprs
+
+        def name_of(ref) -> str | None:
+            names = [getattr(f, "sval", None) for f in ref.fields]
+            if len(names) == 1 and names[0] in SYSTEM_COLUMNS:
+                return names[0]
+            if len(names) == 2 and names[0] == alias and names[1] in SYSTEM_COLUMNS:
+                return names[1]
+            return None
+
+        for n in _walk(exprs):
+            if isinstance(n, ast.SubLink) and any(isinstance(m, ast.ColumnRef) and name_of(m) for m in _walk(n)):
+                raise Untranslatable("RETURNING system column in a sub-select",
+                                     "a system column inside a sub-select of a RETURNING list of the events table is "
+                                     "not translated; name it in the list itself")
+        refs = [n for n in _walk(exprs) if isinstance(n, ast.ColumnRef) and name_of(n)]
+        if not refs:
+            return []
+        stars = [t for t in exprs if isinstance(t.val, ast.ColumnRef) and isinstance(t.val.fields[-1], ast.A_Star)
+                 and (len(t.val.fields) == 1 or getattr(t.val.fields[0], "sval", None) == alias)]
+        for n in _walk(exprs):
+            if isinstance(n, ast.ColumnRef) and [getattr(f, "sval", None) for f in n.fields] == [alias] \
+                    and not isinstance(n.fields[-1], ast.A_Star):
+                raise Untranslatable("RETURNING system column with a whole row",
+                                     "a RETURNING list of the events table naming both its whole row and a system "
+                                     "column is not translated")
+        for ref in refs:
+            name = name_of(ref)
+            if name not in found:
+                found.append(name)
+            ref.fields = (ast.String(sval=alias), ast.String(sval=SYSTEM_PREFIX + name))
+        for t in exprs:
+            if isinstance(t.val, ast.ColumnRef) and t.name is None and len(t.val.fields) == 2 and \
+                    getattr(t.val.fields[1], "sval", "").startswith(SYSTEM_PREFIX):
+                t.name = t.val.fields[1].sval[len(SYSTEM_PREFIX):]  # RETURNING xmax: still named xmax
+        out = []
+        for t in exprs:
+            if any(t is s for s in stars):
+                out += [ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=c))))
+                        for c in self.columns]
+            else:
+                out.append(t)
+        write.returningClause.exprs = tuple(out)
+        return found
+
     def _star_returning(self, write):
         from pglast import ast
 
-        write.returningClause = ast.ReturningClause(exprs=(ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),))),))
+        exprs = [ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),)))]
+        exprs += [ast.ResTarget(name=SYSTEM_PREFIX + c, val=ast.ColumnRef(fields=(ast.String(sval=c),)))
+                  for c in getattr(self, "_system", ())]
+        self._system = []
+        write.returningClause = ast.ReturningClause(exprs=tuple(exprs))
 
     def _wrap_returning(self, write):
         """``WITH …, written AS (write RETURNING *) SELECT <its RETURNING list> FROM <translated rows>``."""
@@ -846,6 +994,7 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
 DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink",
                      "ts_stat", "ts_rewrite")
 _DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
+_SETS_NAMES = re.compile(r"\b(set\s+names|reset)\b")  # SET NAMES, RESET client_encoding / ALL
 
 _QUERY_STATEMENTS: tuple = ()
 _ROW_STATEMENTS: tuple = ()  # statements that read or write rows: the query statements and COPY
@@ -867,6 +1016,64 @@ def _init_kinds() -> None:
 
 
 _init_kinds()
+
+
+def _lock_targets(stmt) -> dict:
+    """The query levels under ``stmt`` that a row lock (``FOR UPDATE``, ``FOR NO KEY UPDATE``, ``FOR SHARE``, ``FOR
+    KEY SHARE``) applies to, as PostgreSQL applies it: ``id(level)`` → the names of the level's ``FROM`` items it
+    locks (``None``: all of them, a lock without ``OF``). A lock of a sub-select in ``FROM`` (named, or all) is pushed
+    into it and locks everything there, at every level of it, as PostgreSQL pushes it (ADR 0017)."""
+    from pglast import ast
+
+    out: dict = {}
+    levels = {}
+    for n in _walk(stmt):
+        if isinstance(n, ast.SelectStmt) and n.lockingClause:
+            names: set | None = set()
+            for clause in n.lockingClause:
+                if not clause.lockedRels:
+                    names = None
+                    break
+                names |= {rv.relname for rv in clause.lockedRels}
+            out[id(n)] = None if names is None else frozenset(names)
+            levels[id(n)] = n
+    todo = list(levels.values())
+    while todo:
+        level = todo.pop()
+        locked = out[id(level)]
+        for item in _from_items(level):
+            if isinstance(item, ast.RangeSubselect) and item.alias is not None and \
+                    (locked is None or item.alias.aliasname in locked):
+                for sub in _select_levels(item.subquery):
+                    if out.get(id(sub), frozenset()) is not None:
+                        out[id(sub)] = None
+                        todo.append(sub)
+    return out
+
+
+def _from_items(level):
+    """A level's FROM items, joins opened."""
+    from pglast import ast
+
+    stack = list(getattr(level, "fromClause", None) or ())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.JoinExpr):
+            stack += [item.larg, item.rarg]
+        else:
+            yield item
+
+
+def _select_levels(query):
+    """The SELECT levels of a sub-select a pushed-down lock reaches: the sub-select itself and, below it, the
+    sub-selects of its FROM (each level's own FROM is pushed into by _lock_targets' loop)."""
+    from pglast import ast
+
+    if isinstance(query, ast.SelectStmt):
+        yield query
+        for part in (query.larg, query.rarg):  # a set operation: PostgreSQL refuses the lock there itself
+            if part is not None:
+                yield from _select_levels(part)
 
 
 def _cost(sql: str, plan: Plan) -> int:

@@ -156,7 +156,8 @@ SELECT oid FROM derived
 # functions excepted: those that could read the events table are refused to translated sessions
 # (risky_functions, proxy.readpath.classify.Classifier.set_functions).
 DATABASE_FUNCTIONS = """
-SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body
+SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body,
+       p.pronargs AS nargs, p.pronargdefaults AS ndefaults, p.provariadic OPERATOR(pg_catalog.<>) 0 AS variadic
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
@@ -167,25 +168,48 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
 """
 
 
-def risky_functions(rows, table: str) -> frozenset[str]:
+class RiskyFunctions(frozenset):
+    """The names of the risky functions (a frozenset, what the classifier's prefilter tests), and ``arities``: for
+    each name, the numbers of arguments (lowest, highest or None for VARIADIC) its risky overloads take, so that a
+    call PostgreSQL cannot resolve to one of them (``lower(x)`` beside a risky ``public.lower(text, int)``) is not
+    refused (issue 23)."""
+
+    def __new__(cls, names=(), arities=None):
+        self = super().__new__(cls, names)
+        self.arities = dict(arities or {})
+        return self
+
+
+def risky_functions(rows, table: str) -> RiskyFunctions:
     """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
-    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative."""
+    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative; with the
+    argument counts of the overloads that are risky themselves."""
     table = table.rpartition(".")[2].lower()
     bodies = {}
     for r in rows:
-        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower()))
-    risky = {name for name, defs in bodies.items()
-             if any(lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
-                    for lang, body in defs)}
+        nargs = r.get("nargs")
+        arity = (0, None) if nargs is None else \
+            (nargs - (r.get("ndefaults") or 0), None if r.get("variadic") else nargs)
+        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower(), arity))
+
+    def own(lang: str, body: str) -> bool:
+        return lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
+
+    risky = {name for name, defs in bodies.items() if any(own(lang, body) for lang, body, _ in defs)}
     while True:
         more = {name for name, defs in bodies.items() if name not in risky
-                and any(f in body for _, body in defs for f in risky)}
+                and any(f in body for _, body, _ in defs for f in risky)}
         if not more:
-            return frozenset(risky)
+            break
         risky |= more
+    arities = {name: tuple(sorted({arity for lang, body, arity in bodies[name]
+                                   if own(lang, body) or any(f in body for f in risky)},
+                                  key=lambda a: (a[0], -1 if a[1] is None else a[1])))
+               for name in risky}
+    return RiskyFunctions(risky, arities)
 
 
-async def database_functions(conn, table: str) -> frozenset[str]:
+async def database_functions(conn, table: str) -> RiskyFunctions:
     return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table)
 
 

@@ -15,6 +15,7 @@ from proxy.serve.context import (
     RELATION_CHECK_SECONDS,
     CatalogConnection,
     ReadContext,
+    RiskyFunctions,
     check_claim_secret,
     database_functions,
     first_boot_events,
@@ -461,7 +462,8 @@ class SeatServer:
             return
         if new.first_boot:  # the events table does not exist yet
             for major, classifier in ctx.classifiers.items():
-                classifier.set_functions(new.classifiers[major].functions)
+                known = new.classifiers[major]
+                classifier.set_functions(RiskyFunctions(known.functions, known.arities or {}))
             return
         if self.read_context is ctx:
             self._rules_in_force(new)

@@ -23,7 +23,7 @@ from typing import Callable
 
 from proxy.config import Config
 from proxy.errors import ERRORS
-from proxy.readpath.classify import PASS, REFUSE, RUN_FUNCTION, TRANSLATE, VIEW, Classifier
+from proxy.readpath.classify import LOCK_VIEW, PASS, REFUSE, RUN_FUNCTION, TRANSLATE, VIEW, Classifier
 
 _WHAT = {
     1: "major 1: for era-3 rows, type is mapped to its v1 name; payloads pass as stored",
@@ -54,20 +54,28 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
         return 0
     # as a seat whose database has the v2 store of this [host] configuration (migrate installs it; ADR 0015)
     store = config.host.store and config.host.era_column is None
-    plan = Classifier(config.host, major, run_function=store).classify(sql)
+    classifier = Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+    plan = classifier.classify(sql)
     refusal = ERRORS["statement_untranslatable"]
     if not plan.statements:
         out("passthrough: no statement")
         return 0
     for i, st in enumerate(plan.statements, 1):
         head = f"statement {i}: " if len(plan.statements) > 1 else ""
-        if st.action == PASS:
+        if st.action == PASS and classifier.mentions_events(st.sql) and \
+                len(st.sql.encode("utf-8", "surrogateescape")) > classifier.max_statement_bytes:
+            out(f"{head}passthrough: larger than proxy.max_statement_bytes, sent as written without analysis; what it "
+                f"reads of the events table's stored rows meets the net (OW008)")
+        elif st.action == PASS:
             out(f"{head}passthrough: sent as written (it reads nothing of the events table)")
         elif st.action == TRANSLATE:
             per_run = f"openwop_seat.{RUN_FUNCTION}(" in st.sql
             out(f"{head}translated: the events table is read as openwop_seat.{VIEW[major]}"
                 + (f" (through {RUN_FUNCTION}, one run's rows of it: the v2 store's or the live translation's)"
                    if per_run else ""))
+            if f"openwop_seat.{LOCK_VIEW[major]} " in st.sql:
+                out(f"  row lock: the locked rows are read through openwop_seat.{LOCK_VIEW[major]}, the same "
+                    f"translation, which PostgreSQL locks through to the stored rows")
             out(f"  {_WHAT[major]}")
             out(f"  sent: {st.sql}")
         else:

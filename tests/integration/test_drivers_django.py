@@ -55,3 +55,18 @@ def test_host_append(pg, seat, binding):
     out = run_django({"mode": "append", "port": seat.port, "runId": run_id, "events": drivers.wire_events(sent),
                       "options": {"server_side_binding": binding == "server"}})
     drivers.check_append(pg, run_id, sent, out["rows"], f"django append {binding}-side binding")
+
+
+@pytest.mark.parametrize("lock", [{}, {"skip_locked": True}, {"nowait": True}, {"of": ("self",)}],
+                         ids=["plain", "skip_locked", "nowait", "of_self"])
+def test_select_for_update_locks_and_reads_translated(pg, seat, era2_run, lock):
+    """Issue 23, ADR 0017: ``select_for_update()`` through the seat returns what the plain read returns (the
+    translated rows) and holds the stored rows: a connection straight to PostgreSQL cannot lock them NOWAIT."""
+    run_id, events = era2_run
+    request = {"mode": "lock", "runId": run_id, "lock": lock, "probePort": pg.port}
+    via = run_django({**request, "port": seat.port, "relation": "events"})
+    plain = run_django({"mode": "read", "runId": run_id, "pageSize": PAGE_SIZE, "how": "iterator", "options": {},
+                        "port": seat.port, "relation": "events"})
+    assert via["held"] is True
+    assert via["rows"] == plain["rows"] and via["rows"]
+    drivers.check_read(pg, run_id, events, via["rows"], None, f"django select_for_update {lock}")

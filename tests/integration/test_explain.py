@@ -27,7 +27,7 @@ APPEND = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM event
           "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
           "SELECT $1, $2, next.seq, $3, $4, $5, now(), $6 FROM next RETURNING *")
 RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
-GROUPED = "WITH events AS (SELECT 1) SELECT * FROM events"  # refused: a CTE hiding the events table
+GROUPED = "SELECT * FROM events TABLESAMPLE SYSTEM (1)"  # refused: not substitutable
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +104,13 @@ def test_a_refused_statement_says_why_as_a_running_seat_does(config, seat):
     code = ERRORS["statement_untranslatable"]
     assert out.stdout.splitlines() == [
         "major: 2 (proxy.default_major)",
-        "refused (CTE named like the events table): a CTE named 'events' would hide the events table in some "
-        "query levels and not in others; rename the CTE",
+        "refused (TABLESAMPLE on the events table): TABLESAMPLE samples the stored table, which a translated "
+        "session never reads",
         f"  the client gets SQLSTATE {code.sqlstate} (statement_untranslatable, HTTP 500); the statement is not run"]
     with psycopg.connect(seat.dsn(), autocommit=True) as conn:
         with pytest.raises(psycopg.Error) as refused:
             conn.execute(GROUPED)
     assert refused.value.sqlstate == code.sqlstate
-    assert refused.value.diag.message_primary.startswith("statement_untranslatable: a CTE named 'events' would hide")
+    assert refused.value.diag.message_primary.startswith("statement_untranslatable: TABLESAMPLE samples the stored")
 
 

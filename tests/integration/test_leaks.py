@@ -124,12 +124,15 @@ READS = [
     ("insert ... returning of a copy",
      "WITH c AS (INSERT INTO events SELECT event_id || '-copy', run_id || '-copy', sequence, type, node_id, payload, "
      "timestamp, causation_id FROM events WHERE run_id = %(run)s RETURNING *) SELECT type FROM c"),
+    # a CTE named like the table (issue 23): the name is the CTE where PostgreSQL resolves it so, the table elsewhere
+    ("CTE named like the table", "WITH events AS (SELECT 'x' AS type) SELECT (SELECT type FROM public.events "
+                                 "WHERE run_id = %(run)s LIMIT 1), type FROM events"),
+    ("CTE named like the table over it",
+     "WITH events AS (SELECT * FROM events WHERE run_id = %(run)s) SELECT type, payload FROM events"),
 ]
 
 # Shapes that must be refused (OW004): (name, SQL).
 REFUSALS = [
-    ("CTE hiding the table", "WITH events AS (SELECT 'x' AS type) SELECT (SELECT type FROM public.events "
-                             "WHERE run_id = %(run)s LIMIT 1) FROM events"),
     ("upsert reading the stored row",
      "INSERT INTO events VALUES (%(run)s || '-0', %(run)s, 0, 'x', NULL, NULL, now(), NULL) "
      "ON CONFLICT (event_id) DO UPDATE SET node_id = events.type RETURNING node_id"),
@@ -144,6 +147,15 @@ REFUSALS = [
     ("the other major's relation", "SELECT type FROM openwop_seat.events_m1 WHERE run_id = %(run)s"),
     ("the other major's relation", "SELECT type FROM openwop_seat.events_m2 WHERE run_id = %(run)s"),
     ("update by stored type", "UPDATE events SET node_id = 'x' WHERE type = 'agent.toolCalled'"),
+    # ADR 0017: the net lets the new row of an INSERT … RETURNING pass, so server-side code that could run one stays
+    # refused (a DO block naming the table, or building the statement at run time)
+    ("DO block, INSERT … RETURNING",
+     "DO $$ DECLARE t text; BEGIN INSERT INTO events (event_id, run_id, sequence, type, timestamp) VALUES "
+     "('x-do', 'x-do', 0, 'agent.tool-called', now()) RETURNING type INTO t; RAISE EXCEPTION '%%', t; END $$"),
+    ("DO block, dynamic INSERT … RETURNING",
+     "DO $$ DECLARE t text; BEGIN EXECUTE 'INSERT INTO ev' || 'ents (event_id, run_id, sequence, type, timestamp) "
+     "VALUES (''x-do'', ''x-do'', 0, ''agent.tool-called'', now()) RET' || 'URNING type' INTO t; "
+     "RAISE EXCEPTION '%%', t; END $$"),
 ]
 
 
@@ -275,6 +287,35 @@ def test_functions_in_the_database_are_refused_including_ones_created_after_star
                     time.sleep(0.5)
     finally:
         pg.psql("DROP FUNCTION leak_rows(); DROP FUNCTION leak_dyn(text)")
+
+
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_risky_overload_leaves_the_built_in_of_the_same_name_callable(leak_seat, pg, logs, major):
+    """Issue 23: a user's ``public.lower(text, int)`` that runs dynamic SQL is refused; the built-in ``lower(text)``
+    is not (a call PostgreSQL cannot resolve to the risky overload: another number of arguments)."""
+    pg.psql("CREATE FUNCTION public.lower(t text, n int) RETURNS text LANGUAGE plpgsql AS "
+            "$$ DECLARE r text; BEGIN EXECUTE 'SELECT string_agg(type, '','') FROM ev' || 'ents' INTO r; "
+            "RETURN r; END $$")
+    try:
+        deadline = time.monotonic() + 30
+        with connect(leak_seat, major) as conn:
+            while True:  # until the seat's function check has seen it (every 2 s)
+                try:
+                    conn.execute("SELECT public.lower('X', 1) FROM events WHERE run_id = %s LIMIT 1",
+                                 (logs[major],)).fetchall()
+                except psycopg.Error as e:
+                    assert e.sqlstate == "OW004" and "defined in the database" in str(e), e
+                    break
+                assert time.monotonic() < deadline, "the function was never noticed"
+                time.sleep(0.5)
+            for binary in (False, True):
+                rows = conn.execute("SELECT lower(type), lower('ABC') FROM events WHERE run_id = %s "
+                                    "ORDER BY sequence", (logs[major],), binary=binary).fetchall()
+                assert rows and rows[0][1] == "abc"
+                assert_clean(rows, major)
+                assert_translated([r[0] for r in rows], major)
+    finally:
+        pg.psql("DROP FUNCTION public.lower(text, int)")
 
 
 def test_ddl_on_the_events_table_is_noticed_and_translated_reads_are_refused_until_migrate(leak_seat, pg, logs):
@@ -448,15 +489,21 @@ def net_connect(seat, major, **kw):
 
 # Statements the seat's classifier lets through (it cannot see what they read, or reads them as harmless)
 # and that would hand the reader stored rows: (name, setup statements run first in the same session, SQL).
-# The table named through an escaped string literal (E'\\145vents'): neither the seat nor its function watch reads it.
-PG_TEMP_SQL = ("CREATE FUNCTION pg_temp.net_leak() RETURNS SETOF text LANGUAGE plpgsql AS $f$ BEGIN "
-               "RETURN QUERY EXECUTE E'SELECT type || '' '' || payload::text FROM public.\\145vents'; END $f$")
+# A pg_temp function (never in the seat's function watch) reading the host's view over events: its body names
+# neither the table nor dynamic SQL. (One that runs dynamic SQL is refused when it is created, ADR 0017: it could
+# build an INSERT … RETURNING, whose new row the net lets pass; see PG_TEMP_DYNAMIC below.)
+PG_TEMP_SQL = ("CREATE FUNCTION pg_temp.net_leak() RETURNS SETOF text LANGUAGE sql AS $f$ "
+               "SELECT type || ' ' || payload::text FROM public.net_view $f$")
 PG_TEMP_DYNAMIC = ("CREATE FUNCTION pg_temp.net_dyn(r text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; "
                    "BEGIN EXECUTE 'SELECT string_agg(type, '','') FROM public.ev' || 'ents WHERE run_id = $1' "
                    "INTO t USING r; RETURN t; END $f$")
+# The vehicle of the measured gap (ADR 0017): a pg_temp function appending through dynamic SQL with RETURNING, the
+# table named through an escaped string literal (E'\\145vents'). Refused when it is created.
+PG_TEMP_APPEND = ("CREATE FUNCTION pg_temp.net_ins(r text, t text) RETURNS text LANGUAGE plpgsql AS $f$ DECLARE s "
+                  "text; BEGIN EXECUTE E'INSERT INTO public.\\145vents (event_id, run_id, sequence, type, timestamp) "
+                  "VALUES ($1 || ''-x'', $1, 99, $2, now()) RETURNING type' INTO s USING r, t; RETURN s; END $f$")
 NET_LEAKS = [
-    ("pg_temp function, escaped name in its body", [PG_TEMP_SQL], "SELECT * FROM pg_temp.net_leak()"),
-    ("pg_temp function, dynamic SQL", [PG_TEMP_DYNAMIC], "SELECT pg_temp.net_dyn(%(run)s)"),
+    ("pg_temp function over a host view", [PG_TEMP_SQL], "SELECT * FROM pg_temp.net_leak()"),
     ("DO block calling a pg_temp function", [PG_TEMP_SQL],
      "DO $$ BEGIN RAISE EXCEPTION '%%', (SELECT string_agg(t, ',') FROM pg_temp.net_leak() t); END $$"),
     ("view expression", [], "SELECT type || '', to_jsonb(v) FROM net_view v WHERE run_id = %(run)s"),
@@ -519,7 +566,25 @@ def test_field_notation_and_join_alias_rows_read_translated_rows(net_seat, logs,
     assert_translated(rows, major)
 
 
-def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs):
+@pytest.mark.parametrize("major", [2, 1])
+def test_a_pg_temp_function_running_dynamic_sql_is_refused_when_created(net_seat, logs, major):
+    """ADR 0017: measured on main before, a pg_temp function (PUBLIC has TEMP) that appends through dynamic SQL
+    with RETURNING returned the stored spelling of what it appended to a translated session: the net lets the new
+    row of an INSERT … RETURNING pass. Such a function is refused when it is created, in both majors; nothing is
+    written."""
+    with net_connect(net_seat, major) as conn:
+        for sql in (PG_TEMP_APPEND, PG_TEMP_DYNAMIC):
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(sql)
+            assert info.value.sqlstate == "OW004" and "dynamic SQL" in str(info.value)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT pg_temp.net_ins(%s, %s)", (logs[2], RENAMED_V2[0]))
+        assert info.value.sqlstate in ("42883", "3F000")  # never created (no such function, or no pg_temp yet)
+    with net_connect(net_seat, "raw") as conn:  # a raw session creates and runs it, as on PostgreSQL
+        conn.execute(PG_TEMP_APPEND)
+
+
+def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs, net_objects):
     with net_connect(net_seat, 2) as conn:
         conn.execute(PG_TEMP_SQL)
         with pytest.raises(psycopg.Error) as info:
@@ -532,7 +597,7 @@ def test_the_net_error_names_the_seat_and_is_documented(net_seat, logs):
     assert "docs/refusals-and-errors.md#ow008" in e.diag.message_hint
 
 
-def test_the_hosts_statements_work_under_the_net(net_seat, pg, logs):
+def test_the_hosts_statements_work_under_the_net(net_seat, pg, logs, net_objects):
     """The append (max(sequence), INSERT … RETURNING), a page, and for a raw or unclaimed session anything."""
     run = f"net-append-{uuid.uuid4().hex[:8]}"
     try:

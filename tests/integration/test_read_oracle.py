@@ -112,6 +112,9 @@ SOURCES = [
 ]
 
 
+LOCKS = ["", " FOR UPDATE", " FOR NO KEY UPDATE OF e", " FOR SHARE SKIP LOCKED", " FOR KEY SHARE OF e NOWAIT"]
+
+
 @st.composite
 def statements(draw, major: int):
     names = names_of(major)
@@ -132,6 +135,8 @@ def statements(draw, major: int):
     else:
         cols = draw(st.sampled_from(PROJECTIONS))
         sql = f"SELECT {cols} FROM {src} WHERE {where} ORDER BY e.type, e.run_id, e.sequence"
+        if "OVER" not in cols:  # a row lock (ADR 0017); PostgreSQL allows none with window functions
+            sql += draw(st.sampled_from(LOCKS))
     if draw(st.booleans()):
         sql = f"WITH q AS ({sql}) SELECT * FROM q"
     return sql
@@ -192,6 +197,16 @@ ISSUE_23_SHAPES = [
     f"WHERE j.run_id LIKE '{PREFIX}-%' ORDER BY j.run_id, j.sequence",
     f"SELECT (j).type FROM (events JOIN runs USING (run_id)) AS j WHERE j.run_id LIKE '{PREFIX}-%' "
     f"ORDER BY j.run_id, j.sequence",
+    # row locks on translated reads (ADR 0017)
+    f"SELECT * FROM events WHERE run_id LIKE '{PREFIX}-%' ORDER BY run_id, sequence FOR UPDATE",
+    f"SELECT e.type, r.tenant_id FROM events e JOIN runs r USING (run_id) WHERE e.run_id LIKE '{PREFIX}-%' "
+    f"ORDER BY e.run_id, e.sequence FOR SHARE OF e SKIP LOCKED",
+    f"SELECT s.type, s.sequence FROM (SELECT * FROM events WHERE run_id LIKE '{PREFIX}-%') s "
+    f"ORDER BY s.run_id, s.sequence LIMIT 20 FOR NO KEY UPDATE NOWAIT",
+    f"SELECT run_id, sequence FROM events WHERE run_id LIKE '{PREFIX}-%' ORDER BY 1, 2 FOR KEY SHARE",
+    # a CTE named like the table
+    f"WITH events AS (SELECT * FROM events WHERE run_id LIKE '{PREFIX}-%') SELECT type, count(*) FROM events "
+    f"GROUP BY type ORDER BY 1",
 ]
 
 

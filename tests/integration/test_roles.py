@@ -76,6 +76,19 @@ def test_migrate_serve_audit_and_backfill_run_as_the_scripts_roles(pg, layout_db
             assert host.execute("SELECT openwop_seat.era_of('new-run')").fetchone() == (3,)
             (read,) = host.execute("SELECT type FROM events WHERE run_id = 'old-run'").fetchone()
             assert read == "agent.reasoning-delta"
+            # A row lock on a translated read (ADR 0017): the lockable view, owned by openwop_seat_owner (not a
+            # superuser), locks the stored row for the host, which holds UPDATE on the table
+            with host.transaction():
+                locked = host.execute("SELECT type FROM events WHERE run_id = 'old-run' FOR UPDATE NOWAIT").fetchall()
+                assert locked == [("agent.reasoning-delta",)]
+                with psycopg.connect(pg.dsn(dbname=db, user="openwop"), autocommit=True) as other:
+                    with pytest.raises(psycopg.errors.LockNotAvailable):
+                        other.execute("SELECT 1 FROM events WHERE run_id = 'old-run' FOR KEY SHARE NOWAIT")
+        # a role that may read but not update the table may not lock its rows, as on the table itself
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=openwop_readonly dbname={db}") as ro:
+            assert ro.execute("SELECT type FROM events WHERE run_id = 'old-run'").fetchall() == [locked[0]]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                ro.execute("SELECT type FROM events WHERE run_id = 'old-run' FOR SHARE")
     finally:
         seat.send_signal(signal.SIGINT)
         seat.wait(timeout=20)

@@ -13,7 +13,7 @@ import pytest
 from harness import render_config, seat_cli
 
 RUN_READ = "SELECT * FROM runs WHERE run_id = $1"
-GROUPED = "WITH events AS (SELECT 1) SELECT * FROM events"  # refused: a CTE hiding the events table
+GROUPED = "SELECT * FROM events TABLESAMPLE SYSTEM (1)"  # refused: not substitutable
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_several_statements_and_a_raw_session(config):
     assert out.returncode == 1
     lines = out.stdout.splitlines()
     assert lines[1] == "statement 1: passthrough: sent as written (it reads nothing of the events table)"
-    assert lines[2].startswith("statement 2: refused (CTE named like the events table)")
+    assert lines[2].startswith("statement 2: refused (TABLESAMPLE on the events table)")
     assert lines[-1].startswith("sent together in one Query message, they fail as if the refused statement")
     raw = explain(config, "--major", "raw", GROUPED)
     assert raw.returncode == 0
@@ -75,3 +75,19 @@ def test_the_relation_named_is_the_one_of_the_major():
                                 out=lines.append)
     assert status == 0
     assert lines[1] == "translated: the events table is read as openwop_seat.events_m1"
+
+
+def test_a_row_lock_and_an_oversized_statement_say_what_the_seat_does(config, tmp_path):
+    """ADR 0017: a row lock reads the lockable translation; an oversized statement is sent unanalysed."""
+    out = explain(config, "SELECT * FROM events WHERE run_id = $1 FOR UPDATE SKIP LOCKED")
+    assert out.returncode == 0, out.stderr
+    assert "  row lock: the locked rows are read through openwop_seat.events_m2_lock, the same" in out.stdout
+    small = tmp_path / "small.toml"
+    small.write_text(render_config({"proxy": {"default_major": 2, "max_statement_bytes": 2048}}))
+    config = small
+    big = "INSERT INTO events VALUES " + ",".join(["('x', 'r', 1, 't', NULL, NULL, now(), NULL)"] * 100)
+    out = explain(config, big)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1].startswith("passthrough: larger than proxy.max_statement_bytes, sent as written")
+    out = explain(config, big + " RETURNING type")
+    assert out.returncode == 1 and "refused (statement too large)" in out.stdout and "holds RETURNING" in out.stdout

@@ -27,7 +27,7 @@ EVENTS = EventColumns(EVENTS_OID, TYPE_ATTNUM, derived_oids=frozenset({VIEW_OID}
 OTHER_OID = 0x00010203
 
 PAGE = "SELECT * FROM events WHERE run_id = $1 ORDER BY sequence LIMIT 100"
-REFUSED = "WITH events AS (SELECT 1) SELECT * FROM events"
+REFUSED = "SELECT * FROM events TABLESAMPLE SYSTEM (1)"
 
 
 def new_read_path(major: int = 2) -> ReadPath:
@@ -225,7 +225,7 @@ def test_a_refused_parse_is_poisoned_and_its_error_swapped():
     ((t, body),) = list(iter_messages(swapped))
     assert t == ord("E") and b"COW004" in body and b"statement_untranslatable" in body
     assert rp.on_server(ord("Z"), b"E") is None
-    assert rp.quiet and rp.refusals == ["CTE named like the events table"]
+    assert rp.quiet and rp.refusals == ["TABLESAMPLE on the events table"]
 
 
 def test_a_refused_unnamed_parse_outside_a_block_is_answered_without_a_server_error():
@@ -242,7 +242,7 @@ def test_a_refused_unnamed_parse_outside_a_block_is_answered_without_a_server_er
     ((t, body),) = list(iter_messages(swapped))
     assert t == ord("E") and b"COW004" in body and b"statement_untranslatable" in body
     assert rp.on_server(ord("Z"), b"I") is None
-    assert rp.quiet and rp.refusals == ["CTE named like the events table"]
+    assert rp.quiet and rp.refusals == ["TABLESAMPLE on the events table"]
     assert rp.on_client(ord("B"), bind()) is None  # no longer skipping
 
 

@@ -3,7 +3,7 @@ are configured once per process, here in code).
 
     python django_driver.py < request.json
 
-The request: {"mode": "read" | "append", "port": n, "relation": "events" | "openwop_seat.events_m2",
+The request: {"mode": "read" | "append" | "lock", "port": n, "relation": "events" | "openwop_seat.events_m2",
 "runId": ..., "pageSize": n, "how": "queryset-pages" | "iterator", "options": {...} (the database's
 OPTIONS, e.g. server_side_binding), "events": [...]}.
 
@@ -13,7 +13,10 @@ queryset (``filter(run_id=…, sequence__gt=…).order_by('sequence')[:n]``), or
 append: the host's append path in ``transaction.atomic()`` with ``connection.cursor()``: the advisory lock,
 then the next-sequence CTE INSERT … RETURNING * (payload as JSON text, timestamp as an aware datetime).
 
-Output: {"rows": [...]}, each row the events columns (timestamp ISO 8601, payload parsed).
+lock: ``select_for_update(**lock)`` in ``transaction.atomic()``; while it is open, a connection straight to
+PostgreSQL (``probePort``) tries the first row ``FOR UPDATE NOWAIT``: ``held`` says it could not.
+
+Output: {"rows": [...], "held": …}, each row the events columns (timestamp ISO 8601, payload parsed).
 """
 
 from __future__ import annotations
@@ -73,6 +76,25 @@ def main() -> None:
                 if len(page) < req["pageSize"]:
                     break
                 after = page[-1]["sequence"]
+    elif req["mode"] == "lock":
+        # select_for_update() (FOR UPDATE, with skip_locked / nowait / of as asked) in transaction.atomic(); while the
+        # transaction is open, another connection straight to PostgreSQL tries the first row with NOWAIT
+        import psycopg
+
+        held = None
+        with transaction.atomic():
+            qs = Event.objects.filter(run_id=req["runId"]).order_by("sequence").select_for_update(
+                **req.get("lock", {}))
+            rows = [as_row(o) for o in qs]
+            with psycopg.connect(f"host=127.0.0.1 port={req['probePort']} dbname=postgres user=postgres",
+                                 autocommit=True) as other:
+                try:
+                    other.execute("SELECT 1 FROM events WHERE run_id = %s AND sequence = %s FOR UPDATE NOWAIT",
+                                  (req["runId"], rows[0]["sequence"]))
+                    held = False
+                except psycopg.errors.LockNotAvailable:
+                    held = True
+        rows = {"rows": rows, "held": held}
     elif req["mode"] == "append":
         run_id = req["runId"]
         for e in req["events"]:
@@ -91,8 +113,11 @@ def main() -> None:
             return v.isoformat()
         raise TypeError(type(v))
 
-    json.dump({"rows": rows, "vendor": connection.vendor, "driver": type(connection.connection).__module__},
-              sys.stdout, default=default)
+    held = None
+    if isinstance(rows, dict):
+        rows, held = rows["rows"], rows["held"]
+    json.dump({"rows": rows, "held": held, "vendor": connection.vendor,
+               "driver": type(connection.connection).__module__}, sys.stdout, default=default)
 
 
 if __name__ == "__main__":
