@@ -331,6 +331,8 @@ class Relay:
             t, body = item[1], item[2]
             if kind == COPY or t == TERMINATE:  # Terminate (held in a pooled session: not relayed)
                 self.state.on_frontend(t, body)
+                if kind != COPY:
+                    replaced = True  # a held Terminate is dropped: the chunk cannot go on as itself
                 continue
             if len(body) >= ANALYSE_OFF_LOOP and self.analysis is None:
                 sql = reader.analysis_needed(t, body)

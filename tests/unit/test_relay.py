@@ -408,6 +408,19 @@ def test_a_translated_session_passes_a_result_of_another_table_unchanged():
     assert to_client == RESULT
 
 
+def test_a_pooled_sessions_terminate_is_not_relayed_even_in_a_chunk_that_could_go_on_as_itself():
+    """A pooled session's Terminate is held (its backend outlives the client, ADR 0016): a chunk holding a Query and
+    the Terminate goes on without it, never as itself (the backend would end, and the pool lose it)."""
+    reader = ReadPath(Classifier(HostConfig(), 2), 2, EVENTS)
+    relay = Relay(Stats(), reader=reader, claim=Claim(SECRET, 2, 1 << 20), pooled=True)
+    server(relay, LOGIN)
+    server(relay, CHALLENGE_ANSWER)
+    server(relay, CLAIM_ANSWER)
+    sent = relay.from_client(QUERY + msg(b"X"))
+    assert sent == QUERY
+    assert relay.from_client(msg(b"X")) == b""
+
+
 def test_a_translated_sessions_chunk_the_read_path_leaves_alone_goes_on_as_the_very_same_object():
     relay = translated()
     extended = (msg(b"P", b"\x00SELECT 1\x00\x00\x00") + msg(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x00")
