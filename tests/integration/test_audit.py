@@ -196,7 +196,7 @@ def test_audit_usage_and_connection_errors(pg, audit_db, tmp_path):
 def test_era_column_store_malformed_stamp_is_reported_and_never_converted(pg, tmp_path):
     """With ``[host] era_column`` a run whose column holds neither NULL nor 3 is refused by the reader
     (``event_row_malformed``): audit counts every event of it as failing, and backfill skips it."""
-    from conftest import render_config
+    from harness import render_config
 
     db = f"ow_audit_era_{uuid.uuid4().hex[:8]}"
     pg.psql(f"CREATE DATABASE {db}")
