@@ -167,13 +167,8 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column],
     may_read = (f"(SELECT pg_catalog.has_table_privilege({quote_literal(quote_relation(host.events_table))}::regclass, "
                 f"'SELECT'))")
 
-    def lock_view(major: int) -> str:
-        """``events_m2_lock`` (``_m1``): the same translated columns over the host's table alone, the era and the
-        marks read by scalar sub-selects instead of outer joins, and no v2 store (ADR 0017). A row lock of a
-        translated read (``FOR UPDATE`` …) is applied to it: PostgreSQL pushes the lock into a simple view and
-        locks the events table's rows, which the view's owner may lock (the net's SELECT policy is ``true`` for
-        it); the sub-selects are not in its ``FROM``, so nothing else is locked. The reader needs the table's
-        ``UPDATE`` privilege, as for a lock on the table itself (``lock_privilege``)."""
+    def translated_columns(major: int) -> list[str]:
+        """The table's columns in order, type and payload translated for ``major``, the rest as stored."""
         out = []
         for c in columns:
             if c.name == host.type_column:
@@ -182,6 +177,16 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column],
                 out.append(f"{payload_m2 if major == 2 else payload_m1} AS {quote_ident(c.name)}")
             else:
                 out.append(f"{E}.{quote_ident(c.name)}")
+        return out
+
+    def lock_view(major: int) -> str:
+        """``events_m2_lock`` (``_m1``): the same translated columns over the host's table alone, the era and the
+        marks read by scalar sub-selects instead of outer joins, and no v2 store (ADR 0017). A row lock of a
+        translated read (``FOR UPDATE`` …) is applied to it: PostgreSQL pushes the lock into a simple view and
+        locks the events table's rows, which the view's owner may lock (the net's SELECT policy is ``true`` for
+        it); the sub-selects are not in its ``FROM``, so nothing else is locked. The reader needs the table's
+        ``UPDATE`` privilege, as for a lock on the table itself (``lock_privilege``)."""
+        out = translated_columns(major)
         text = (','+chr(10)+'       ').join(out)
         key = f"{run}{'' if types[host.run_id_column] == 'text' else '::text'}"
         lx, lc, lo = f"{X}_l", f"{C}_lclean", f"{C}_lorig"
@@ -220,14 +225,7 @@ GRANT SELECT, UPDATE ON {SCHEMA}.{name} TO PUBLIC;
 """
 
     def view(major: int) -> str:
-        out = []
-        for c in columns:
-            if c.name == host.type_column:
-                out.append(f"{type_m2 if major == 2 else type_m1} AS {quote_ident(c.name)}")
-            elif c.name == host.payload_column:
-                out.append(f"{payload_m2 if major == 2 else payload_m1} AS {quote_ident(c.name)}")
-            else:
-                out.append(f"{E}.{quote_ident(c.name)}")
+        out = translated_columns(major)
         joins = f"{era.join}\n{clean_join}" if major == 2 else f"{era.join}\n{original_join}"
         body = f"""SELECT {(','+chr(10)+'       ').join(out)}
 FROM {events} {E}
