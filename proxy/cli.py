@@ -275,14 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if config.translates:  # the workers' start checks, once here: a seat that cannot start says why once
             from proxy.serve.listener import start_checks
 
-            try:
-                asyncio.run(start_checks(config))
-            except ConfigError:
-                raise  # main() reports it with exit status 2
-            except Exception as e:
-                if (why := describe(e, database="the host database (host.dsn)")) is None:
-                    raise
-                print(f"openwop-seat serve: {why}", file=sys.stderr)
+            if not _serve_step(lambda: asyncio.run(start_checks(config))):
                 return 1
 
         passed = [a for opt, v in (("--config", args.config), ("--upstream", args.upstream)) if v for a in (opt, v)]
@@ -311,16 +304,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runner = asyncio.run
     else:
         runner = uvloop.run
+    return 0 if _serve_step(lambda: runner(run())) else 1
+
+
+def _serve_step(step) -> bool:
+    """Run a step of ``serve``; False (after saying why on stderr) when the host database or the operating
+    system refused it. A configuration error goes on to main() (exit status 2); anything else is a bug."""
     try:
-        runner(run())
+        step()
     except ConfigError:
-        raise  # main() reports it with exit status 2
+        raise
     except Exception as e:
         if (why := describe(e, database="the host database (host.dsn)")) is None:
             raise
         print(f"openwop-seat serve: {why}", file=sys.stderr)
-        return 1
-    return 0
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
