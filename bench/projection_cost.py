@@ -16,7 +16,8 @@ type. For each type it times, in one session, the best of ``--repeat`` runs of
 and prints µs per row above direct, and whether projection leaves the payload as stored or changes it. Then,
 for pages (the host's page statement run after run for 2,000 runs, evaluated inside the server, every column
 computed), µs per row of a direct read, of the live translation (``events_m2_live``), and of ``events_m2``
-once every run is filled into the v2 store (what a major-2 reader pays for a filled run, ADR 0015).
+once every run is filled into the v2 store (what a major-2 reader pays for a filled run, ADR 0015), and of
+``events_m2_run(run)``, what the seat sends for a level that names its run (ADR 0015 decision 7).
 ``--declarations FILE`` installs the operator's declarations (``[host] declarations_file``, ADR 0010), e.g.
 ``config/reference-host-declarations.toml``.
 Nothing here asserts a figure; docs/performance.md quotes a run.
@@ -108,7 +109,8 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         # Pages: the host's page statement, run after run, inside the server (no client round trip counted).
         pages = min(rows, 2000)
         for name, rel in (("direct", "events"), ("live", "openwop_seat.events_m2_live"),
-                          ("store", "openwop_seat.events_m2")):
+                          ("store", "openwop_seat.events_m2"),
+                          ("per_run", "openwop_seat.events_m2_run('r' || i) AS events")):
             await conn.execute(PAGES_FUNCTION.format(name=name, rel=rel))
         page = {"direct": await best(conn, "SELECT pg_temp.pages_direct($1)", pages, repeat),
                 "live": await best(conn, "SELECT pg_temp.pages_live($1)", pages, repeat)}
@@ -120,6 +122,8 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         await conn.execute("VACUUM ANALYZE")
         await conn.fetchval("SELECT pg_temp.pages_store(10)")
         page["store"] = await best(conn, "SELECT pg_temp.pages_store($1)", pages, repeat)
+        await conn.fetchval("SELECT pg_temp.pages_per_run(10)")
+        page["per_run"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
         page_rows = pages * len(SHAPES)
         out.append({"pages": pages, "rows_per_page": len(SHAPES),
                     **{f"page_{k}_us_per_row": v / page_rows * 1e6 for k, v in page.items()}})
@@ -163,7 +167,8 @@ def main(argv=None) -> int:
           f"above), µs per row:")
     print(f"  direct {page['page_direct_us_per_row']:.2f}   through the live translation (ADR 0011) "
           f"{page['page_live_us_per_row']:.2f}   filled into the v2 store (ADR 0015) "
-          f"{page['page_store_us_per_row']:.2f}")
+          f"{page['page_store_us_per_row']:.2f}   through events_m2_run, the classifier's form for a run's page "
+          f"(ADR 0015 decision 7) {page['page_per_run_us_per_row']:.2f}")
     return 0
 
 

@@ -441,3 +441,13 @@ def test_the_store_functions_refuse_bad_input_and_change_nothing(conn):
     assert refused.value.sqlstate == "OW004" and "finds public.runs, not the host's events table" in str(refused.value)
     assert conn.execute("SELECT openwop_seat.events_named('events')").fetchone() == (True,)
     assert conn.execute("SELECT count(*) FROM openwop_seat.events_v2_runs").fetchone()[0] == before
+
+
+def test_the_per_run_function_with_no_run_or_an_unknown_one_returns_nothing_and_changes_nothing(conn):
+    run = new_run(conn, REFERENCE_HOST[:2])
+    fill(conn, run)
+    for arg in (None, "no-such-run", ""):
+        assert conn.execute("SELECT count(*) FROM openwop_seat.events_m2_run(%s) e", (arg,)).fetchone() == (0,)
+    with pytest.raises(psycopg.errors.UndefinedFunction):  # not a run id's type: PostgreSQL's own error
+        conn.execute("SELECT * FROM openwop_seat.events_m2_run(42::bigint) e")
+    assert filled(conn, run) and same(conn, run)[0] == "ok"
