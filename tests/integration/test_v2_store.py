@@ -375,13 +375,15 @@ PAGE = "SELECT * FROM openwop_seat.events_m2_run(%s) AS events WHERE run_id = %s
        "ORDER BY sequence LIMIT %s"
 
 
-def test_a_page_of_a_filled_run_reads_the_store_alone_and_an_unfilled_run_the_host_rows_alone(conn):
+def test_a_page_of_a_filled_run_reads_no_host_row(conn):
+    """The filled arm's gate is a one-time filter: a filled run's page never scans the host's rows. (The store
+    arm's gate is a join with the marks, whose plan may scan store rows of other runs: not asserted.)"""
     run = new_run(conn, REFERENCE_HOST)
     before = executed_relations(conn, PAGE, (run, run, 0, 100))
-    assert before.get("events", 0) == len(REFERENCE_HOST) and before.get("events_v2_store", 0) == 0, before
+    assert before.get("events", 0) == len(REFERENCE_HOST), before  # unfilled: the host's rows, read live
     fill(conn, run)
     after = executed_relations(conn, PAGE, (run, run, 0, 100))
-    assert after.get("events_v2_store", 0) == len(REFERENCE_HOST) and after.get("events", 0) == 0, after  # no host row
+    assert after.get("events_v2_store", 0) >= len(REFERENCE_HOST) and after.get("events", 0) == 0, after  # no host row
     page = conn.execute(PAGE, (run, run, 2, 2)).fetchall()
     assert [r[2] for r in page] == [3, 4]
     assert page == conn.execute("SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > 2 "
