@@ -57,9 +57,10 @@ OWED_BYTES = 64
 if TYPE_CHECKING:
     from proxy.serve.context import SeatView
 
-# The seat's own time per received chunk (openwop_seat_processing_seconds) is sampled: one chunk in 8 of each
-# session is timed, the others cost an integer increment (two clock reads and a histogram update were the
-# largest piece of Python per chunk, issue 27).
+# The seat's own time per received chunk (openwop_seat_processing_seconds) is sampled: each side counts its own
+# chunks and times the first and then one in 8, the others cost an integer increment (two clock reads and a
+# histogram update were the largest piece of Python per chunk, issue 27). One counter for both sides would time
+# only one side of a strictly alternating session.
 TIMED_MASK = 7
 
 log = logging.getLogger("openwop_seat.session")
@@ -101,7 +102,8 @@ class Session:
         peername = client.transport.get_extra_info("peername") if client.transport else None
         # A Unix-socket client has no address: "[local]", as PostgreSQL logs it.
         self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "[local]")
-        self._chunks = 0  # chunks received, both sides: one in TIMED_MASK + 1 is timed (issue 27)
+        self._client_chunks = -1  # chunks received from each side, less one: one in TIMED_MASK + 1 is timed
+        self._upstream_chunks = -1
         self._seat_client = server.stats.seat_seconds["client"]  # histograms of the seat's own time per chunk
         self._seat_upstream = server.stats.seat_seconds["upstream"]
         self._claim_timer: asyncio.TimerHandle | None = None
@@ -483,8 +485,8 @@ class Session:
         if self._pausing and (self.held or self._at_rest()):
             self._hold_here(data)
             return
-        self._chunks += 1
-        timed = not self._chunks & TIMED_MASK
+        self._client_chunks += 1
+        timed = not self._client_chunks & TIMED_MASK
         if timed:
             start = perf_counter()
         relay = self.relay
@@ -509,8 +511,8 @@ class Session:
             self._seat_client.observe(perf_counter() - start)
 
     def _from_upstream(self, data: bytes) -> None:
-        self._chunks += 1
-        timed = not self._chunks & TIMED_MASK
+        self._upstream_chunks += 1
+        timed = not self._upstream_chunks & TIMED_MASK
         if timed:
             start = perf_counter()
         relay = self.relay
