@@ -8,12 +8,14 @@ it did not (a statement it misread, server-side code of any kind, a temp object,
 * ``openwop_seat_net_seat``: ``FOR SELECT TO <the owner of openwop_seat> USING (true)``.  The seat's views
   (``events_m2``/``_m1``, ``events_keys``) read the table as their owner, so their reads pass; PostgreSQL
   folds ``true OR …`` away when it plans them, so the translated read path carries no filter at all;
-* ``openwop_seat_net``: ``FOR SELECT TO PUBLIC USING (ctid = '(4294967295,0)' OR (SELECT net_read()))``.
+* ``openwop_seat_net``: ``FOR SELECT TO PUBLIC USING ((SELECT net_read()))``.
   ``net_read()`` (one call per statement: an InitPlan) returns true in a raw or unclaimed session and
-  raises ``stored_read_refused`` (``OW008``) in a session claimed as major 1 or 2.  The ``ctid`` arm is the
-  new row of an ``INSERT … RETURNING`` (PostgreSQL checks SELECT policies against it before it is stored,
-  when it has no tuple id yet): a stored row never has that ctid, so the host's append with RETURNING
-  works and every read of stored rows does not;
+  raises ``stored_read_refused`` (``OW008``) in a session claimed as major 1 or 2.  PostgreSQL checks the
+  SELECT policies against the new row of an ``INSERT … RETURNING`` as well, so in a translated session that
+  row meets the net too, whoever wrote the statement (ADR 0019; ADR 0009 let it pass by its unset tuple id,
+  and dynamic SQL could read a stored spelling back through it).  The seat's own rewrite of an ``INSERT …
+  RETURNING`` writes through ``openwop_seat.events_insert_m2``/``_m1`` (:mod:`proxy.db.relations`), whose
+  owner's policy is ``true`` and which returns the written rows translated;
 * ``openwop_seat_net_insert``/``_update``/``_delete``: permissive ``true`` policies for the writes (with
   row-level security on, a command without a policy is denied).  A write that must read stored rows
   (a ``WHERE`` or ``RETURNING`` naming the table's columns in ``UPDATE``/``DELETE``, ``ON CONFLICT … DO
@@ -40,7 +42,6 @@ DELETE_VIEW = "events_delete"
 POLICIES = ("openwop_seat_net_seat", "openwop_seat_net", "openwop_seat_net_insert", "openwop_seat_net_update",
             "openwop_seat_net_delete")
 NET_CODE, NET_SQLSTATE = "stored_read_refused", "OW008"
-NEW_ROW_CTID = "(4294967295,0)"  # InvalidBlockNumber, no offset: the tuple id of a row not stored yet
 
 
 def net_function_sql() -> str:
@@ -109,13 +110,12 @@ GRANT SELECT, DELETE ON {SCHEMA}.{DELETE_VIEW} TO PUBLIC;
 
 def policies_sql(events: str, seat_owner: str) -> str:
     """Row-level security on the events table: the seat's views read it, nothing else in a translated session."""
-    new_row = f"{quote_literal(NEW_ROW_CTID)}::pg_catalog.tid"
     drops = "\n".join(f"DROP POLICY IF EXISTS {p} ON {events};" for p in POLICIES)
     return f"""
 {drops}
 CREATE POLICY openwop_seat_net_seat ON {events} AS PERMISSIVE FOR SELECT TO {quote_ident(seat_owner)} USING (true);
 CREATE POLICY openwop_seat_net ON {events} AS PERMISSIVE FOR SELECT TO PUBLIC
-    USING (ctid OPERATOR(pg_catalog.=) {new_row} OR (SELECT {SCHEMA}.net_read()));
+    USING ((SELECT {SCHEMA}.net_read()));
 CREATE POLICY openwop_seat_net_insert ON {events} AS PERMISSIVE FOR INSERT TO PUBLIC WITH CHECK (true);
 CREATE POLICY openwop_seat_net_update ON {events} AS PERMISSIVE FOR UPDATE TO PUBLIC USING (true) WITH CHECK (true);
 CREATE POLICY openwop_seat_net_delete ON {events} AS PERMISSIVE FOR DELETE TO PUBLIC USING (true);

@@ -58,6 +58,10 @@ RUN_FUNCTION = "events_m2_run"  # events_m2 for one run (proxy/db/store_sql.py, 
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
+# What an INSERT … RETURNING writes through (proxy.db.relations, ADR 0019): the net refuses the new row of one on the
+# table itself in a translated session; the view returns it translated, as these two columns.
+INSERT_VIEW = {2: "events_insert_m2", 1: "events_insert_m1"}
+TYPE_OUT, PAYLOAD_OUT = "openwop_seat_type", "openwop_seat_payload"
 SYSTEM_COLUMNS = ("xmax", "xmin", "ctid", "cmin", "cmax", "tableoid")  # what a RETURNING list may name (issue 23)
 SYSTEM_PREFIX = "openwop_seat_sys_"  # a system column carried from the written rows to the RETURNING list
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
@@ -155,6 +159,9 @@ class Classifier:
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
         self.arities: dict | None = None  # name -> ((lowest, highest or None), …) of its risky overloads; None: any
+        # The database holds code the net cannot hold (proxy.serve.context.PAST_NET; unknown until set_functions):
+        # while it does, DO blocks and functions running dynamic SQL are refused (ADR 0019)
+        self.past_net = True
         self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
@@ -265,10 +272,12 @@ class Classifier:
         another set are dropped."""
         arities = getattr(names, "arities", None)
         arities = None if arities is None else {k.lower(): tuple(v) for k, v in arities.items()}
+        past_net = bool(getattr(names, "past_net", True))
         names = frozenset(n.lower() for n in names)
-        if names != self.functions or arities != self.arities:
+        if names != self.functions or arities != self.arities or past_net != self.past_net:
             self.functions = names
             self.arities = arities
+            self.past_net = past_net
             self.generation += 1
             self._analysed.clear()
             self._cache.clear()
@@ -484,10 +493,15 @@ class Classifier:
             return True
         return any(lo <= nargs and (hi is None or nargs <= hi) for lo, hi in self.arities[name])
 
-    @staticmethod
-    def _dynamic_function(stmt) -> bool:
-        """Does a CREATE FUNCTION/PROCEDURE's body run dynamic SQL, or is it in a language other than SQL and
-        PL/pgSQL (the watch's test of the database's functions, proxy.serve.context.risky_functions)?"""
+    def _dynamic_words(self) -> tuple[str, ...]:
+        """What makes server-side code run SQL out of the seat's sight (ADR 0019): ``EXECUTE`` counts only while
+        the net does not hold dynamic SQL (first boot, or code in the database that reads past the net)."""
+        return DYNAMIC_SQL_WORDS if self.first_boot or self.past_net else DYNAMIC_SQL_WORDS_NET
+
+    def _dynamic_function(self, stmt) -> bool:
+        """Does a CREATE FUNCTION/PROCEDURE's body run dynamic SQL the net does not hold, or is it in a language
+        other than SQL and PL/pgSQL (the watch's test of the database's functions,
+        proxy.serve.context.risky_functions)? A ``SECURITY DEFINER`` body's ``EXECUTE`` counts in any case."""
         language, body = "sql", ""
         for d in stmt.options or ():
             if d.defname == "language" and getattr(d.arg, "sval", None):
@@ -495,14 +509,19 @@ class Classifier:
             elif d.defname == "as":
                 parts = d.arg if isinstance(d.arg, (list, tuple)) else (d.arg,)
                 body = " ".join(getattr(p, "sval", "") or "" for p in parts).lower()
-        return language not in ("sql", "plpgsql") or any(w in body for w in DYNAMIC_SQL_WORDS)
+        definer = any(d.defname == "security" and getattr(d.arg, "boolval", d.arg) for d in stmt.options or ())
+        words = DYNAMIC_SQL_WORDS if definer else self._dynamic_words()
+        return language not in ("sql", "plpgsql") or any(w in body for w in words)
 
     def _risky_block(self, stmt) -> bool:
         """Could a DO block read the events table: the same test as for the database's functions."""
         opts = {d.defname: d.arg.sval for d in stmt.args or () if getattr(d.arg, "sval", None) is not None}
         body = opts.get("as", "").lower()
-        return (opts.get("language", "plpgsql").lower() != "plpgsql" or self._needle in body
-                or any(w in body for w in DYNAMIC_SQL_WORDS) or any(f in body for f in self.functions))
+        # ADR 0019: while the net holds dynamic SQL, it holds the block's own statements too (they run with the
+        # session's rights): naming the events table no longer refuses it, what it reads meets the net
+        named = self._needle in body and self._dynamic_words() is DYNAMIC_SQL_WORDS
+        return (opts.get("language", "plpgsql").lower() != "plpgsql" or named
+                or any(w in body for w in self._dynamic_words()) or any(f in body for f in self.functions))
 
     # ---- the rewrite
 
@@ -867,6 +886,7 @@ class Classifier:
         def arg(name: str | None, cast: str) -> str:
             return f"(openwop_seat_w.{_quote(name)})::{cast}" if name and name in self.columns else f"NULL::{cast}"
 
+        via = self._via_view(write)
         type_fn, payload_fn = WRITTEN_FUNCTIONS[self.major]
         era = "openwop_seat_r.era"
         translated = {
@@ -876,13 +896,21 @@ class Classifier:
                               f"{arg(h.payload_column, 'jsonb')}, {era}, {arg(h.run_id_column, 'text')}, "
                               f"{arg('sequence', 'bigint')}, {arg(h.event_id_column, 'text')}, "
                               f"{arg(h.node_id_column, 'text')})"}
+        if via:
+            # ADR 0019: the view returns the written row's type and payload translated, each only where the list
+            # may read it (a data-modifying CTE computes its whole RETURNING list for every row)
+            self._need = self._stored_named(write.returningClause.exprs, alias)
+            translated = {h.type_column: f"openwop_seat_w.{TYPE_OUT}" if h.type_column in self._need else "NULL::text",
+                          h.payload_column: f"openwop_seat_w.{PAYLOAD_OUT}" if h.payload_column in self._need
+                          else "NULL::jsonb"}
         cols = ", ".join(f"{translated[c]} AS {_quote(c)}" if c in translated else f"openwop_seat_w.{_quote(c)}"
                          for c in self.columns)
         self._system = self._system_columns(write, alias)
         cols += "".join(f", openwop_seat_w.{SYSTEM_PREFIX}{c}" for c in self._system)
         call = f"(SELECT {SEAT_SCHEMA}.era_now({arg(h.run_id_column, 'text')}) AS era)"
-        select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w "
-                           f"CROSS JOIN LATERAL {call} openwop_seat_r) AS {_quote(alias)}")[0].stmt
+        lateral = "" if via else f" CROSS JOIN LATERAL {call} openwop_seat_r"
+        select = parse_sql(f"SELECT 1 FROM (SELECT {cols} FROM {_quote(source)} openwop_seat_w"
+                           f"{lateral}) AS {_quote(alias)}")[0].stmt
         select.targetList = write.returningClause.exprs
         return select
 
@@ -943,11 +971,70 @@ class Classifier:
     def _star_returning(self, write):
         from pglast import ast
 
-        exprs = [ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),)))]
-        exprs += [ast.ResTarget(name=SYSTEM_PREFIX + c, val=ast.ColumnRef(fields=(ast.String(sval=c),)))
-                  for c in getattr(self, "_system", ())]
+        def ref(name: str):
+            return ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=name),)))
+
+        if self._via_view(write):
+            # the view: every column but the stored type and payload (not granted), their translations where the
+            # list reads them, the system columns it carries (openwop_seat_sys_<name>); then the target is the view
+            stored = {self.host.type_column: TYPE_OUT, self.host.payload_column: PAYLOAD_OUT}
+            exprs = [ref(c) for c in self.columns if c not in stored]
+            need = getattr(self, "_need", None)
+            exprs += [ref(out) for c, out in stored.items() if need is None or c in need]
+            exprs += [ref(SYSTEM_PREFIX + c) for c in getattr(self, "_system", ())]
+            alias = write.relation.alias if write.relation.alias is not None else \
+                ast.Alias(aliasname=write.relation.relname)
+            write.relation = ast.RangeVar(schemaname=SEAT_SCHEMA, relname=INSERT_VIEW[self.major], inh=True,
+                                          relpersistence="p", alias=alias, location=write.relation.location)
+        else:
+            exprs = [ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),)))]
+            exprs += [ast.ResTarget(name=SYSTEM_PREFIX + c, val=ast.ColumnRef(fields=(ast.String(sval=c),)))
+                      for c in getattr(self, "_system", ())]
         self._system = []
+        self._need = None
         write.returningClause = ast.ReturningClause(exprs=tuple(exprs))
+
+    def _via_view(self, write) -> bool:
+        """ADR 0019: does this RETURNING write go through the seat's insert view? Every ``INSERT`` into the events
+        table (the net refuses its new row on the table itself in a translated session), except one whose ``ON
+        CONFLICT … DO UPDATE`` reads the stored type or payload of the existing or the proposed row (the view does
+        not grant them): that one stays on the table, where it meets the net."""
+        from pglast import ast, enums
+
+        if not isinstance(write, ast.InsertStmt) or not self._is_events(write.relation):
+            return False
+        oc = write.onConflictClause
+        if oc is None or oc.action != enums.OnConflictAction.ONCONFLICT_UPDATE:
+            return True
+        alias = write.relation.alias.aliasname if write.relation.alias else write.relation.relname
+        stored = {self.host.type_column, self.host.payload_column}
+        for n in _walk((oc.targetList, oc.whereClause)):
+            if isinstance(n, ast.A_Indirection):
+                return False
+            if isinstance(n, ast.ColumnRef):
+                names = _names(n)
+                if names[-1] in stored or names[-1] == "*" or names in ([alias], ["excluded"]):
+                    return False
+        return True
+
+    def _stored_named(self, exprs, alias: str) -> set[str]:
+        """The stored columns (type, payload) a RETURNING list may read: named, or through ``*``, a whole row, field
+        notation or a name that is not one of the table's other columns (conservative)."""
+        from pglast import ast
+
+        stored = {self.host.type_column, self.host.payload_column}
+        known = (set(self.columns) - stored) | set(SYSTEM_COLUMNS)
+        need: set[str] = set()
+        for n in _walk(exprs):
+            if isinstance(n, ast.A_Indirection):
+                return stored
+            if isinstance(n, ast.ColumnRef):
+                last = _names(n)[-1]
+                if last in stored:
+                    need.add(last)
+                elif last not in known and not last.startswith(SYSTEM_PREFIX):
+                    return stored
+        return need
 
     def _wrap_returning(self, write):
         """``WITH …, written AS (write RETURNING *) SELECT <its RETURNING list> FROM <translated rows>``."""
@@ -993,6 +1080,9 @@ QUERY_RUNNING_FUNCTIONS = frozenset((
 # Words in server-side code (a function's body, a DO block) that mean it may run SQL the seat cannot see.
 DYNAMIC_SQL_WORDS = ("execute", "query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "dblink",
                      "ts_stat", "ts_rewrite")
+# The same where the net holds dynamic SQL (ADR 0019): EXECUTE run with the session's rights meets the net, whatever
+# it reads or returns, as long as the database holds no code that reads past it (proxy.serve.context.PAST_NET).
+DYNAMIC_SQL_WORDS_NET = tuple(w for w in DYNAMIC_SQL_WORDS if w != "execute")
 _DO_BLOCK = re.compile(r"(^|;)\s*do[\s$']")
 _SETS_NAMES = re.compile(r"\b(set\s+names|reset)\b")  # SET NAMES, RESET client_encoding / ALL
 

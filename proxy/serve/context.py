@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.config import Config, ConfigError
 from proxy.db import relations
-from proxy.readpath.classify import DYNAMIC_SQL_WORDS
+from proxy.readpath.classify import DYNAMIC_SQL_WORDS, DYNAMIC_SQL_WORDS_NET
 from proxy.readpath.read_path import EventColumns, RelationWatch
 
 log = logging.getLogger("openwop_seat.server")
@@ -157,7 +157,8 @@ SELECT oid FROM derived
 # (risky_functions, proxy.readpath.classify.Classifier.set_functions).
 DATABASE_FUNCTIONS = """
 SELECT pg_catalog.lower(p.proname) AS name, l.lanname AS language, COALESCE(p.prosrc, '') AS body,
-       p.pronargs AS nargs, p.pronargdefaults AS ndefaults, p.provariadic OPERATOR(pg_catalog.<>) 0 AS variadic
+       p.pronargs AS nargs, p.pronargdefaults AS ndefaults, p.provariadic OPERATOR(pg_catalog.<>) 0 AS variadic,
+       p.prosecdef AS definer
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
@@ -168,19 +169,38 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
 """
 
 
+# ADR 0019: code the net cannot hold, which dynamic SQL could reach by a name it builds: a SECURITY DEFINER function
+# owned by a role that reads past row-level security (a superuser, BYPASSRLS), a function in an untrusted language
+# (it can open a connection of its own), an extension that opens another session (dblink, postgres_fdw). While the
+# database holds none, a translated session's DO blocks and functions may run dynamic SQL (EXECUTE): whatever it
+# reads of the stored rows, or returns of a new row, meets the net.
+PAST_NET = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+    JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
+    JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
+    WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
+      AND ((p.prosecdef AND (r.rolsuper OR r.rolbypassrls))
+           OR (NOT l.lanpltrusted AND l.lanname NOT IN ('c', 'internal', 'sql')))
+) OR EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname IN ('dblink', 'postgres_fdw'))
+"""
+
+
 class RiskyFunctions(frozenset):
     """The names of the risky functions (a frozenset, what the classifier's prefilter tests), and ``arities``: for
     each name, the numbers of arguments (lowest, highest or None for VARIADIC) its risky overloads take, so that a
     call PostgreSQL cannot resolve to one of them (``lower(x)`` beside a risky ``public.lower(text, int)``) is not
     refused (issue 23)."""
 
-    def __new__(cls, names=(), arities=None):
+    def __new__(cls, names=(), arities=None, past_net: bool = True):
         self = super().__new__(cls, names)
         self.arities = dict(arities or {})
+        self.past_net = past_net  # the database holds code the net cannot hold (PAST_NET); unknown: True
         return self
 
 
-def risky_functions(rows, table: str) -> RiskyFunctions:
+def risky_functions(rows, table: str, past_net: bool = True) -> RiskyFunctions:
     """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
     plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative; with the
     argument counts of the overloads that are risky themselves."""
@@ -190,27 +210,31 @@ def risky_functions(rows, table: str) -> RiskyFunctions:
         nargs = r.get("nargs")
         arity = (0, None) if nargs is None else \
             (nargs - (r.get("ndefaults") or 0), None if r.get("variadic") else nargs)
-        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower(), arity))
+        bodies.setdefault(r["name"], []).append((r["language"], r["body"].lower(), arity, r.get("definer", True)))
 
-    def own(lang: str, body: str) -> bool:
-        return lang not in ("sql", "plpgsql") or table in body or any(w in body for w in DYNAMIC_SQL_WORDS)
+    def own(lang: str, body: str, definer: bool) -> bool:
+        # ADR 0019: EXECUTE in a function run with the caller's rights meets the net (what it reads of the stored
+        # rows, or returns of a new row); one run with its owner's may not (the owner may read past the net)
+        words = DYNAMIC_SQL_WORDS if definer or past_net else DYNAMIC_SQL_WORDS_NET
+        return lang not in ("sql", "plpgsql") or table in body or any(w in body for w in words)
 
-    risky = {name for name, defs in bodies.items() if any(own(lang, body) for lang, body, _ in defs)}
+    risky = {name for name, defs in bodies.items() if any(own(lang, body, d) for lang, body, _, d in defs)}
     while True:
         more = {name for name, defs in bodies.items() if name not in risky
-                and any(f in body for _, body, _ in defs for f in risky)}
+                and any(f in body for _, body, _, _ in defs for f in risky)}
         if not more:
             break
         risky |= more
-    arities = {name: tuple(sorted({arity for lang, body, arity in bodies[name]
-                                   if own(lang, body) or any(f in body for f in risky)},
+    arities = {name: tuple(sorted({arity for lang, body, arity, d in bodies[name]
+                                   if own(lang, body, d) or any(f in body for f in risky)},
                                   key=lambda a: (a[0], -1 if a[1] is None else a[1])))
                for name in risky}
-    return RiskyFunctions(risky, arities)
+    return RiskyFunctions(risky, arities, past_net)
 
 
 async def database_functions(conn, table: str) -> RiskyFunctions:
-    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table)
+    past_net = bool(await conn.fetchval(PAST_NET))
+    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table, past_net)
 
 
 async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):

@@ -226,11 +226,12 @@ async def events_table(conn, host: HostConfig) -> EventsTable:
         names.append(quote_ident(name))
         values.append(value)
     # The writer's session is claimed as major 2, so it reads no stored row (the net of ADR 0009): the next
-    # sequence comes from events_keys, the table without type and payload.
-    insert = (f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(values)} "
+    # sequence comes from events_keys, the table without type and payload, and the append goes through the seat's
+    # insert view, which returns the written type as a major-2 reader reads it (ADR 0019).
+    insert = (f"INSERT INTO openwop_seat.events_insert_m2 ({', '.join(names)}) SELECT {', '.join(values)} "
               f"FROM (SELECT COALESCE(MAX(e.\"sequence\"), 0) + 1 AS next FROM openwop_seat.events_keys e "
               f"WHERE e.{run} = CAST($1 AS {run_type})) n "
-              f"RETURNING ({typ})::text, (\"sequence\")::bigint")
+              f"RETURNING openwop_seat_type, (\"sequence\")::bigint")
     return EventsTable(table, run, typ, payload, run_type, insert)
 
 
@@ -319,10 +320,10 @@ async def cancel_run(conn, host: HostConfig, t: EventsTable, words: Spellings, r
                 raise PinnedError(f"run {run}: {why}")
             return Outcome(run, "continue", f"not cancelled: {why}")
         # The v2 name: this session is a v2 writer, and the writer rule stores the era's spelling.
-        stored, seq = await writer.fetchrow(t.insert_sql, run, CANCELLED, json.dumps(CANCEL_PAYLOAD))
-        if stored != words.cancelled[era]:  # pragma: no cover - the writer rule and the codemap disagree
-            raise PinnedError(f"run {run}: the append was stored as {stored!r}, not {words.cancelled[era]!r} "
-                              f"(the era-{era} spelling of {CANCELLED}): rolled back")
+        read, seq = await writer.fetchrow(t.insert_sql, run, CANCELLED, json.dumps(CANCEL_PAYLOAD))
+        if read != CANCELLED:  # pragma: no cover - the writer rule and the codemap disagree
+            raise PinnedError(f"run {run}: the append reads back as {read!r}, not {CANCELLED!r}: rolled back")
+        stored = words.cancelled[era]
         return Outcome(run, "cancelled", f"{stored} at sequence {seq} (era {era}; {why})")
 
 

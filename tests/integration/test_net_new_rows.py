@@ -53,6 +53,12 @@ def lit(sql: str) -> str:
     return "'" + sql.replace("'", "''") + "'"
 
 
+def hidden(sql: str) -> str:
+    """``sql`` as a string expression that does not spell the table's name (a function body naming it is refused
+    when it is created, ADR 0005; dynamic SQL builds the name)."""
+    return lit(sql).replace("events", "ev' || 'ents")
+
+
 def do_execute(sql: str) -> str:
     """A DO block that runs ``sql`` by EXECUTE and raises what it returned (a leak would be in the message)."""
     return (f"DO $do$ DECLARE t text; BEGIN EXECUTE {lit(sql)} INTO t; "
@@ -79,7 +85,7 @@ def hostile(major: int, run: str, w: str) -> list[tuple[str, list[str], str]]:
          f"RAISE EXCEPTION 'returned: %', t USING ERRCODE = 'P0042'; END $do$"),
         ("pg_temp function: EXECUTE INSERT … RETURNING",
          [f"CREATE FUNCTION {fn}() RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; BEGIN "
-          f"EXECUTE {lit(insert_sql(w, t))} INTO t; RETURN t; END $f$"], f"SELECT {fn}()"),
+          f"EXECUTE {hidden(insert_sql(w, t))} INTO t; RETURN t; END $f$"], f"SELECT {fn}()"),
         ("pg_temp function: EXECUTE a read",
          [f"CREATE FUNCTION {fn}r() RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; BEGIN "
           f"EXECUTE 'SELECT string_agg(type, '','') FROM public.ev' || 'ents WHERE run_id = $1' INTO t "
@@ -93,7 +99,7 @@ def raw_function(pg, major: int, w: str) -> str:
     name = f"public.nr_fn_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg.dsn(user=USER), autocommit=True) as conn:
         conn.execute(f"CREATE FUNCTION {name}() RETURNS text LANGUAGE plpgsql AS $f$ DECLARE t text; BEGIN "
-                     f"EXECUTE {lit(insert_sql(w, WRITE[major]))} INTO t; RETURN t; END $f$")
+                     f"EXECUTE {hidden(insert_sql(w, WRITE[major]))} INTO t; RETURN t; END $f$")
     return name
 
 

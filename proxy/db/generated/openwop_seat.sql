@@ -3090,6 +3090,46 @@ END
 $ow$;
 GRANT EXECUTE ON FUNCTION openwop_seat.lock_privilege() TO PUBLIC;
 
+-- ADR 0019: the seat's translated relations read the table as their owner, past the net; each reads only in a
+-- session of its own major, a raw one (0) or an unclaimed one (NULL). Called once per statement (an InitPlan).
+CREATE OR REPLACE FUNCTION openwop_seat.net_view(major smallint)
+RETURNS boolean LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    v_major smallint := openwop_seat.session_major();
+    v_message text;
+BEGIN
+    IF v_major IN (1, 2) AND v_major OPERATOR(pg_catalog.=) net_view.major IS NOT TRUE THEN
+        v_message := pg_catalog.format('stored_read_refused: this session reads the events table through openwop-seat as '
+                                       'major %s; the seat''s relations of major %s are not read in it', v_major,
+                                       net_view.major);
+        RAISE EXCEPTION USING ERRCODE = 'OW008', MESSAGE = v_message,
+            DETAIL = pg_catalog.jsonb_build_object('error', 'stored_read_refused', 'message', v_message,
+                                                   'details', pg_catalog.jsonb_build_object('major', v_major))::text,
+            HINT = 'read the events table by its own name: the seat reads it through the relations of the session''s '
+                   'major; see docs/refusals-and-errors.md#ow008-stored_read_refused';
+    END IF;
+    RETURN true;
+END
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.net_view(smallint) TO PUBLIC;
+
+-- A write through the seat's insert views (ADR 0019) needs the privilege the same write on the table needs.
+CREATE OR REPLACE FUNCTION openwop_seat.write_privilege(privilege text)
+RETURNS boolean LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+BEGIN
+    IF NOT pg_catalog.has_table_privilege('"public"."events"'::pg_catalog.regclass, privilege) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('permission denied for table %s', '"public"."events"');
+    END IF;
+    RETURN true;
+END
+$ow$;
+GRANT EXECUTE ON FUNCTION openwop_seat.write_privilege(text) TO PUBLIC;
+
 
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run;
 DROP VIEW IF EXISTS openwop_seat.events_v2_filled;
@@ -3118,7 +3158,7 @@ SELECT openwop_seat_e."event_id",
 FROM "public"."events" openwop_seat_e
 LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
 LEFT JOIN openwop_seat.payloads_clean openwop_seat_c_clean ON openwop_seat_c_clean.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
-WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'));
+WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_m2_live IS
     'events_m2 computed at read time (ADR 0011): read by events_m2 for runs not in the v2 store (ADR 0015)';
 REVOKE ALL ON openwop_seat.events_m2_live FROM PUBLIC;
@@ -3176,12 +3216,12 @@ FROM (SELECT openwop_seat_e."event_id", openwop_seat_e."run_id", openwop_seat_e.
       FROM "public"."events" openwop_seat_e
       LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
       LEFT JOIN openwop_seat.payloads_clean openwop_seat_c_clean ON openwop_seat_c_clean.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
-      WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))
+      WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2))
         AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id" AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])))
       UNION ALL
       SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id", false, false, true
       FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id"
-      WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))) openwop_seat_u;
+      WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2))) openwop_seat_u;
 COMMENT ON VIEW openwop_seat.events_m2 IS
     'the events table as a major-2 reader sees it (openwop-seat reader rule; ADR 0011, 0015); generated by migrate';
 GRANT SELECT ON openwop_seat.events_m2 TO PUBLIC;
@@ -3189,12 +3229,12 @@ GRANT SELECT ON openwop_seat.events_m2 TO PUBLIC;
 CREATE VIEW openwop_seat.events_v2_filled ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id") AS
 SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id"
 FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id"
-WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'));
+WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_v2_filled IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
 GRANT SELECT ON openwop_seat.events_v2_filled TO PUBLIC;
 CREATE VIEW openwop_seat.events_v2_marked AS
-SELECT openwop_seat_m.run_id FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'));
+SELECT openwop_seat_m.run_id FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_v2_marked IS 'the runs events_m2 reads from the v2 store (ADR 0015); read by events_m2_run';
 GRANT SELECT ON openwop_seat.events_v2_marked TO PUBLIC;
 GRANT SELECT ON openwop_seat.events_m2_live TO PUBLIC;
@@ -3232,7 +3272,7 @@ SELECT openwop_seat_e."event_id",
 FROM "public"."events" openwop_seat_e
 LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
 LEFT JOIN openwop_seat.events_v1_original openwop_seat_c_orig ON openwop_seat_c_orig.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text AND openwop_seat_c_orig.sequence OPERATOR(pg_catalog.=) (openwop_seat_e.sequence)::bigint
-WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'));
+WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(1::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_m1 IS
     'the events table as a major-1 reader sees it (openwop-seat reader rule); generated by migrate';
 GRANT SELECT ON openwop_seat.events_m1 TO PUBLIC;
@@ -3258,7 +3298,7 @@ SELECT openwop_seat_e."event_id",
        openwop_seat_e."timestamp",
        openwop_seat_e."causation_id"
 FROM "public"."events" openwop_seat_e
-WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.lock_privilege());
+WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2)) AND (SELECT openwop_seat.lock_privilege());
 COMMENT ON VIEW openwop_seat.events_m2_lock IS
     'the events table as a major-2 reader sees it, lockable: what a translated row lock reads (openwop-seat, '
     'ADR 0017); generated by migrate';
@@ -3284,11 +3324,71 @@ SELECT openwop_seat_e."event_id",
        openwop_seat_e."timestamp",
        openwop_seat_e."causation_id"
 FROM "public"."events" openwop_seat_e
-WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.lock_privilege());
+WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(1::pg_catalog.int2)) AND (SELECT openwop_seat.lock_privilege());
 COMMENT ON VIEW openwop_seat.events_m1_lock IS
     'the events table as a major-1 reader sees it, lockable: what a translated row lock reads (openwop-seat, '
     'ADR 0017); generated by migrate';
 GRANT SELECT, UPDATE ON openwop_seat.events_m1_lock TO PUBLIC;
+
+DROP VIEW IF EXISTS openwop_seat.events_insert_m2;
+CREATE VIEW openwop_seat.events_insert_m2 AS
+SELECT openwop_seat_e."event_id",
+       openwop_seat_e."run_id",
+       openwop_seat_e."sequence",
+       openwop_seat_e."type",
+       openwop_seat_e."node_id",
+       openwop_seat_e."payload",
+       openwop_seat_e."timestamp",
+       openwop_seat_e."causation_id",
+       openwop_seat.type_m2((openwop_seat_e."type")::text, openwop_seat.era_now((openwop_seat_e."run_id")::text), (openwop_seat_e."run_id")::text, (openwop_seat_e.sequence)::bigint) AS openwop_seat_type,
+       openwop_seat.payload_m2((openwop_seat_e."type")::text, (openwop_seat_e."payload")::jsonb, openwop_seat.era_now((openwop_seat_e."run_id")::text), (openwop_seat_e."run_id")::text, (openwop_seat_e.sequence)::bigint, (openwop_seat_e."event_id")::text, (openwop_seat_e."node_id")::text) AS openwop_seat_payload,
+       openwop_seat_e.xmax AS openwop_seat_sys_xmax,
+       openwop_seat_e.xmin AS openwop_seat_sys_xmin,
+       openwop_seat_e.ctid AS openwop_seat_sys_ctid,
+       openwop_seat_e.cmin AS openwop_seat_sys_cmin,
+       openwop_seat_e.cmax AS openwop_seat_sys_cmax,
+       openwop_seat_e.tableoid AS openwop_seat_sys_tableoid
+FROM "public"."events" openwop_seat_e
+WHERE (SELECT openwop_seat.write_privilege('INSERT'))
+  AND (openwop_seat_e.xmax OPERATOR(pg_catalog.=) 0 OR (SELECT openwop_seat.write_privilege('UPDATE')))
+  AND (SELECT openwop_seat.net_view(2::pg_catalog.int2))
+WITH CASCADED CHECK OPTION;
+COMMENT ON VIEW openwop_seat.events_insert_m2 IS
+    'what a major-2 session''s INSERT … RETURNING writes through, returning the written rows translated '
+    '(openwop-seat, ADR 0019); generated by migrate';
+GRANT INSERT ON openwop_seat.events_insert_m2 TO PUBLIC;
+GRANT SELECT ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id", openwop_seat_type, openwop_seat_payload, openwop_seat_sys_xmax, openwop_seat_sys_xmin, openwop_seat_sys_ctid, openwop_seat_sys_cmin, openwop_seat_sys_cmax, openwop_seat_sys_tableoid) ON openwop_seat.events_insert_m2 TO PUBLIC;
+GRANT UPDATE ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id") ON openwop_seat.events_insert_m2 TO PUBLIC;
+
+DROP VIEW IF EXISTS openwop_seat.events_insert_m1;
+CREATE VIEW openwop_seat.events_insert_m1 AS
+SELECT openwop_seat_e."event_id",
+       openwop_seat_e."run_id",
+       openwop_seat_e."sequence",
+       openwop_seat_e."type",
+       openwop_seat_e."node_id",
+       openwop_seat_e."payload",
+       openwop_seat_e."timestamp",
+       openwop_seat_e."causation_id",
+       openwop_seat.type_m1((openwop_seat_e."type")::text, openwop_seat.era_now((openwop_seat_e."run_id")::text), (openwop_seat_e."run_id")::text, (openwop_seat_e.sequence)::bigint) AS openwop_seat_type,
+       openwop_seat.payload_m1((openwop_seat_e."type")::text, (openwop_seat_e."payload")::jsonb, openwop_seat.era_now((openwop_seat_e."run_id")::text), (openwop_seat_e."run_id")::text, (openwop_seat_e.sequence)::bigint, (openwop_seat_e."event_id")::text, (openwop_seat_e."node_id")::text) AS openwop_seat_payload,
+       openwop_seat_e.xmax AS openwop_seat_sys_xmax,
+       openwop_seat_e.xmin AS openwop_seat_sys_xmin,
+       openwop_seat_e.ctid AS openwop_seat_sys_ctid,
+       openwop_seat_e.cmin AS openwop_seat_sys_cmin,
+       openwop_seat_e.cmax AS openwop_seat_sys_cmax,
+       openwop_seat_e.tableoid AS openwop_seat_sys_tableoid
+FROM "public"."events" openwop_seat_e
+WHERE (SELECT openwop_seat.write_privilege('INSERT'))
+  AND (openwop_seat_e.xmax OPERATOR(pg_catalog.=) 0 OR (SELECT openwop_seat.write_privilege('UPDATE')))
+  AND (SELECT openwop_seat.net_view(1::pg_catalog.int2))
+WITH CASCADED CHECK OPTION;
+COMMENT ON VIEW openwop_seat.events_insert_m1 IS
+    'what a major-1 session''s INSERT … RETURNING writes through, returning the written rows translated '
+    '(openwop-seat, ADR 0019); generated by migrate';
+GRANT INSERT ON openwop_seat.events_insert_m1 TO PUBLIC;
+GRANT SELECT ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id", openwop_seat_type, openwop_seat_payload, openwop_seat_sys_xmax, openwop_seat_sys_xmin, openwop_seat_sys_ctid, openwop_seat_sys_cmin, openwop_seat_sys_cmax, openwop_seat_sys_tableoid) ON openwop_seat.events_insert_m1 TO PUBLIC;
+GRANT UPDATE ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id") ON openwop_seat.events_insert_m1 TO PUBLIC;
 
 -- The v2 store (ADR 0015). store_fill: one run's rows written again as events_m2_live reads them, then the
 -- run marked filled; a run with a row the reader rule refuses is recorded refused instead. Takes the run's
@@ -3468,7 +3568,7 @@ DROP POLICY IF EXISTS openwop_seat_net_update ON "public"."events";
 DROP POLICY IF EXISTS openwop_seat_net_delete ON "public"."events";
 CREATE POLICY openwop_seat_net_seat ON "public"."events" AS PERMISSIVE FOR SELECT TO "openwop_seat_owner" USING (true);
 CREATE POLICY openwop_seat_net ON "public"."events" AS PERMISSIVE FOR SELECT TO PUBLIC
-    USING (ctid OPERATOR(pg_catalog.=) '(4294967295,0)'::pg_catalog.tid OR (SELECT openwop_seat.net_read()));
+    USING ((SELECT openwop_seat.net_read()));
 CREATE POLICY openwop_seat_net_insert ON "public"."events" AS PERMISSIVE FOR INSERT TO PUBLIC WITH CHECK (true);
 CREATE POLICY openwop_seat_net_update ON "public"."events" AS PERMISSIVE FOR UPDATE TO PUBLIC USING (true) WITH CHECK (true);
 CREATE POLICY openwop_seat_net_delete ON "public"."events" AS PERMISSIVE FOR DELETE TO PUBLIC USING (true);
