@@ -44,10 +44,82 @@ def pgbench(bin_dir: str, port: int, script: Path, seconds: int) -> float:
     return float(line.split()[2])
 
 
+# --direct: the statements as the seat sends them, straight to PostgreSQL (no relay), before and after ADR 0019 in one
+# cluster, alternating: the append through the table with the ctid arm in the policy and the wrapper translating
+# above it, then through events_insert_m2; the page with net_view() replaced by a plain `true`, then as installed.
+# These sessions are not claimed (a v1 writer: the v1 spelling is appended); the work per row is the same.
+APPEND_BEFORE = (
+    "\\set run random(1, 200)\n"
+    "BEGIN;\n"
+    "SELECT pg_advisory_xact_lock(hashtext('a' || :run), 1);\n"
+    "WITH next AS (SELECT COALESCE(max(sequence), 0) + 1 AS seq FROM openwop_seat.events_keys AS events "
+    "WHERE run_id = 'a' || :run AND openwop_seat.events_named('events')), openwop_seat_written AS ("
+    "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
+    "SELECT 'a' || :run || '.' || next.seq, 'a' || :run, next.seq, 'agent.invocation.completed', 'n', '{}'::jsonb, "
+    "now(), NULL FROM next RETURNING *) "
+    "SELECT event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id FROM (SELECT "
+    "openwop_seat_w.event_id, openwop_seat_w.run_id, openwop_seat_w.sequence, openwop_seat.type_m2(CAST("
+    "openwop_seat_w.type AS text), openwop_seat_r.era, CAST(openwop_seat_w.run_id AS text), "
+    "CAST(openwop_seat_w.sequence AS bigint)) AS type, openwop_seat_w.node_id, "
+    "openwop_seat.payload_m2(CAST(openwop_seat_w.type AS text), "
+    "CAST(openwop_seat_w.payload AS jsonb), openwop_seat_r.era, CAST(openwop_seat_w.run_id AS text), "
+    "CAST(openwop_seat_w.sequence AS bigint), CAST(openwop_seat_w.event_id AS text), CAST(openwop_seat_w.node_id AS "
+    "text)) AS payload, openwop_seat_w.timestamp, openwop_seat_w.causation_id FROM openwop_seat_written AS "
+    "openwop_seat_w CROSS JOIN LATERAL (SELECT openwop_seat.era_now(CAST(openwop_seat_w.run_id AS text)) AS era) AS "
+    "openwop_seat_r) AS events;\n"
+    "COMMIT;\n")
+APPEND_AFTER = (
+    "\\set run random(1, 200)\n"
+    "BEGIN;\n"
+    "SELECT pg_advisory_xact_lock(hashtext('a' || :run), 1);\n"
+    "WITH next AS (SELECT COALESCE(max(sequence), 0) + 1 AS seq FROM openwop_seat.events_keys AS events "
+    "WHERE run_id = 'a' || :run AND openwop_seat.events_named('events')), openwop_seat_written AS ("
+    "INSERT INTO openwop_seat.events_insert_m2 AS events (event_id, run_id, sequence, type, node_id, payload, "
+    "timestamp, causation_id) "
+    "SELECT 'a' || :run || '.' || next.seq, 'a' || :run, next.seq, 'agent.invocation.completed', 'n', '{}'::jsonb, "
+    "now(), NULL FROM next RETURNING event_id, run_id, sequence, node_id, timestamp, causation_id, openwop_seat_type, "
+    "openwop_seat_payload) "
+    "SELECT event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id FROM (SELECT "
+    "openwop_seat_w.event_id, openwop_seat_w.run_id, openwop_seat_w.sequence, openwop_seat_w.openwop_seat_type AS "
+    "type, openwop_seat_w.node_id, openwop_seat_w.openwop_seat_payload AS payload, openwop_seat_w.timestamp, "
+    "openwop_seat_w.causation_id FROM openwop_seat_written AS openwop_seat_w) AS events;\n"
+    "COMMIT;\n")
+PAGE_DIRECT = ("\\set run random(1, 20)\n"
+               "SELECT * FROM openwop_seat.events_m2_run('p' || :run) AS events WHERE (run_id = 'p' || :run AND "
+               "sequence > 0) AND openwop_seat.events_named('events') ORDER BY sequence LIMIT 100;\n")
+CTID_POLICY = ("ALTER POLICY openwop_seat_net ON public.events USING (ctid OPERATOR(pg_catalog.=) "
+               "'(4294967295,0)'::pg_catalog.tid OR (SELECT openwop_seat.net_read()))")
+NET_POLICY = "ALTER POLICY openwop_seat_net ON public.events USING ((SELECT openwop_seat.net_read()))"
+TRUE_GATE = ("CREATE OR REPLACE FUNCTION openwop_seat.net_view(major smallint) RETURNS boolean LANGUAGE plpgsql "
+             "STABLE SET search_path = pg_catalog, pg_temp AS $f$ BEGIN RETURN true; END $f$")
+
+
+def direct(pg: DevCluster, tmp: str, seconds: int, rounds: int) -> None:
+    gate = pg.psql("SELECT pg_get_functiondef('openwop_seat.net_view(smallint)'::regprocedure)")
+    runs = {"append before (table, ctid arm)": (APPEND_BEFORE, CTID_POLICY),
+            "append after (events_insert_m2)": (APPEND_AFTER, NET_POLICY),
+            "page, net_view() a plain true": (PAGE_DIRECT, TRUE_GATE),
+            "page, net_view() as installed": (PAGE_DIRECT, gate)}
+    got: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (script, setup) in runs.items():
+            path = Path(tmp) / "direct.sql"
+            path.write_text(script)
+            pg.psql(setup)
+            got[name].append(pgbench(pg.bin, pg.port, path, seconds))
+    pg.psql(NET_POLICY)
+    pg.psql(gate)
+    for name, tps in got.items():
+        print(f"{name}: tps {' '.join(f'{t:.0f}' for t in tps)}; median {statistics.median(tps):.0f} "
+              f"({1e6 / statistics.median(tps) * 2:.0f} µs per transaction per client)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--direct", action="store_true",
+                    help="the statements as the seat sends them, straight to PostgreSQL, before and after ADR 0019")
     args = ap.parse_args()
     env = {**os.environ, "OPENWOP_SEAT_CLAIM_SECRET": os.environ.get("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())}
     with DevCluster(hba=["local all all trust", "host all all 127.0.0.1/32 trust"]) as pg, \
@@ -64,6 +136,9 @@ def main() -> None:
                 "'{}'::jsonb, now(), NULL FROM generate_series(1, 20) r, generate_series(1, 1000) s;"
                 "INSERT INTO openwop_seat.run_era (run_id, era, source) SELECT 'p' || i, 3, 'bench' "
                 "FROM generate_series(1, 20) i; ANALYZE")
+        if args.direct:
+            direct(pg, tmp, args.seconds, args.rounds)
+            return
         port = free_port()
         config = Path(tmp) / "seat.toml"
         config.write_text(render_config({"proxy": {"listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{pg.port}",

@@ -162,6 +162,8 @@ class Classifier:
         # The database holds code the net cannot hold (proxy.serve.context.PAST_NET; unknown until set_functions):
         # while it does, DO blocks and functions running dynamic SQL are refused (ADR 0019)
         self.past_net = True
+        self.held_roles: frozenset[str] = frozenset()  # the login roles the net holds (set_functions)
+        self.strict = False  # for the sessions of a role the net does not hold: dynamic SQL refused (ADR 0019)
         self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
         # no statement may read or write the events table's rows; DDL on it (the host's own migrations) passes.
@@ -270,9 +272,12 @@ class Classifier:
         their ``arities`` (the argument counts of their risky overloads), a call with a count none of them takes is
         not one of them (a user's ``public.lower(text, int)`` leaves ``lower(x)`` alone). The plans made with
         another set are dropped."""
+        if self.strict and getattr(names, "strict", None) is not None:
+            names = names.strict  # ADR 0019: functions running EXECUTE stay risky for a role the net does not hold
         arities = getattr(names, "arities", None)
         arities = None if arities is None else {k.lower(): tuple(v) for k, v in arities.items()}
         past_net = bool(getattr(names, "past_net", True))
+        self.held_roles = frozenset(getattr(names, "held_roles", ()))
         names = frozenset(n.lower() for n in names)
         if names != self.functions or arities != self.arities or past_net != self.past_net:
             self.functions = names
@@ -496,7 +501,16 @@ class Classifier:
     def _dynamic_words(self) -> tuple[str, ...]:
         """What makes server-side code run SQL out of the seat's sight (ADR 0019): ``EXECUTE`` counts only while
         the net does not hold dynamic SQL (first boot, or code in the database that reads past the net)."""
-        return DYNAMIC_SQL_WORDS if self.first_boot or self.past_net else DYNAMIC_SQL_WORDS_NET
+        return DYNAMIC_SQL_WORDS if self.first_boot or self.past_net or self.strict else DYNAMIC_SQL_WORDS_NET
+
+    def strict_twin(self) -> "Classifier":
+        """A classifier like this one for the sessions of a role the net does not hold (a superuser, a BYPASSRLS
+        role, or one that may SET ROLE to such a role): it refuses dynamic SQL whatever the database holds."""
+        twin = Classifier(self.host, self.major, self.columns, cache_bytes=self.cache_bytes,
+                          max_statement_bytes=self.max_statement_bytes, first_boot=self.first_boot,
+                          run_function=self.run_function)
+        twin.strict = True  # set_functions gives it the watch's strict set
+        return twin
 
     def _dynamic_function(self, stmt) -> bool:
         """Does a CREATE FUNCTION/PROCEDURE's body run dynamic SQL the net does not hold, or is it in a language

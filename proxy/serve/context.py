@@ -128,10 +128,19 @@ class ReadContext:
     # Sessions on the host database are not claimed and their classifiers refuse every statement that reads or
     # writes the events table's rows; the listener re-reads the database until `migrate` has run.
     first_boot: str = ""
+    # ADR 0019: the classifiers of the sessions of a role the net does not hold (HELD_ROLES): they refuse dynamic SQL
+    # as before; built beside ``classifiers`` when None
+    strict: dict | None = None
 
     def __post_init__(self) -> None:
         if self.watch is None:
             self.watch = RelationWatch(self.events)
+        if self.strict is None:
+            self.strict = {major: c.strict_twin() for major, c in self.classifiers.items()}
+
+    def all_classifiers(self):
+        """Every classifier, the strict ones too: what the function watch updates."""
+        return [*self.classifiers.values(), *self.strict.values()]
 
 
 # Views and materialized views that read events.type, directly or through other views: a result
@@ -187,20 +196,33 @@ SELECT EXISTS (
 """
 
 
+# ADR 0019: the login roles the net holds: none of them is, or may become (SET ROLE), a superuser or a BYPASSRLS
+# role. Only their sessions may run dynamic SQL (the net does not hold the others at all); a role created since the
+# last read is not among them until the next one.
+HELD_ROLES = """
+SELECT r.rolname FROM pg_catalog.pg_roles r
+WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT r.rolbypassrls
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles b WHERE (b.rolsuper OR b.rolbypassrls)
+                  AND pg_catalog.pg_has_role(r.oid, b.oid, 'MEMBER'))
+"""
+
+
 class RiskyFunctions(frozenset):
     """The names of the risky functions (a frozenset, what the classifier's prefilter tests), and ``arities``: for
     each name, the numbers of arguments (lowest, highest or None for VARIADIC) its risky overloads take, so that a
     call PostgreSQL cannot resolve to one of them (``lower(x)`` beside a risky ``public.lower(text, int)``) is not
     refused (issue 23)."""
 
-    def __new__(cls, names=(), arities=None, past_net: bool = True):
+    def __new__(cls, names=(), arities=None, past_net: bool = True, held_roles=frozenset()):
         self = super().__new__(cls, names)
         self.arities = dict(arities or {})
         self.past_net = past_net  # the database holds code the net cannot hold (PAST_NET); unknown: True
+        self.held_roles = frozenset(held_roles)  # HELD_ROLES; unknown: none
+        self.strict = None  # the set for a role the net does not hold, where it differs (database_functions)
         return self
 
 
-def risky_functions(rows, table: str, past_net: bool = True) -> RiskyFunctions:
+def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozenset()) -> RiskyFunctions:
     """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
     plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative; with the
     argument counts of the overloads that are risky themselves."""
@@ -229,12 +251,16 @@ def risky_functions(rows, table: str, past_net: bool = True) -> RiskyFunctions:
                                    if own(lang, body, d) or any(f in body for f in risky)},
                                   key=lambda a: (a[0], -1 if a[1] is None else a[1])))
                for name in risky}
-    return RiskyFunctions(risky, arities, past_net)
+    return RiskyFunctions(risky, arities, past_net, held_roles)
 
 
 async def database_functions(conn, table: str) -> RiskyFunctions:
     past_net = bool(await conn.fetchval(PAST_NET))
-    return risky_functions(await conn.fetch(DATABASE_FUNCTIONS), table, past_net)
+    held = frozenset(r[0] for r in await conn.fetch(HELD_ROLES))
+    rows = await conn.fetch(DATABASE_FUNCTIONS)
+    found = risky_functions(rows, table, past_net, held)
+    found.strict = risky_functions(rows, table)  # for the sessions of a role the net does not hold: EXECUTE counts
+    return found
 
 
 async def relation_state(conn, host, table_oid: int, type_attnum: int, payload_attnum: int | None):
@@ -274,10 +300,11 @@ async def load_read_context(config: Config):
             classifiers = {major: Classifier(host, major, cache_bytes=config.plan_cache_bytes,
                                              max_statement_bytes=config.max_statement_bytes, first_boot=True)
                            for major in (1, 2)}
-            for classifier in classifiers.values():
+            ctx = ReadContext(database, None, classifiers, artifacts,
+                              first_boot=f"the events table {host.events_table!r} does not exist yet")
+            for classifier in ctx.all_classifiers():
                 classifier.set_functions(functions)
-            return ReadContext(database, None, classifiers, artifacts,
-                               first_boot=f"the events table {host.events_table!r} does not exist yet")
+            return ctx
         await verify(conn, config, artifacts)
         row = await conn.fetchrow(
             "SELECT c.oid, a.attnum FROM pg_catalog.pg_class c JOIN pg_catalog.pg_attribute a "
@@ -312,13 +339,14 @@ async def load_read_context(config: Config):
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
                                      max_statement_bytes=config.max_statement_bytes, run_function=run_function)
                    for major in (1, 2)}
-    for classifier in classifiers.values():
-        classifier.set_functions(functions)
     events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:
         log.warning("host.%s = %r: no such column; the payload projection goes without it "
                     "(see docs/configuration.md#host%s)", key, getattr(config.host, key), key)
-    return ReadContext(database, events, classifiers, artifacts)
+    ctx = ReadContext(database, events, classifiers, artifacts)
+    for classifier in ctx.all_classifiers():
+        classifier.set_functions(functions)
+    return ctx
 
 
 async def first_boot_events(conn, host) -> EventColumns | None:

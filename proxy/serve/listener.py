@@ -421,7 +421,7 @@ class SeatServer:
             if stale != ctx.watch.stale:
                 (log.error if stale else log.info)("translated relations %s", stale or "match the events table again")
             ctx.watch.stale = stale
-            for classifier in ctx.classifiers.values():
+            for classifier in ctx.all_classifiers():
                 classifier.set_functions(functions)
             located = (now.table_oid, now.type_attnum, now.payload_attnum)
             if located != (ev.table_oid, ev.type_attnum, ev.payload_attnum):
@@ -455,13 +455,13 @@ class SeatServer:
                 functions = await database_functions(conn, self.config.host.events_table)
             finally:
                 await conn.close()
-            for classifier in ctx.classifiers.values():
+            for classifier in ctx.all_classifiers():
                 classifier.set_functions(functions)
             if events is not None and events != ctx.watch.events:
                 ctx.watch.set(events)
             return
         if new.first_boot:  # the events table does not exist yet
-            for major, classifier in ctx.classifiers.items():
+            for major, classifier in [*ctx.classifiers.items(), *ctx.strict.items()]:
                 known = new.classifiers[major]
                 classifier.set_functions(RiskyFunctions(known.functions, known.arities or {}))
             return
@@ -562,7 +562,10 @@ class SeatServer:
         ctx = self.read_context
         if major not in (1, 2) or not self.on_host_database(params):
             return None
-        return ReadPath(ctx.classifiers[major], major, ctx.events, ctx.watch)
+        classifier = ctx.classifiers[major]
+        if params.get("user") not in classifier.held_roles:  # ADR 0019: a role the net does not hold
+            classifier = ctx.strict[major]
+        return ReadPath(classifier, major, ctx.events, ctx.watch)
 
     def _accept(self, peer: _ClientPeer) -> None:
         self.stats.client_connections += 1

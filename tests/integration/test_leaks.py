@@ -567,19 +567,28 @@ def test_field_notation_and_join_alias_rows_read_translated_rows(net_seat, logs,
 
 
 @pytest.mark.parametrize("major", [2, 1])
-def test_a_pg_temp_function_running_dynamic_sql_is_refused_when_created(net_seat, logs, major):
-    """ADR 0017: measured on main before, a pg_temp function (PUBLIC has TEMP) that appends through dynamic SQL
-    with RETURNING returned the stored spelling of what it appended to a translated session: the net lets the new
-    row of an INSERT … RETURNING pass. Such a function is refused when it is created, in both majors; nothing is
-    written."""
+def test_a_pg_temp_function_running_dynamic_sql_meets_the_net(net_seat, pg, logs, major):
+    """ADR 0017 measured it: a pg_temp function (PUBLIC has TEMP) that appends through dynamic SQL with RETURNING
+    returned the stored spelling of what it appended to a translated session, and ADR 0017 refused creating it.
+    ADR 0019: the net holds the new row of an INSERT … RETURNING too, so the function is created as on PostgreSQL
+    and calling it meets the net (OW008), in both majors; nothing is written. A superuser's session (the net does
+    not hold it) still may not create it."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        before = conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (logs[2],)).fetchone()
     with net_connect(net_seat, major) as conn:
         for sql in (PG_TEMP_APPEND, PG_TEMP_DYNAMIC):
+            conn.execute(sql)
+        for sql in ("SELECT pg_temp.net_ins(%(run)s, %(t)s)", "SELECT pg_temp.net_dyn(%(run)s)"):
             with pytest.raises(psycopg.Error) as info:
-                conn.execute(sql)
-            assert info.value.sqlstate == "OW004" and "dynamic SQL" in str(info.value)
+                conn.execute(sql, {"run": logs[2], "t": RENAMED_V2[0]})
+            assert info.value.sqlstate == "OW008", info.value
+            assert_clean([str(info.value), info.value.diag.message_detail], major)
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM events WHERE run_id = %s", (logs[2],)).fetchone() == before
+    with psycopg.connect(net_seat.dsn(), autocommit=True, application_name={2: "app", 1: "v1-host"}[major]) as conn:
         with pytest.raises(psycopg.Error) as info:
-            conn.execute("SELECT pg_temp.net_ins(%s, %s)", (logs[2], RENAMED_V2[0]))
-        assert info.value.sqlstate in ("42883", "3F000")  # never created (no such function, or no pg_temp yet)
+            conn.execute(PG_TEMP_APPEND)
+        assert info.value.sqlstate == "OW004" and "dynamic SQL" in str(info.value)
     with net_connect(net_seat, "raw") as conn:  # a raw session creates and runs it, as on PostgreSQL
         conn.execute(PG_TEMP_APPEND)
 

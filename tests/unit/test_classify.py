@@ -703,3 +703,32 @@ def test_a_locked_level_reads_the_lock_view_not_the_run_function():
                 "SELECT * FROM (SELECT * FROM events WHERE run_id = $1) s FOR UPDATE OF s SKIP LOCKED"):
         text = c.classify(sql).text
         assert "openwop_seat.events_m2_lock AS events" in text and "events_m2_run" not in text, text
+
+
+def test_dynamic_sql_is_refused_only_where_the_net_does_not_hold_it():
+    """ADR 0019: a function running EXECUTE with the caller's rights is not risky while the database holds no code
+    that reads past the net; a SECURITY DEFINER one is; DO blocks and CREATE FUNCTION with EXECUTE likewise, and a
+    classifier for a role the net does not hold (strict) refuses them whatever the database holds."""
+    from proxy.serve.context import risky_functions
+
+    rows = [{"name": "dyn", "language": "plpgsql", "body": "BEGIN EXECUTE 'select 1'; END", "definer": False},
+            {"name": "dyn_definer", "language": "plpgsql", "body": "BEGIN EXECUTE 'select 1'; END", "definer": True},
+            {"name": "reads", "language": "sql", "body": "SELECT * FROM events", "definer": False}]
+    assert risky_functions(rows, "events", past_net=False) == {"dyn_definer", "reads"}
+    assert risky_functions(rows, "events", past_net=True) == {"dyn", "dyn_definer", "reads"}
+    held = risky_functions(rows, "events", past_net=False, held_roles={"app"})
+    held.strict = risky_functions(rows, "events")
+    do = "DO $$ DECLARE t text; BEGIN EXECUTE 'SELECT type FROM ev' || 'ents' INTO t; END $$"
+    create = "CREATE FUNCTION pg_temp.f() RETURNS void LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'x'; END $$"
+    definer = create.replace("LANGUAGE plpgsql", "LANGUAGE plpgsql SECURITY DEFINER")
+    for major in (2, 1):
+        c = Classifier(HostConfig(), major)
+        assert classify(do, major).refused is not None  # functions not read yet: the net is not known to hold
+        c.set_functions(held)
+        assert c.classify(do).refused is None and c.classify(create).refused is None
+        assert c.classify(definer).refused is not None
+        assert c.classify("DO $$ BEGIN PERFORM dyn_definer(); END $$").refused is not None
+        strict = c.strict_twin()
+        strict.set_functions(held)
+        assert strict.classify(do).refused is not None and strict.classify(create).refused is not None
+        assert "dyn" in strict.functions and "dyn" not in c.functions
