@@ -28,7 +28,8 @@ Python.  A column that is not selected is not computed: reading only
 Writes stay on the base table.  A ``RETURNING`` list is evaluated over the
 written rows with ``type_m2``/``payload_m2`` (``_m1``) applied, the era read
 with a fresh snapshot (``era_now``), as the append trigger saw it; a column the
-list does not name is not computed.
+list does not name is not computed.  An ``INSERT … RETURNING`` writes through
+``events_insert_m2``/``_m1``, which apply them in the view (ADR 0019).
 
 Everything here is generated SQL: the functions and views are (re)installed by
 ``migrate`` with the other artifact objects and fingerprinted with them.

@@ -12,7 +12,10 @@ is nothing to track column by column and nothing to do per row in the seat.
 Writes stay on the base table (the writer rule's triggers guard them).  A
 ``RETURNING`` list of a write to the events table is evaluated over the written
 rows as the reader rule returns them: the write becomes a data-modifying CTE
-and the list is selected over its rows with ``type_m2``/``payload_m2`` (``_m1``) applied.
+and the list is selected over its rows with ``type_m2``/``payload_m2`` (``_m1``) applied;
+an ``INSERT`` writes through ``openwop_seat.events_insert_m2`` (``_m1``), which returns
+them translated (ADR 0019: the net refuses the new row of any other ``INSERT …
+RETURNING`` in a translated session).
 
 A row lock that applies to the events table reads the lockable translation
 (``events_m2_lock``/``_m1_lock``, ADR 0017); a CTE named like the table is the

@@ -84,6 +84,24 @@ def test_migrate_serve_audit_and_backfill_run_as_the_scripts_roles(pg, layout_db
                 with psycopg.connect(pg.dsn(dbname=db, user="openwop"), autocommit=True) as other:
                     with pytest.raises(psycopg.errors.LockNotAvailable):
                         other.execute("SELECT 1 FROM events WHERE run_id = 'old-run' FOR KEY SHARE NOWAIT")
+            # ADR 0019: the host's append with RETURNING writes through events_insert_m2, owned by openwop_seat_owner
+            # (not a superuser: the table's row-level security is its owner's); an upsert meeting the row works;
+            # dynamic SQL returning the new row meets the net
+            append = ("WITH next AS (SELECT COALESCE(MAX(sequence), 0) + 1 AS seq FROM events WHERE run_id = %s) "
+                      "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                      "SELECT %s, %s, next.seq, 'agent.reasoning-delta', 'n1', '{\"delta\": \"b\"}', now() FROM next "
+                      "ON CONFLICT (event_id) DO UPDATE SET node_id = 'n2' RETURNING sequence, type, node_id, xmax = 0")
+            assert host.execute(append, ("old-run", "o2", "old-run")).fetchall() == \
+                [(2, "agent.reasoning-delta", "n1", True)]
+            assert host.execute(append, ("old-run", "o2", "old-run")).fetchall() == \
+                [(2, "agent.reasoning-delta", "n2", False)]
+            assert pg.psql("SELECT type FROM events WHERE event_id = 'o2'", dbname=db).strip() == \
+                "agent.reasoning.delta"  # stored in its v1 spelling: the run is era 2
+            with pytest.raises(psycopg.Error) as info:
+                host.execute("DO $$ DECLARE t text; BEGIN EXECUTE 'INSERT INTO ev' || 'ents (event_id, run_id, "
+                             "sequence, type, timestamp) VALUES (''o3'', ''old-run'', 3, ''agent.reasoning-delta'', "
+                             "now()) RETURNING type' INTO t; RAISE EXCEPTION '%', t; END $$")
+            assert info.value.sqlstate == "OW008" and "agent.reasoning.delta" not in str(info.value)
         # a role that may read but not update the table may not lock its rows, as on the table itself
         with psycopg.connect(f"host=127.0.0.1 port={port} user=openwop_readonly dbname={db}") as ro:
             assert ro.execute("SELECT type FROM events WHERE run_id = 'old-run'").fetchall() == [locked[0]]
