@@ -114,12 +114,62 @@ def direct(pg: DevCluster, tmp: str, seconds: int, rounds: int) -> None:
               f"({1e6 / statistics.median(tps) * 2:.0f} µs per transaction per client)")
 
 
+def explain(pg: DevCluster, repeat: int) -> None:
+    """Execution time of one statement from EXPLAIN (ANALYZE), medians of ``repeat`` alternating runs, in one session
+    as host_user: the page with net_view() as installed and as a plain true; one append each way (rolled back)."""
+    import asyncio
+
+    import asyncpg
+
+    gate = pg.psql("SELECT pg_get_functiondef('openwop_seat.net_view(smallint)'::regprocedure)")
+    page = PAGE_DIRECT.split("\n")[1].replace(":run", "7").rstrip(";")
+    appends = {name: script.split("\n", 3)[3].rsplit("COMMIT;", 1)[0].strip().rstrip(";")
+               for name, script in (("before", APPEND_BEFORE), ("after", APPEND_AFTER))}
+
+    async def run() -> None:
+        conn = await asyncpg.connect(host="127.0.0.1", port=pg.port, user="host_user", database="postgres")
+        own = await asyncpg.connect(host="127.0.0.1", port=pg.port, user="postgres", database="postgres")
+
+        async def timed(sql: str) -> tuple[float, float]:
+            tr = conn.transaction()
+            await tr.start()
+            try:
+                plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON, TIMING OFF) {sql}")
+            finally:
+                await tr.rollback()
+            import json
+            doc = json.loads(plan)[0]
+            return doc["Planning Time"], doc["Execution Time"]
+
+        got: dict[str, list[tuple[float, float]]] = {}
+        block = 25  # the function or policy replaced once per block (a replaced PL/pgSQL function is compiled again)
+        for i in range(0, repeat, block):
+            for name, setup, sql in (("page, net_view() a plain true", TRUE_GATE, page),
+                                     ("page, net_view() as installed", gate, page),
+                                     ("append before (table, ctid arm)", CTID_POLICY, appends["before"]),
+                                     ("append after (events_insert_m2)", NET_POLICY, appends["after"])):
+                await own.execute(setup)
+                await timed(sql.replace(":run", "1"))  # warm: the session's cache of the replaced object
+                for j in range(block):
+                    got.setdefault(name, []).append(await timed(sql.replace(":run", str(1 + (i + j) % 200))))
+        for name, runs in got.items():
+            plan, execute = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            print(f"{name}: median planning {plan * 1000:.0f} µs, execution {execute * 1000:.0f} µs "
+                  f"({len(runs)} runs)")
+        await conn.close()
+        await own.close()
+
+    asyncio.run(run())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--direct", action="store_true",
                     help="the statements as the seat sends them, straight to PostgreSQL, before and after ADR 0019")
+    ap.add_argument("--explain", type=int, default=0, metavar="N",
+                    help="EXPLAIN (ANALYZE) timings of the page and the append, before and after, N alternating runs")
     args = ap.parse_args()
     env = {**os.environ, "OPENWOP_SEAT_CLAIM_SECRET": os.environ.get("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())}
     with DevCluster(hba=["local all all trust", "host all all 127.0.0.1/32 trust"]) as pg, \
@@ -136,6 +186,9 @@ def main() -> None:
                 "'{}'::jsonb, now(), NULL FROM generate_series(1, 20) r, generate_series(1, 1000) s;"
                 "INSERT INTO openwop_seat.run_era (run_id, era, source) SELECT 'p' || i, 3, 'bench' "
                 "FROM generate_series(1, 20) i; ANALYZE")
+        if args.explain:
+            explain(pg, args.explain)
+            return
         if args.direct:
             direct(pg, tmp, args.seconds, args.rounds)
             return
