@@ -276,8 +276,9 @@ async def _refusals(cluster: DevCluster, port: int) -> None:
         finally:
             await v1.close()
 
-        sql = "DO $$ BEGIN PERFORM 1 FROM events WHERE type = 'run.started'; END $$"
-        _section("a refused statement: a DO block over the events table runs code out of the seat's sight")
+        sql = "CREATE VIEW run_starts AS SELECT run_id FROM events WHERE type = 'run.started'"
+        _section("a refused statement: a view over the events table would keep a read no later reader's major "
+                 "applies to")
         print(f"v2 reader: BEGIN; INSERT INTO runs … 'run-rolled-back'; {sql}")
         await v2.execute("BEGIN")
         await v2.execute("INSERT INTO runs (run_id, tenant_id, status) VALUES ('run-rolled-back', 'tenant-1', 'x')")

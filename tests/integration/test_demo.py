@@ -20,6 +20,7 @@ def test_demo_shows_translation_projection_and_refusals():
     assert "SQLSTATE OW001" in out
     # the refused statement is one the seat still refuses (issue 25: it showed OW001 for one now translated)
     refused = out[out.index("a refused statement"):]
-    assert "SQLSTATE OW004" in refused.split("\n== ")[0] and '"kind":"DO block"' in refused.split("\n== ")[0], refused
+    assert "SQLSTATE OW004" in refused.split("\n== ")[0] and \
+        '"kind":"a view over the events table"' in refused.split("\n== ")[0], refused
     assert "next statement in the transaction: SQLSTATE 25P02" in refused
     assert "runs named 'run-rolled-back' afterwards: 0" in refused

@@ -91,7 +91,8 @@ def test_an_append_with_returning_is_translated_and_what_it_sends_runs(pg, confi
     assert out.returncode == 0, out.stderr
     assert "translated: the events table is read as openwop_seat.events_m2" in out.stdout
     text = sent(out.stdout)
-    assert "openwop_seat.type_m2(" in text  # RETURNING reads a fresh era (era_now inside)
+    # ADR 0019: through the insert view, whose openwop_seat_type is type_m2 over a fresh era (era_now inside)
+    assert "INSERT INTO openwop_seat.events_insert_m2 AS events" in text and "openwop_seat_type" in text
     run = f"explain-{uuid.uuid4().hex[:8]}"
     rows = run_sql(pg, text, f"{run}-1", run, "run.started", None, json.dumps({"inputs": {}}), None)
     assert len(rows) == 1 and list(rows[0].keys()) == EVENT_COLUMNS

@@ -16,6 +16,7 @@ stored spelling of the other era. The last tests turn the net off and show that 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import asyncpg
@@ -259,3 +260,76 @@ def test_with_the_view_gate_off_the_other_majors_view_leaks(net_seat, pg, logs, 
     finally:
         pg.psql(kept)
     assert tokens(got) & {t.lower() for t in FORBIDDEN[major]}, (code, got)
+
+
+def test_the_insert_view_asks_for_the_readers_own_privileges_and_never_returns_a_stored_value(net_seat, pg, logs):  # noqa: F811,E501
+    """events_insert_m2 writes as its owner: its check option asks for the reader's INSERT privilege (and UPDATE for
+    a row an upsert changed); dynamic SQL naming it directly cannot read the stored type (not granted), nor use the
+    other major's view (net_view)."""
+    w = logs[2]
+    pg.psql("CREATE ROLE nr_plain LOGIN; REVOKE INSERT, UPDATE ON events FROM PUBLIC; "
+            "GRANT INSERT, UPDATE ON events TO host_user; GRANT INSERT ON events TO nr_plain")
+    before = stored(pg, w)
+    try:
+        def run(user, major, sql):
+            with psycopg.connect(net_seat.dsn(user=user), autocommit=True, application_name=APP[major]) as conn:
+                try:
+                    return None, conn.execute(sql).fetchall()
+                except psycopg.Error as e:
+                    return e.sqlstate, [str(e), e.diag.message_detail]
+
+        key = eid()
+        upsert = (f"INSERT INTO events (event_id, run_id, sequence, type, node_id, timestamp) VALUES ('{key}', '{w}', "
+                  f"{1000 + uuid.uuid4().int % 10**9}, '{WRITE[2]}', 'n', now()) ON CONFLICT (event_id) DO UPDATE "
+                  f"SET node_id = 'u' RETURNING type, node_id")
+        assert run("nr_plain", 2, upsert) == (None, [(WRITE[2], "n")])  # INSERT privilege: inserted
+        code, got = run("nr_plain", 2, upsert)  # the same key again: an update, which it may not do
+        assert code == "42501", got
+        # a role that holds no INSERT privilege at all: refused, nothing written
+        pg.psql("REVOKE INSERT ON events FROM nr_plain")
+        code, got = run("nr_plain", 2, insert_sql(w, WRITE[2]))
+        assert code == "42501", got
+        # dynamic SQL naming the insert views itself
+        named = insert_sql(w, WRITE[2]).replace("INSERT INTO events", "INSERT INTO openwop_seat.events_insert_m2")
+        for major, sql, expected in ((2, named, "42501"),  # RETURNING type: not granted
+                                     (2, named.replace("RETURNING type", "RETURNING *"), "42501"),
+                                     (1, named.replace("RETURNING type", "RETURNING openwop_seat_type"), "OW008")):
+            code, got = run(USER, major, do_execute(sql))
+            assert code == expected, (sql, code, got)
+            assert_clean(got, major)
+        # and what it returns by its own columns is translated
+        code, got = run(USER, 2, do_execute(named.replace("RETURNING type", "RETURNING openwop_seat_type")))
+        assert code == "P0042" and f"returned: {WRITE[2]}" in got[0], got
+    finally:
+        pg.psql("REVOKE ALL ON events FROM nr_plain; DROP ROLE nr_plain; GRANT ALL ON events TO PUBLIC")
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("DELETE FROM events WHERE run_id = %s AND NOT event_id = ANY(%s)", (w, before))
+
+
+def test_dynamic_sql_is_refused_again_while_the_database_holds_code_past_the_net(net_seat, pg):
+    """A SECURITY DEFINER function owned by a superuser reads past the net, and dynamic SQL could call it by a name
+    it builds: while one exists, DO blocks running EXECUTE are refused as before (the watch reads it every 2 s)."""
+    block = "DO $$ BEGIN EXECUTE 'SELECT 1'; END $$"
+
+    def refused() -> bool:
+        with psycopg.connect(net_seat.dsn(user=USER), autocommit=True, application_name=APP[2]) as conn:
+            try:
+                conn.execute(block)
+                return False
+            except psycopg.Error as e:
+                assert e.sqlstate == "OW004", e
+                return True
+
+    def settles(expected: bool) -> None:
+        deadline = time.monotonic() + 30
+        while refused() != expected:
+            assert time.monotonic() < deadline, f"the watch never saw it (expected refused={expected})"
+            time.sleep(0.5)
+
+    assert not refused()
+    pg.psql("CREATE FUNCTION public.nr_definer() RETURNS int LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'")
+    try:
+        settles(True)
+    finally:
+        pg.psql("DROP FUNCTION public.nr_definer()")
+    settles(False)
