@@ -293,6 +293,7 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             "pg_catalog.has_table_privilege(c.oid, 'SELECT') AS reads, "
             "pg_catalog.has_table_privilege(c.oid, 'UPDATE') AS updates, "
             "pg_catalog.has_table_privilege(c.oid, 'DELETE') AS deletes, "
+            "pg_catalog.has_table_privilege(c.oid, 'INSERT') AS inserts, "
             "pg_catalog.has_table_privilege(c.oid, 'TRIGGER') AS triggers "
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = pg_catalog.to_regclass($1)", quote_qualified(table))
@@ -310,6 +311,11 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             if not row["deletes"]:
                 out.append(("a translated session's DELETE by run_id runs through openwop_seat.events_delete, as "
                             "its owner", f"GRANT DELETE ON {row['t']} TO {me};"))
+            lacking = [p for p, has in (("INSERT", row["inserts"]), ("UPDATE", row["updates"])) if not has]
+            if lacking:
+                out.append(("a translated session's INSERT … RETURNING (and an upsert's update) runs through "
+                            "openwop_seat.events_insert_m2/_m1, as their owner (ADR 0019)",
+                            f"GRANT {', '.join(lacking)} ON {row['t']} TO {me};"))
         if owns:  # an owner (or a member of the owner asked for above) has every privilege on the table
             continue
         if not row["triggers"]:

@@ -290,15 +290,18 @@ def test_the_insert_view_asks_for_the_readers_own_privileges_and_never_returns_a
         code, got = run("nr_plain", 2, insert_sql(w, WRITE[2]))
         assert code == "42501", got
         # dynamic SQL naming the insert views itself
-        named = insert_sql(w, WRITE[2]).replace("INSERT INTO events", "INSERT INTO openwop_seat.events_insert_m2")
-        for major, sql, expected in ((2, named, "42501"),  # RETURNING type: not granted
-                                     (2, named.replace("RETURNING type", "RETURNING *"), "42501"),
-                                     (1, named.replace("RETURNING type", "RETURNING openwop_seat_type"), "OW008")):
+        def named(major: int) -> str:
+            view = "INSERT INTO openwop_seat.events_insert_m2"
+            return insert_sql(w, WRITE[major]).replace("INSERT INTO events", view)
+
+        for major, sql, expected in ((2, named(2), "42501"),  # RETURNING type: not granted
+                                     (2, named(2).replace("RETURNING type", "RETURNING *"), "42501"),
+                                     (1, named(1).replace("RETURNING type", "RETURNING openwop_seat_type"), "OW008")):
             code, got = run(USER, major, do_execute(sql))
             assert code == expected, (sql, code, got)
             assert_clean(got, major)
         # and what it returns by its own columns is translated
-        code, got = run(USER, 2, do_execute(named.replace("RETURNING type", "RETURNING openwop_seat_type")))
+        code, got = run(USER, 2, do_execute(named(2).replace("RETURNING type", "RETURNING openwop_seat_type")))
         assert code == "P0042" and f"returned: {WRITE[2]}" in got[0], got
     finally:
         pg.psql("REVOKE ALL ON events FROM nr_plain; DROP ROLE nr_plain; GRANT ALL ON events TO PUBLIC")

@@ -91,15 +91,16 @@ def test_migrate_serve_audit_and_backfill_run_as_the_scripts_roles(pg, layout_db
                       "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
                       "SELECT %s, %s, next.seq, 'agent.reasoning-delta', 'n1', '{\"delta\": \"b\"}', now() FROM next "
                       "ON CONFLICT (event_id) DO UPDATE SET node_id = 'n2' RETURNING sequence, type, node_id, xmax = 0")
-            assert host.execute(append, ("old-run", "o2", "old-run")).fetchall() == \
-                [(2, "agent.reasoning-delta", "n1", True)]
-            assert host.execute(append, ("old-run", "o2", "old-run")).fetchall() == \
-                [(2, "agent.reasoning-delta", "n2", False)]
+            pg.psql("INSERT INTO runs (run_id, tenant_id) VALUES ('old-run-2', 't')", dbname=db)  # era 2
+            assert host.execute(append, ("old-run-2", "o2", "old-run-2")).fetchall() == \
+                [(1, "agent.reasoning-delta", "n1", True)]
+            assert host.execute(append, ("old-run-2", "o2", "old-run-2")).fetchall() == \
+                [(1, "agent.reasoning-delta", "n2", False)]
             assert pg.psql("SELECT type FROM events WHERE event_id = 'o2'", dbname=db).strip() == \
                 "agent.reasoning.delta"  # stored in its v1 spelling: the run is era 2
             with pytest.raises(psycopg.Error) as info:
                 host.execute("DO $$ DECLARE t text; BEGIN EXECUTE 'INSERT INTO ev' || 'ents (event_id, run_id, "
-                             "sequence, type, timestamp) VALUES (''o3'', ''old-run'', 3, ''agent.reasoning-delta'', "
+                             "sequence, type, timestamp) VALUES (''o3'', ''old-run-2'', 3, ''agent.reasoning-delta'', "
                              "now()) RETURNING type' INTO t; RAISE EXCEPTION '%', t; END $$")
             assert info.value.sqlstate == "OW008" and "agent.reasoning.delta" not in str(info.value)
         # a role that may read but not update the table may not lock its rows, as on the table itself
