@@ -1015,12 +1015,15 @@ class Classifier:
         """ADR 0019: does this RETURNING write go through the seat's insert view? Every ``INSERT`` into the events
         table (the net refuses its new row on the table itself in a translated session), except one whose ``ON
         CONFLICT … DO UPDATE`` reads the stored type or payload of the existing or the proposed row (the view does
-        not grant them): that one stays on the table, where it meets the net."""
+        not grant them), and ``ON CONFLICT ON CONSTRAINT`` (PostgreSQL looks the constraint up on the view): those
+        stay on the table, where they meet the net."""
         from pglast import ast, enums
 
         if not isinstance(write, ast.InsertStmt) or not self._is_events(write.relation):
             return False
         oc = write.onConflictClause
+        if oc is not None and oc.infer is not None and oc.infer.conname:
+            return False  # ON CONFLICT ON CONSTRAINT names a constraint of the table, which a view does not have
         if oc is None or oc.action != enums.OnConflictAction.ONCONFLICT_UPDATE:
             return True
         alias = write.relation.alias.aliasname if write.relation.alias else write.relation.relname

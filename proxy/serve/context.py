@@ -179,7 +179,8 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
 
 
 # ADR 0019: code the net cannot hold, which dynamic SQL could reach by a name it builds: a SECURITY DEFINER function
-# owned by a role that reads past row-level security (a superuser, BYPASSRLS), a function in an untrusted language
+# owned by a role that reads past row-level security (a superuser, BYPASSRLS, a member of the owner of openwop_seat,
+# whose policy is true) outside the seat's schema, a function in an untrusted language
 # (it can open a connection of its own), an extension that opens another session (dblink, postgres_fdw). While the
 # database holds none, a translated session's DO blocks and functions may run dynamic SQL (EXECUTE): whatever it
 # reads of the stored rows, or returns of a new row, meets the net.
@@ -190,20 +191,25 @@ SELECT EXISTS (
     JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
     JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'openwop_seat')
-      AND ((p.prosecdef AND (r.rolsuper OR r.rolbypassrls))
+      AND ((p.prosecdef AND (r.rolsuper OR r.rolbypassrls
+                             OR pg_catalog.pg_has_role(p.proowner, (SELECT s.nspowner FROM pg_catalog.pg_namespace s
+                                                                    WHERE s.nspname = 'openwop_seat'), 'MEMBER')))
            OR (NOT l.lanpltrusted AND l.lanname NOT IN ('c', 'internal', 'sql')))
 ) OR EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname IN ('dblink', 'postgres_fdw'))
 """
 
 
 # ADR 0019: the login roles the net holds: none of them is, or may become (SET ROLE), a superuser or a BYPASSRLS
-# role. Only their sessions may run dynamic SQL (the net does not hold the others at all); a role created since the
-# last read is not among them until the next one.
+# role, and none is a member of the owner of openwop_seat (the net's policy for that owner, true, applies to its
+# members). Only their sessions may run dynamic SQL (the net does not hold the others); a role created since the last
+# read is not among them until the next one.
 HELD_ROLES = """
 SELECT r.rolname FROM pg_catalog.pg_roles r
 WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT r.rolbypassrls
   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles b WHERE (b.rolsuper OR b.rolbypassrls)
                   AND pg_catalog.pg_has_role(r.oid, b.oid, 'MEMBER'))
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace s WHERE s.nspname = 'openwop_seat'
+                  AND pg_catalog.pg_has_role(r.oid, s.nspowner, 'MEMBER'))
 """
 
 

@@ -613,6 +613,9 @@ def test_returning_system_columns_are_carried_from_the_written_rows(major):
     text = classify("INSERT INTO events VALUES ($1) ON CONFLICT (event_id) DO UPDATE SET node_id = excluded.type "
                     "RETURNING node_id", major).text
     assert "INSERT INTO events VALUES" in text and "events_insert" not in text
+    text = classify("INSERT INTO events VALUES ($1) ON CONFLICT ON CONSTRAINT events_pkey DO NOTHING RETURNING type",
+                    major).text
+    assert "INSERT INTO events VALUES" in text and "events_insert" not in text  # a view has no such constraint
 
 
 @pytest.mark.parametrize("sql, kind", [
