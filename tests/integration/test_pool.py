@@ -560,6 +560,47 @@ def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
     assert counter(text, "openwop_seat_pool_hand_overs") == 6 - len(pids)
 
 
+def test_a_cancel_reaches_the_pooled_session_whichever_worker_receives_it(start_seat, verifiers, tmp_path_factory):
+    """With two workers the kernel gives each cancel connection to either: the worker that holds the session sends
+    it as its backend's key ("mapped"), the other asks the others through the supervisor ("routed"). Every cancel
+    must end the statement; the loop runs until both paths were taken (each cancel lands on the other worker with
+    probability about one half, so 40 tries miss one path with odds of 2^-39)."""
+    auth = tmp_path_factory.mktemp("pool-cancel") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+    with connect(seat) as conn, psycopg.connect(seat.dsn(user="postgres"), autocommit=True) as watch:
+        pid = backend(conn)
+        for attempt in range(40):
+            errors = []
+
+            def sleep():
+                try:
+                    conn.execute("SELECT pg_sleep(60)")
+                except psycopg.errors.QueryCanceled as e:
+                    errors.append(e)
+
+            t = threading.Thread(target=sleep)
+            t.start()
+            wait_active = time.monotonic() + 20
+            while watch.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] != "active":
+                assert time.monotonic() < wait_active
+                time.sleep(0.01)
+            conn.cancel()
+            t.join(20)
+            assert not t.is_alive() and len(errors) == 1, f"cancel {attempt + 1} was lost"
+            text = metrics(seat)
+            if counter(text, "openwop_seat_pool_cancels", "routed") and counter(text, "openwop_seat_pool_cancels",
+                                                                                "mapped"):
+                break
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on after each cancel
+    text = metrics(seat)
+    assert counter(text, "openwop_seat_pool_cancels", "routed") >= 1
+    assert counter(text, "openwop_seat_pool_cancels", "mapped") >= 1
+    assert counter(text, "openwop_seat_pool_cancels", "forwarded") == 0
+    assert counter(text, "openwop_seat_pool_cancels", "routed") + counter(text, "openwop_seat_pool_cancels",
+                                                                          "mapped") == attempt + 1
+
+
 def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
     """PostgreSQL closes a connection on Terminate; the seat, which keeps the backend, does the same: a client that
     sends Terminate and keeps its socket open does not hold the backend."""
