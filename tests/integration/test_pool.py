@@ -316,28 +316,35 @@ def test_a_client_that_leaves_mid_copy_does_not_return_its_backend(pooled):
         assert backend(nxt) != pid
 
 
+def cancel_a_sleep(seat, conn) -> bool:
+    """Run ``SELECT pg_sleep(60)`` on ``conn`` in a thread, cancel it with the client's own key once its backend is
+    sleeping (watched from a raw session), and say whether the statement ended cancelled within 20 s."""
+    pid = backend(conn)
+    errors = []
+
+    def sleep():
+        try:
+            conn.execute("SELECT pg_sleep(60)")
+        except psycopg.errors.QueryCanceled as e:
+            errors.append(e)
+
+    t = threading.Thread(target=sleep)
+    t.start()
+    wait_active = time.monotonic() + 20
+    with psycopg.connect(seat.dsn(user="postgres"), autocommit=True) as watch:
+        while watch.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] \
+                != "PgSleep":
+            assert time.monotonic() < wait_active
+            time.sleep(0.01)
+    conn.cancel()
+    t.join(20)
+    return not t.is_alive() and len(errors) == 1
+
+
 def test_a_cancel_reaches_the_clients_own_statement(pooled):
     with connect(pooled) as conn:
         before = counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped")
-        errors = []
-
-        def sleep():
-            try:
-                conn.execute("SELECT pg_sleep(60)")
-            except psycopg.errors.QueryCanceled as e:
-                errors.append(e)
-
-        t = threading.Thread(target=sleep)
-        t.start()
-        wait_active = time.monotonic() + 20
-        with psycopg.connect(pooled.dsn(user="postgres"), autocommit=True) as watch:
-            while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' "
-                                    "AND state = 'active'").fetchone()[0]:
-                assert time.monotonic() < wait_active
-                time.sleep(0.02)
-        conn.cancel()
-        t.join(30)
-        assert len(errors) == 1
+        assert cancel_a_sleep(pooled, conn)
     assert counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped") == before + 1
 
 
@@ -568,26 +575,9 @@ def test_a_cancel_reaches_the_pooled_session_whichever_worker_receives_it(start_
     auth = tmp_path_factory.mktemp("pool-cancel") / "userlist.txt"
     auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
     seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
-    with connect(seat) as conn, psycopg.connect(seat.dsn(user="postgres"), autocommit=True) as watch:
-        pid = backend(conn)
+    with connect(seat) as conn:
         for attempt in range(40):
-            errors = []
-
-            def sleep():
-                try:
-                    conn.execute("SELECT pg_sleep(60)")
-                except psycopg.errors.QueryCanceled as e:
-                    errors.append(e)
-
-            t = threading.Thread(target=sleep)
-            t.start()
-            wait_active = time.monotonic() + 20
-            while watch.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] != "active":
-                assert time.monotonic() < wait_active
-                time.sleep(0.01)
-            conn.cancel()
-            t.join(20)
-            assert not t.is_alive() and len(errors) == 1, f"cancel {attempt + 1} was lost"
+            assert cancel_a_sleep(seat, conn), f"cancel {attempt + 1} was lost"
             text = metrics(seat)
             if counter(text, "openwop_seat_pool_cancels", "routed") and counter(text, "openwop_seat_pool_cancels",
                                                                                 "mapped"):
