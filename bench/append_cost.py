@@ -1,6 +1,6 @@
 """Per-row cost of the writer rule's triggers on an append: none, each trigger alone, all of them.
 
-    .venv/bin/python -m bench.append_cost [--rows 500] [--repeat 10] [--bulk]
+    .venv/bin/python -m bench.append_cost [--rows 500] [--repeat 10] [--bulk] [--store-fill]
 
 Starts a throwaway cluster, creates the reference host's tables and installs the seat's schema (``migrate``,
 the v2 store on, as by default). Then, for each row trigger ``migrate`` installed on the events table that
@@ -22,6 +22,11 @@ spelling), and a v2 writer appending to an era-3 run. Each figure is the best of
 every configuration in turn (after one round that warms the session up), printed as µs of the backend's CPU
 per row: the ``none`` column as measured, the others above it.
 ``--bulk`` adds one multi-row ``INSERT … SELECT`` of ``--rows`` rows per run (a bulk append or a ``COPY``).
+``--store-fill`` adds what filling each appended era-2 row into the v2 store from the append's trigger would
+cost (ADR 0015 leaves the run unmarked, read live until the next background fill; ADR 0020 measured the
+alternative): the row read through ``events_m2_live`` and inserted into ``events_v2_store`` in a block that
+catches a refusal, one transaction per row, for each of the reference host's stored shapes, above a loop that
+only probes the run's mark.
 The superuser runs the statements (the net's row-level security, ADR 0009, is not part of these figures).
 Nothing here asserts a figure; docs/performance.md quotes a run.
 """
@@ -71,6 +76,38 @@ BEGIN
     END LOOP;
 END
 $$"""
+# What filling an appended row into the v2 store from the append's trigger would add (ADR 0015, ADR 0020): the row
+# translated by events_m2_live and inserted into the store, in a block that would catch a refusal (a
+# subtransaction), for each of n rows already appended to an era-2 run; measured against the same loop that
+# only reads the row's key (the unmark such a fill would replace costs about the same as that read).
+FILL_PROCEDURE = """
+CREATE PROCEDURE pg_temp.fill_rows(run text, n integer, fill boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    x bigint;
+BEGIN
+    FOR i IN 1..n LOOP
+        IF fill THEN
+            BEGIN
+                INSERT INTO openwop_seat.events_v2_store
+                SELECT * FROM openwop_seat.events_m2_live l WHERE l.run_id = run AND l.sequence = i;
+            EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
+                NULL;
+            END;
+        ELSE
+            SELECT count(*) INTO x FROM openwop_seat.events_v2_runs WHERE run_id = run;
+        END IF;
+        COMMIT;
+    END LOOP;
+END
+$$"""
+# The reference host's stored shapes (issue 22), for the fill's cost by type.
+SHAPES = [
+    ("run.started", '{"workflowId": "openwop-app.uppercase"}'),
+    ("node.started", '{}'),
+    ("node.completed", '{"outputs": {"text": "T0-49"}}'),
+    ("memory.written", '{"tags": ["a", "b"], "memoryId": "mem_1", "memoryRef": "tenant-memory"}'),
+    ("run.completed", '{"output": {"text": "HELLO SEAT"}}'),
+]
 BULK = ("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp, causation_id) "
         "SELECT $1 || '-' || i, $1, i, $2, NULL, $3::jsonb, now(), NULL FROM generate_series(1, $4) i")
 
@@ -85,7 +122,8 @@ def cpu_ns(pid: int) -> int:
         return int(f.read().split()[0])
 
 
-async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool) -> tuple[list[str], list[dict]]:
+async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool,
+                  store_fill: bool) -> tuple[list[str], list[dict], dict[str, float]]:
     connect = lambda: asyncpg.connect(host="127.0.0.1", port=port, user="postgres", database="postgres")  # noqa: E731
     admin, v1, v2 = await connect(), await connect(), await connect()
     try:
@@ -100,7 +138,7 @@ async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool) ->
 
         configs = [("none", [])] + [(n, [n]) for n in names] + [("all", names)]
         out = []
-        for mode in (["single", "bulk"] if bulk else ["single"]):
+        for mode in (["append", "bulk"] if bulk else ["append"]):
             for label, major, era, sent, stored, p in WRITERS:
                 conn = v2 if major == 2 else v1
                 row = {"mode": mode, "writer": label}
@@ -128,7 +166,28 @@ async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool) ->
                     row[cname] = min(took) / rows * 1e6
                 await admin.execute("ALTER TABLE events ENABLE TRIGGER USER")
                 out.append(row)
-        return names, out
+        fills = {}
+        if store_fill:
+            await admin.execute(FILL_PROCEDURE)
+            pid = admin.get_server_pid()
+            for t, p in SHAPES:
+                count += 1
+                run = f"bench-{count}"
+                await v1.execute("INSERT INTO runs (run_id, tenant_id) VALUES ($1, 'acme')", run)
+                await v1.execute(BULK, run, t, p, rows)
+                took = {True: [], False: []}
+                for i in range(repeat + 1):
+                    for fill in (False, True):
+                        await admin.execute("DELETE FROM openwop_seat.events_v2_store WHERE run_id = $1", run)
+                        start = cpu_ns(pid)
+                        await admin.execute(f"CALL pg_temp.fill_rows('{run}', {int(rows)}, {fill})")
+                        if i:
+                            took[fill].append(cpu_ns(pid) - start)
+                if not await admin.fetchval("SELECT count(*) = $2 FROM openwop_seat.events_v2_store WHERE run_id = $1",
+                                            run, rows):
+                    raise RuntimeError(f"the fill of {t} rows left rows out of the store")
+                fills[t] = (min(took[True]) - min(took[False])) / rows / 1e3
+        return names, out, fills
     finally:
         await admin.execute("ALTER TABLE events ENABLE TRIGGER USER")
         for conn in (admin, v1, v2):
@@ -140,6 +199,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=500, help="appends per run (default 500)")
     parser.add_argument("--repeat", type=int, default=10, help="rounds, the best of them kept (default 10)")
     parser.add_argument("--bulk", action="store_true", help="also one multi-row INSERT … SELECT of --rows rows")
+    parser.add_argument("--store-fill", action="store_true",
+                        help="also what filling each appended row into the v2 store would add, by stored type")
     args = parser.parse_args(argv)
     secret = os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = DevCluster(settings={"shared_buffers": "256MB"}).start()
@@ -150,7 +211,8 @@ def main(argv=None) -> int:
         config = parse_config({"proxy": {"listen": "127.0.0.1:1", "upstream": f"127.0.0.1:{cluster.port}"},
                                "host": host})
         asyncio.run(migrate(dsn, config, load_artifacts(), out=lambda _line: None))
-        names, results = asyncio.run(measure(cluster.port, secret, args.rows, args.repeat, args.bulk))
+        names, results, fills = asyncio.run(measure(cluster.port, secret, args.rows, args.repeat, args.bulk,
+                                                    args.store_fill))
     finally:
         cluster.stop()
     short = [n.removeprefix("zz_openwop_seat_") for n in names]
@@ -161,6 +223,9 @@ def main(argv=None) -> int:
         print(f"{r['mode']:<7} {r['writer']:<11} {r['none']:>7.2f} "
               + " ".join(f"{'+' + format(r[n] - r['none'], '.2f'):>13}" for n in names)
               + f" {'+' + format(r['all'] - r['none'], '.2f'):>7}")
+    if fills:
+        print("\nfilling an appended era-2 row into the v2 store instead of unmarking its run, the backend's CPU µs "
+              "per row: " + ", ".join(f"{t} +{us:.2f}" for t, us in fills.items()))
     return 0
 
 

@@ -205,8 +205,9 @@ $ow$;
 """
 
 
-# session_major()'s query, inlined into the append triggers' functions (SECURITY DEFINER, owned by the owner of
-# openwop_seat, search_path pinned): the same claim, without a nested SECURITY DEFINER call per row (ADR 0020).
+# The current backend's claim (pid and start time): session_major()'s query, and the append triggers' own copy of
+# it (their functions are SECURITY DEFINER of the owner of openwop_seat with search_path pinned, as
+# session_major() is): the same claim, without a nested SECURITY DEFINER call per row (ADR 0020).
 _MAJOR = (f"(SELECT c.major FROM {SCHEMA}.claims c WHERE c.pid = pg_backend_pid() "
           "AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a))")
 
@@ -220,9 +221,7 @@ AS $ow$
 BEGIN
     -- plpgsql, not sql: a SECURITY DEFINER SQL function is never inlined, and its body would be
     -- parsed and planned again in every statement (every append) that calls it.
-    RETURN (SELECT c.major FROM {SCHEMA}.claims c
-            WHERE c.pid = pg_backend_pid()
-              AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a));
+    RETURN {_MAJOR};
 END
 $ow$;
 """

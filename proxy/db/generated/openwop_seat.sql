@@ -1161,9 +1161,7 @@ AS $ow$
 BEGIN
     -- plpgsql, not sql: a SECURITY DEFINER SQL function is never inlined, and its body would be
     -- parsed and planned again in every statement (every append) that calls it.
-    RETURN (SELECT c.major FROM openwop_seat.claims c
-            WHERE c.pid = pg_backend_pid()
-              AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a));
+    RETURN (SELECT c.major FROM openwop_seat.claims c WHERE c.pid = pg_backend_pid() AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a));
 END
 $ow$;
 
