@@ -65,16 +65,18 @@ def _vendor(t: str, orgs) -> str:
 
 
 def clean_mark_sql(artifacts, host: HostConfig) -> str:
-    """PL/pgSQL that removes the payloads-clean mark of the run ``v_run`` when the row ``NEW`` (type ``v_type``)
-    breaks it: a type the reader rule cannot read, or a payload that is not v2-clean. The UPDATE trigger's body
-    (``on_event_clean``) and part of the append's final check (``on_event_inserted``, ADR 0020)."""
+    """PL/pgSQL that removes the payloads-clean mark of the run ``v_run`` when the row ``NEW`` (type ``v_type``;
+    its payload into the declared jsonb ``v_p``) breaks it: a type the reader rule cannot read, or a payload that
+    is not v2-clean. The UPDATE trigger's body (``on_event_clean``) and part of the append's final check
+    (``on_event_inserted``, ADR 0020)."""
     orgs = sorted(set(artifacts.vendor_orgs) - set(artifacts.reserved_orgs))
     # relations_sql's forward map; filtered, so that a vocabulary a test narrowed stays one vocabulary
     forward = {v1: v2 for v1, v2 in artifacts.v1_to_v2.items() if v1 in artifacts.v1_types}
-    p = f"(NEW.{quote_ident(host.payload_column)})::jsonb"
-    return f"""IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
+    # the payload as jsonb for every row, as the clean trigger always read it (a text column's bad JSON fails here)
+    return f"""v_p := (NEW.{quote_ident(host.payload_column)})::jsonb;
+    IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
        AND NOT (({jsonb_literal(forward)} OPERATOR(pg_catalog.?) v_type OR {_vendor('v_type', orgs)})
-                AND ({p} IS NULL OR {SCHEMA}.fast_v2(v_type, {p}))) THEN
+                AND (v_p IS NULL OR {SCHEMA}.fast_v2(v_type, v_p))) THEN
         DELETE FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run;
     END IF;"""
 
@@ -390,6 +392,7 @@ AS $ow$
 DECLARE
     v_run text := (NEW.{quote_ident(host.run_id_column)})::text;
     v_type text := (NEW.{quote_ident(host.type_column)})::text;
+    v_p jsonb;
 BEGIN
     {clean_mark_sql(artifacts, host)}
     RETURN NULL;

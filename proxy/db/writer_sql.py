@@ -583,6 +583,7 @@ DECLARE
     v_major smallint;
     v_seq bigint;
     v_sentence text;
+    v_p jsonb;
 BEGIN
 {_RUN_LOCK_SHARED}    v_era := {era_sql(host, run)};
     -- An era-2 row in a spelling the guard stores for a v2 writer is right for every writer: no need to ask
