@@ -306,13 +306,12 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
-        IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
-            DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
-        END IF;
+    -- UPDATE or DELETE
+    PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+    IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
+        DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
     END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
+    IF TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run} THEN
         PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);
     END IF;
     RETURN NULL;

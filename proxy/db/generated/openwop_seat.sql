@@ -3403,13 +3403,12 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
-        IF TG_RELID OPERATOR(pg_catalog.=) '"public"."events"'::regclass THEN
-            DELETE FROM openwop_seat.events_v2_store openwop_seat_s WHERE openwop_seat_s."run_id" OPERATOR(pg_catalog.=) OLD."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.=) OLD.sequence;
-        END IF;
+    -- UPDATE or DELETE
+    PERFORM openwop_seat.store_unmark((OLD."run_id")::text);
+    IF TG_RELID OPERATOR(pg_catalog.=) '"public"."events"'::regclass THEN
+        DELETE FROM openwop_seat.events_v2_store openwop_seat_s WHERE openwop_seat_s."run_id" OPERATOR(pg_catalog.=) OLD."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.=) OLD.sequence;
     END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id") THEN
+    IF TG_OP = 'UPDATE' AND OLD."run_id" IS DISTINCT FROM NEW."run_id" THEN
         PERFORM openwop_seat.store_unmark((NEW."run_id")::text);
     END IF;
     RETURN NULL;
