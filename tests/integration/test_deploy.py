@@ -372,6 +372,9 @@ def test_dockerfile_builds_the_compiled_framer():
     assert "rm -rf /var/lib/apt/lists/*" in steps[-1]
     copied = [src for op, arg in dockerfile() if op == "COPY" for src in arg.split()[:-1]]
     assert "setup.py" in copied and "proxy" in copied
+    # a core compiled on the machine that builds the image (make setup builds it in the checkout) stays out
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {"**/*.so", "**/__pycache__", ".venv"} <= ignored, ignored
 
 
 def test_the_dockerfiles_build_context_builds_the_compiled_framer(tmp_path):
