@@ -8,6 +8,7 @@
 * The seat: ``python -m proxy serve`` with ``workers = 1``, so one process, like single-threaded
   PgBouncer; its sessions are major 2, except those whose application_name is
   :data:`bench.seed.V1_APPLICATION`, which are major 1 (a ``[[proxy.clients]]`` rule).
+* The floor: ``python -m bench.bare_relay``, a bare uvloop relay with no framing (issue 27).
 
 Each class stops what it started; :func:`machine` describes where the figures were taken.
 """
@@ -152,6 +153,21 @@ class Seat(_Process):
         config.write_text(render_config(sections))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self._wait_started()
+
+
+class BareRelay(_Process):
+    """The floor (issue 27): ``python -m bench.bare_relay``, a bare uvloop relay with no framing, in front of the
+    cluster, in a process of its own so that its CPU is measured as the seat's is."""
+
+    name = "floor"
+
+    def __init__(self, cluster: DevCluster) -> None:
+        super().__init__()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "bench.bare_relay", "--listen", str(self.port),
+                                          "--upstream", f"127.0.0.1:{cluster.port}"],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         self._wait_started()
 
