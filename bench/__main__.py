@@ -111,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(seed.check_translation(seat.port, bouncer.port, cluster.port))
         ports = {"direct": cluster.port, "pgbouncer": bouncer.port, "seat": seat.port}
         pids = {"pgbouncer": bouncer.pid, "seat": seat.pid}
-        if any(w in report.FLOOR_WORKLOADS for w in selected):  # the floor: a bare uvloop relay (issue 27)
+        if any(w in report.FLOOR_WORKLOADS for w in selected):
+            # the floor, a bare uvloop relay, and the seat with raw sessions between it and the seat (issue 27)
             floor = stack.BareRelay(cluster)
             running.append(floor)
             ports[report.FLOOR], pids[report.FLOOR] = floor.port, floor.pid
+            raw = stack.Seat(cluster, args.idle_connections + 100, default_major="raw")
+            running.append(raw)
+            ports[report.RAW_SEAT], pids[report.RAW_SEAT] = raw.port, raw.pid
         if any(w in report.CONNECT for w in selected):
             # The seat with reuse ([pool], ADR 0016), for the connect workloads: the superuser gets a SCRAM password
             # (pg_hba stays trust: direct and PgBouncer log in as before), the seat its verifier.
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"rounds": args.rounds, "seconds": args.seconds, "clients": workloads.CLIENTS,
                          "threads": workloads.THREADS, "pgbench_scale": args.scale,
                          "idle_connections": args.idle_connections, "workloads": selected,
-                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM, report.FLOOR],
+                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM, report.RAW_SEAT,
+                                     report.FLOOR],
                          "seat_workers": 1,
                          "pgbouncer_pool_mode": "session",
                          "postgresql": stack.cluster_settings(args.idle_connections)},

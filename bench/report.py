@@ -22,6 +22,8 @@ BOUNCER_SCRAM = "pgbouncer_scram"
 # The floor (issue 27): a bare uvloop relay with no framing (bench/bare_relay.py), its own process, on the workloads
 # below; reported beside the seat and PgBouncer (seat ÷ floor, CPU per 1,000), never a goal.
 FLOOR = "floor"
+# …and the seat with raw sessions (default_major "raw": framing, session state, metrics, no read path), between the two
+RAW_SEAT = "seat_raw"
 FLOOR_WORKLOADS = ("passthrough_simple", "passthrough_extended", "passthrough_prepared", "era3_page_text", "latency")
 
 # The throughput workloads, in the order they run and print; each name is also its ratio key.
@@ -144,7 +146,7 @@ def targets_of(workload: str, ports: dict[str, int]) -> tuple[str, ...]:
     if workload in CONNECT and POOLED in ports:
         return TARGETS + (POOLED, BOUNCER_SCRAM)
     if workload in FLOOR_WORKLOADS and FLOOR in ports:
-        return TARGETS + (FLOOR,)
+        return TARGETS + (RAW_SEAT, FLOOR)
     return TARGETS
 
 
@@ -165,9 +167,10 @@ def summarise(results: Results) -> dict:
                 per_round = [r[POOLED] / r[ref] for r in rounds]
                 entry[f"{POOLED}_over_{ref}"] = {"median": entry[POOLED]["median"] / entry.get(
                     ref, per_target.get(ref))["median"], "min": min(per_round), "max": max(per_round)}
-        if all(FLOOR in r for r in rounds):
+        if all(FLOOR in r and RAW_SEAT in r for r in rounds):
             entry[FLOOR] = _spread([r[FLOOR] for r in rounds])
-            for num, den in (("seat", FLOOR), (FLOOR, "pgbouncer")):
+            entry[RAW_SEAT] = _spread([r[RAW_SEAT] for r in rounds])
+            for num, den in (("seat", FLOOR), (RAW_SEAT, FLOOR), (FLOOR, "pgbouncer")):
                 per_round = [r[num] / r[den] for r in rounds]
                 entry[f"{num}_over_{den}"] = {"median": statistics.median(r[num] for r in rounds)
                                               / statistics.median(r[den] for r in rounds),
@@ -179,14 +182,14 @@ def summarise(results: Results) -> dict:
         if len(per) == len(PROXIES):
             out["cpu_ms_per_1000"][workload] = {**per, "seat_over_pgbouncer": per["seat"] / per["pgbouncer"]
                                                 if per["pgbouncer"] else None}
-            for t in (POOLED, BOUNCER_SCRAM, FLOOR):  # the connect workloads' reuse and SCRAM targets; the floor
+            for t in (POOLED, BOUNCER_SCRAM, FLOOR, RAW_SEAT):  # the connect workloads' reuse and SCRAM; the floor
                 if all(t in r for r in rounds):
                     out["cpu_ms_per_1000"][workload][t] = statistics.median(r[t] for r in rounds)
             floor = out["cpu_ms_per_1000"][workload].get(FLOOR)
             if floor:
                 out["cpu_ms_per_1000"][workload]["seat_over_floor"] = per["seat"] / floor
     if results.latency:
-        for t in (*TARGETS, FLOOR):
+        for t in (*TARGETS, RAW_SEAT, FLOOR):
             if all(t in r for r in results.latency):
                 out["latency"][t] = {k: statistics.median(r[t][k] for r in results.latency)
                                      for k in ("p50_us", "p99_us", "p999_us")}
@@ -201,16 +204,18 @@ def floor_summary(summary: dict) -> dict:
         if FLOOR not in entry:
             continue
         row = {"unit": THROUGHPUT[workload][0], "floor": entry[FLOOR]["median"],
-               "seat": entry["per_target"]["seat"]["median"], "pgbouncer": entry["per_target"]["pgbouncer"]["median"],
+               "seat_raw": entry[RAW_SEAT]["median"], "seat": entry["per_target"]["seat"]["median"],
+               "pgbouncer": entry["per_target"]["pgbouncer"]["median"],
                "seat_over_floor": entry["seat_over_floor"]["median"],
+               "seat_raw_over_floor": entry[f"{RAW_SEAT}_over_floor"]["median"],
                "floor_over_pgbouncer": entry["floor_over_pgbouncer"]["median"]}
         cpu = summary.get("cpu_ms_per_1000", {}).get(workload, {})
-        if FLOOR in cpu:
-            row["cpu_ms_per_1000"] = {t: cpu[t] for t in (FLOOR, "seat", "pgbouncer")}
+        if FLOOR in cpu and RAW_SEAT in cpu:
+            row["cpu_ms_per_1000"] = {t: cpu[t] for t in (FLOOR, RAW_SEAT, "seat", "pgbouncer")}
         out[workload] = row
     lat = summary.get("latency", {})
-    if FLOOR in lat:
-        out["latency"] = {t: lat[t] for t in (FLOOR, "seat", "pgbouncer")}
+    if FLOOR in lat and RAW_SEAT in lat:
+        out["latency"] = {t: lat[t] for t in (FLOOR, RAW_SEAT, "seat", "pgbouncer")}
     return out
 
 
@@ -292,29 +297,30 @@ def table(results: Results, summary: dict) -> str:
 
 
 def floor_table(summary: dict) -> str:
-    """The floor (a bare uvloop relay, no framing) beside PgBouncer and the seat: throughput, seat ÷ floor,
-    floor ÷ PgBouncer, and the CPU ms per 1,000 transactions of each process; empty when it did not run."""
+    """The floor (a bare uvloop relay, no framing) beside PgBouncer, the seat with raw sessions and the seat:
+    throughput, seat ÷ floor, floor ÷ PgBouncer, and the CPU ms per 1,000 transactions of each process; empty when
+    it did not run."""
     floor = floor_summary(summary)
     if not floor:
         return ""
-    head = (f"{'floor: bare uvloop relay':26} {'unit':8} {'pgbouncer':>10} {'floor':>10} {'seat':>10} "
-            f"{'seat/floor':>11} {'floor/pgb':>10}   {'CPU ms/1k: pgbouncer / floor / seat':>36}")
+    order = ("pgbouncer", FLOOR, RAW_SEAT, "seat")
+    head = (f"{'floor: bare uvloop relay':26} {'unit':8} {'pgbouncer':>10} {'floor':>10} {'seat raw':>10} "
+            f"{'seat':>10} {'seat/floor':>11} {'floor/pgb':>10}   {'CPU ms/1k: pgbouncer / floor / raw / seat':>42}")
     lines = [head, "-" * len(head)]
     for workload, row in floor.items():
         if workload == "latency":
             continue
         cpu = row.get("cpu_ms_per_1000")
-        shown = "—" if cpu is None else " / ".join(_fmt(cpu[t]) for t in ("pgbouncer", FLOOR, "seat"))
-        lines.append(f"{workload:26} {row['unit']:8} {_fmt(row['pgbouncer']):>10} {_fmt(row[FLOOR]):>10} "
-                     f"{_fmt(row['seat']):>10} {row['seat_over_floor']:>11.2f} {row['floor_over_pgbouncer']:>10.2f}"
-                     f"   {shown:>36}")
+        shown = "—" if cpu is None else " / ".join(_fmt(cpu[t]) for t in order)
+        lines.append(f"{workload:26} {row['unit']:8}" + "".join(f" {_fmt(row[t]):>10}" for t in order)
+                     + f" {row['seat_over_floor']:>11.2f} {row['floor_over_pgbouncer']:>10.2f}   {shown:>42}")
     if "latency" in floor:
         lat = floor["latency"]
         for key in ("p50_us", "p99_us"):
             label = f"latency {key[:-3]}, 1 client"
-            lines.append(f"{label:26} {'µs':8} {_fmt(lat['pgbouncer'][key]):>10} {_fmt(lat[FLOOR][key]):>10} "
-                         f"{_fmt(lat['seat'][key]):>10} {lat['seat'][key] / lat[FLOOR][key]:>11.2f} "
-                         f"{lat[FLOOR][key] / lat['pgbouncer'][key]:>10.2f}")
+            seat, bare, pgb = lat["seat"][key], lat[FLOOR][key], lat["pgbouncer"][key]
+            lines.append(f"{label:26} {'µs':8}" + "".join(f" {_fmt(lat[t][key]):>10}" for t in order)
+                         + f" {seat / bare:>11.2f} {bare / pgb:>10.2f}")
     return "\n".join(lines)
 
 

@@ -42,7 +42,7 @@ def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
                                         "python"}
     for workload in RATIO_KEYS & set(document["rounds"]["throughput"]):
         pooled = {"seat_pool", "pgbouncer_scram"} if workload.startswith("connect_") else set()  # reuse, SCRAM
-        floor = {"floor"} if workload in FLOOR_WORKLOADS else set()  # the bare uvloop relay (issue 27)
+        floor = {"floor", "seat_raw"} if workload in FLOOR_WORKLOADS else set()  # bare relay, raw seat (issue 27)
         assert set(document["rounds"]["throughput"][workload][0]) == {"direct", "pgbouncer", "seat"} | pooled | floor
     assert set(document["goals"]) == RATIO_KEYS - REPORTED_KEYS
     assert set(document["goals_met"]) == RATIO_KEYS - REPORTED_KEYS
@@ -61,7 +61,7 @@ def test_a_tiny_bench_run_prints_the_table_and_writes_every_ratio(tmp_path):
     for workload in FLOOR_WORKLOADS - {"latency"}:
         row = document["floor"][workload]
         assert row["floor"] > 0 and row["seat_over_floor"] > 0, workload
-        assert row["cpu_ms_per_1000"]["floor"] > 0, workload
+        assert row["cpu_ms_per_1000"]["floor"] > 0 and row["cpu_ms_per_1000"]["seat_raw"] > 0, workload
     assert document["floor"]["latency"]["floor"]["p50_us"] > 0
     assert "floor: bare uvloop relay" in done.stdout
 
