@@ -9,7 +9,8 @@ Modules:
 
 * ``__main__``  the command line and the order of the rounds;
 * ``stack``     the processes: cluster, PgBouncer (installed if missing), seat; the
-                machine's description;
+                floor (``bare_relay``, a bare uvloop relay) and a seat of raw sessions
+                beside it; the machine's description;
 * ``seed``      the host's tables and the benchmark's data: pgbench tables, event
                 pages of era-2 runs (payloads-clean, renamed types), of era-3 runs
                 and of era-2 runs needing payload projection, runs to append into;

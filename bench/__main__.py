@@ -39,7 +39,8 @@ from . import report, seed, stack, workloads
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = (*report.THROUGHPUT, "latency", "idle_memory")
 GROUPS = {"connect": report.CONNECT,  # --only connect: both connect workloads
-          "host_requests": ("host_requests_1", "host_requests_8")}
+          "host_requests": ("host_requests_1", "host_requests_8"),
+          "floor": report.FLOOR_WORKLOADS}  # --only floor: the workloads the bare relay runs (issue 27)
 
 
 def _positive(text: str) -> int:
@@ -64,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds per measurement of one workload against one target (default 15)")
     parser.add_argument("--only", action="append", choices=(*WORKLOADS, *GROUPS), metavar="WORKLOAD",
                         help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}, or connect (both "
-                             f"connect workloads); the ratios of the others are written as null")
+                             f"connect workloads), host_requests (both), or floor (the workloads the floor, a "
+                             f"bare uvloop relay, runs beside the others: {', '.join(report.FLOOR_WORKLOADS)}); the "
+                             f"ratios of the others are written as null")
     parser.add_argument("--idle-connections", type=_positive, default=1000,
                         help="idle client connections for the memory figure (default 1000)")
     parser.add_argument("--scale", type=_positive, default=10, help="pgbench -i scale factor (default 10)")
@@ -108,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(seed.check_translation(seat.port, bouncer.port, cluster.port))
         ports = {"direct": cluster.port, "pgbouncer": bouncer.port, "seat": seat.port}
         pids = {"pgbouncer": bouncer.pid, "seat": seat.pid}
+        if any(w in report.FLOOR_WORKLOADS for w in selected):
+            # the floor, a bare uvloop relay, and the seat with raw sessions between it and the seat (issue 27)
+            floor = stack.BareRelay(cluster)
+            running.append(floor)
+            ports[report.FLOOR], pids[report.FLOOR] = floor.port, floor.pid
+            raw = stack.Seat(cluster, args.idle_connections + 100, default_major="raw")
+            running.append(raw)
+            ports[report.RAW_SEAT], pids[report.RAW_SEAT] = raw.port, raw.pid
         if any(w in report.CONNECT for w in selected):
             # The seat with reuse ([pool], ADR 0016), for the connect workloads: the superuser gets a SCRAM password
             # (pg_hba stays trust: direct and PgBouncer log in as before), the seat its verifier.
@@ -130,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"rounds": args.rounds, "seconds": args.seconds, "clients": workloads.CLIENTS,
                          "threads": workloads.THREADS, "pgbench_scale": args.scale,
                          "idle_connections": args.idle_connections, "workloads": selected,
-                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM], "seat_workers": 1,
+                         "targets": [*report.TARGETS, report.POOLED, report.BOUNCER_SCRAM, report.RAW_SEAT,
+                                     report.FLOOR],
+                         "seat_workers": 1,
                          "pgbouncer_pool_mode": "session",
                          "postgresql": stack.cluster_settings(args.idle_connections)},
             "machine": stack.machine(cluster.psql("SHOW server_version").strip(), pgbouncer_bin, pgbench),
@@ -168,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "ratios": ratios,
         "ratios_seat_over_direct": {w: e["seat_over_direct"]["median"] for w, e in summary["throughput"].items()},
+        "floor": report.floor_summary(summary),
         "goals_met": report.verdicts(ratios),
     })
     print()
     print(report.table(results, summary))
     print()
+    floor_table = report.floor_table(summary)
+    if floor_table:
+        print(floor_table)
+        print()
     print(report.goal_lines(ratios))
     report.write(out, document)
     print(f"\nresults: {out}")

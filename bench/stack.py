@@ -8,6 +8,8 @@
 * The seat: ``python -m proxy serve`` with ``workers = 1``, so one process, like single-threaded
   PgBouncer; its sessions are major 2, except those whose application_name is
   :data:`bench.seed.V1_APPLICATION`, which are major 1 (a ``[[proxy.clients]]`` rule).
+* The floor: ``python -m bench.bare_relay``, a bare uvloop relay with no framing (issue 27), and beside it a
+  second seat whose sessions are raw (``default_major = "raw"``: the relay without the read path).
 
 Each class stops what it started; :func:`machine` describes where the figures were taken.
 """
@@ -135,12 +137,15 @@ class Seat(_Process):
 
     name = "seat"
 
-    def __init__(self, cluster: DevCluster, max_clients: int, pool_verifier: str | None = None) -> None:
+    def __init__(self, cluster: DevCluster, max_clients: int, pool_verifier: str | None = None,
+                 default_major: int | str = 2) -> None:
         super().__init__()
         config = self.dir / "openwop-seat.toml"
         sections = {
             "proxy": {"listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{cluster.port}",
-                      "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5, "default_major": 2,
+                      "workers": 1, "max_client_conn": max_clients, "shutdown_timeout": 5,
+                      # "raw" for the floor's comparison: the seat's relay without its read path (issue 27)
+                      "default_major": default_major,
                       # the major-1 reader of the era2_page_major1_text workload (pgbench's PGAPPNAME)
                       "clients": [{"application_name": V1_APPLICATION, "major": 1}]},
             "host": {"dsn": cluster.dsn()},
@@ -152,6 +157,21 @@ class Seat(_Process):
         config.write_text(render_config(sections))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self._wait_started()
+
+
+class BareRelay(_Process):
+    """The floor (issue 27): ``python -m bench.bare_relay``, a bare uvloop relay with no framing, in front of the
+    cluster, in a process of its own so that its CPU is measured as the seat's is."""
+
+    name = "floor"
+
+    def __init__(self, cluster: DevCluster) -> None:
+        super().__init__()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "bench.bare_relay", "--listen", str(self.port),
+                                          "--upstream", f"127.0.0.1:{cluster.port}"],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         self._wait_started()
 

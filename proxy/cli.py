@@ -14,6 +14,15 @@ from proxy.errors import describe
 log = logging.getLogger("openwop_seat")
 
 
+# What serve reads from its environment besides the configuration file (names as proxy.db.layout.CLAIM_SECRET_ENV
+# and proxy.wire.framer.IMPLEMENTATION_ENV spell them; tests/unit/test_cli_help.py holds them to it).
+SERVE_ENVIRONMENT = f"""environment:
+  {CONFIG_ENV:<26} the configuration file, when --config is not given
+  OPENWOP_SEAT_CLAIM_SECRET  the claim secret, when [host] claim_secret_file is not set
+  OPENWOP_SEAT_FRAMER        c or python: the compiled framer (the default where it is built) or the
+                             pure-Python one (ADR 0018); the "listening" log line names the one in use"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openwop-seat",
@@ -24,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve", help="run the proxy",
-        description="Accept PostgreSQL clients and relay each to its own upstream connection.")
+        description="Accept PostgreSQL clients and relay each to its own upstream connection.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SERVE_ENVIRONMENT)
     serve.add_argument("--config", metavar="FILE",
                        help=f"TOML configuration file (default: ${CONFIG_ENV}, else built-in defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="override [proxy] listen")

@@ -70,6 +70,23 @@ def _vendor(t: str, orgs) -> str:
             f"pg_catalog.split_part({t}, '.', 1) {EQ} ANY ({text_array_literal(orgs)}))")
 
 
+def clean_mark_sql(artifacts, host: HostConfig) -> str:
+    """PL/pgSQL that removes the payloads-clean mark of the run ``v_run`` when the row ``NEW`` (type ``v_type``;
+    its payload into the declared jsonb ``v_p``) breaks it: a type the reader rule cannot read, or a payload that
+    is not v2-clean. The UPDATE trigger's body (``on_event_clean``) and part of the append's final check
+    (``on_event_inserted``, ADR 0020)."""
+    orgs = sorted(set(artifacts.vendor_orgs) - set(artifacts.reserved_orgs))
+    # relations_sql's forward map; filtered, so that a vocabulary a test narrowed stays one vocabulary
+    forward = {v1: v2 for v1, v2 in artifacts.v1_to_v2.items() if v1 in artifacts.v1_types}
+    # the payload as jsonb for every row, as the clean trigger always read it (a text column's bad JSON fails here)
+    return f"""v_p := (NEW.{quote_ident(host.payload_column)})::jsonb;
+    IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
+       AND NOT (({jsonb_literal(forward)} OPERATOR(pg_catalog.?) v_type OR {_vendor('v_type', orgs)})
+                AND (v_p IS NULL OR {SCHEMA}.fast_v2(v_type, v_p))) THEN
+        DELETE FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run;
+    END IF;"""
+
+
 class _Era:
     """How one view finds a row's era: the join, and the conditions over it."""
 
@@ -417,21 +434,18 @@ $ow$;
 
 -- The payloads-clean marker: a run whose stored payloads all need no projection reads them as stored.
 -- Any write that could break that (an append or update of a payload that is not v2-clean, or of a type
--- the reader rule cannot read) removes the mark in the same transaction.
+-- the reader rule cannot read) removes the mark in the same transaction: an update here, an append in the
+-- append's final check (on_event_inserted, ADR 0020), one trigger per row.
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_clean()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
 DECLARE
     v_run text := (NEW.{quote_ident(host.run_id_column)})::text;
-    v_t text := (NEW.{quote_ident(host.type_column)})::text;
-    v_p jsonb := (NEW.{quote_ident(host.payload_column)})::jsonb;
+    v_type text := (NEW.{quote_ident(host.type_column)})::text;
+    v_p jsonb;
 BEGIN
-    IF EXISTS (SELECT 1 FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run)
-       AND NOT (({jsonb_literal(forward)} OPERATOR(pg_catalog.?) v_t OR {_vendor('v_t', orgs)})
-                AND (v_p IS NULL OR {SCHEMA}.fast_v2(v_t, v_p))) THEN
-        DELETE FROM {SCHEMA}.payloads_clean WHERE run_id {EQ} v_run;
-    END IF;
+    {clean_mark_sql(artifacts, host)}
     RETURN NULL;
 END
 $ow$;

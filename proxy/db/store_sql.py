@@ -284,19 +284,34 @@ REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
 -- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
 -- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 -- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
--- run's events (retention, erasure) leaves no translated copy of them behind.
+-- run's events (retention, erasure) leaves no translated copy of them behind. An insert (an append, the hot
+-- path) runs store_unmark's body here rather than a nested SECURITY DEFINER call (ADR 0020).
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_store()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
+DECLARE
+    v_run text;
 BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
-        IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
-            DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
+    IF TG_OP = 'INSERT' THEN
+        v_run := (NEW.{run})::text;
+        IF v_run IS NOT NULL THEN  -- store_unmark(v_run), inlined
+            PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
+            IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+                INSERT INTO {RUNS} (run_id) VALUES ((v_run)::{run_type})
+                ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
+            END IF;
+            DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
+            DELETE FROM {REFUSED} WHERE run_id {EQ} v_run;
         END IF;
+        RETURN NULL;
     END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run}) THEN
+    -- UPDATE or DELETE
+    PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
+    IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
+        DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run} THEN
         PERFORM {SCHEMA}.store_unmark((NEW.{run})::text);
     END IF;
     RETURN NULL;

@@ -205,6 +205,13 @@ $ow$;
 """
 
 
+# The current backend's claim (pid and start time): session_major()'s query, and the append triggers' own copy of
+# it (their functions are SECURITY DEFINER of the owner of openwop_seat with search_path pinned, as
+# session_major() is): the same claim, without a nested SECURITY DEFINER call per row (ADR 0020).
+_MAJOR = (f"(SELECT c.major FROM {SCHEMA}.claims c WHERE c.pid = pg_backend_pid() "
+          "AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a))")
+
+
 def _session_major_sql() -> str:
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.session_major()
@@ -214,9 +221,7 @@ AS $ow$
 BEGIN
     -- plpgsql, not sql: a SECURITY DEFINER SQL function is never inlined, and its body would be
     -- parsed and planned again in every statement (every append) that calls it.
-    RETURN (SELECT c.major FROM {SCHEMA}.claims c
-            WHERE c.pid = pg_backend_pid()
-              AND c.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a));
+    RETURN {_MAJOR};
 END
 $ow$;
 """
@@ -449,6 +454,11 @@ def _on_event_insert_sql(artifacts, host: HostConfig, orphans: bool = False) -> 
     else:
         probe = ""
     unmapped = "has no codemap row and no registered vendor prefix"
+    vendor = (f"pg_catalog.strpos(v_type, '.') > 0\n"
+              f"            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)})")
+    # a vendor-prefixed v2 name the codemap renames is translated for a v2 writer, not stored as sent
+    renamed_vendor = frozenset(v2 for v2 in to_v1 if "." in v2 and v2.split(".", 1)[0] in orgs)
+    not_renamed = f"\n            AND NOT (v_type = ANY ({text_array_literal(renamed_vendor)}))" if renamed_vendor else ""
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_insert()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -466,7 +476,13 @@ DECLARE
 BEGIN
 {_RUN_LOCK_SHARED}    -- READ COMMITTED: a fresh snapshot, taken after the lock (a stamp in flight has committed or rolled back).
     v_era := {era_sql(host, run)};{probe}
-    v_major := {SCHEMA}.session_major();
+    -- An era-2 row whose type every writer stores as sent (an identity name, a registered vendor's type): no need
+    -- to ask who writes it (the claim's lookup is the costly part of the guard; ADR 0020).
+    IF v_era IS DISTINCT FROM 3 AND (v_type = ANY ({text_array_literal(identity)})
+        OR ({vendor}{not_renamed})) THEN
+        RETURN NEW;
+    END IF;
+    v_major := {_MAJOR};
     IF v_major IS DISTINCT FROM 2 THEN
         IF v_era = 3 THEN
             v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
@@ -527,14 +543,18 @@ $ow$;
 
 
 def _on_event_inserted_sql(artifacts, host: HostConfig) -> str:
-    """The final check of an append (AFTER INSERT): the stored row, whatever BEFORE triggers did to it.
+    """The append's one AFTER INSERT row trigger: the final check of the row as stored, then the payloads-clean mark.
 
-    A host trigger that fires after ``zz_openwop_seat_append`` (a name sorting later, or one added by a role
-    with only TRIGGER on the table) may change the row's run or type after the append guard judged it.  This
-    one judges what was stored: it takes the stored run's lock, reads its era again, and refuses an era-2
-    write into an era-3 run, a v2 writer's row outside v2 vocabulary in an era-3 run, and one outside the
-    v1 spellings the guard stores in an era-2 run.
+    The final check (ADR 0006): a host trigger that fires after ``zz_openwop_seat_append`` (a name sorting later,
+    or one added by a role with only TRIGGER on the table) may change the row's run or type after the append
+    guard judged it.  This one judges what was stored: it takes the stored run's lock, reads its era again, and
+    refuses an era-2 write into an era-3 run, a v2 writer's row outside v2 vocabulary in an era-3 run, and one
+    outside the v1 spellings the guard stores in an era-2 run.  Then, for a row it lets through, what the
+    ``zz_openwop_seat_clean`` trigger did for an append before ADR 0020: a row that breaks its run's
+    payloads-clean mark removes the mark.  One AFTER trigger per appended row instead of two.
     """
+    from proxy.db.relations import clean_mark_sql
+
     rows = _codemap_rows(artifacts)
     v2_names = frozenset(rows.values())
     identity = frozenset(v1 for v1, v2 in rows.items() if v1 == v2)
@@ -546,6 +566,10 @@ def _on_event_inserted_sql(artifacts, host: HostConfig) -> str:
     run = f"NEW.{quote_ident(host.run_id_column)}"
     typ = f"NEW.{quote_ident(host.type_column)}"
     where = "format('event type %s stored in %s run %s at sequence %s', quote_nullable(v_type), "
+    seq = """v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{1,18}$'
+                          THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;"""
+    vendor = (f"(pg_catalog.strpos(v_type, '.') > 0\n"
+              f"                     AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))")
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.on_event_inserted()
 RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -559,46 +583,45 @@ DECLARE
     v_major smallint;
     v_seq bigint;
     v_sentence text;
+    v_p jsonb;
 BEGIN
 {_RUN_LOCK_SHARED}    v_era := {era_sql(host, run)};
     -- An era-2 row in a spelling the guard stores for a v2 writer is right for every writer: no need to ask
-    -- who wrote it (session_major() is the costly part of the check).
+    -- who wrote it (the claim's lookup is the costly part of the check).
     IF v_era IS DISTINCT FROM 3 AND (v_type = ANY ({text_array_literal(stored_v1)})
-        OR (pg_catalog.strpos(v_type, '.') > 0
-            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
-        RETURN NULL;
+        OR {vendor}) THEN
+        NULL;
+    ELSE
+        v_major := {_MAJOR};
+        IF v_major IS DISTINCT FROM 2 THEN
+            IF v_era = 3 THEN
+                {seq}
+                {_raise_sql("era2_write_refused",
+                            where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || "
+                            "' by a writer that is not a v2 writer (major 1, raw, or a session the seat has not "
+                            "claimed): an era-3 log takes no era-2 write'",
+                            "appends to an era-3 run come from a session the seat claimed as major 2; a trigger that "
+                            "changes an event's run or type after the seat's check does not change that")}
+            END IF;
+        ELSIF v_type IS NULL THEN
+            {seq}
+            {_raise_sql("event_row_malformed",
+                        "format('the event row stored in run %s at sequence %s has a NULL type', "
+                        "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))")}
+        ELSIF NOT (v_type = ANY (CASE WHEN v_era = 3 THEN {text_array_literal(v2_names)}
+                                      ELSE {text_array_literal(stored_v1)} END)
+                   OR {vendor}) THEN
+            {seq}
+            {_raise_sql("event_type_unmapped",
+                        where + "CASE WHEN v_era = 3 THEN 'era-3' ELSE 'era-2' END, quote_nullable(v_run), "
+                        "coalesce(v_seq::text, 'unknown')) || CASE WHEN v_era = 3 THEN ' is not in v2 vocabulary' "
+                        "ELSE ' is not a v1 spelling the seat stores for a v2 writer' END || "
+                        "' (a trigger changed the row after the seat''s check)'")}
+        END IF;
     END IF;
-    v_major := {SCHEMA}.session_major();
-    IF v_major IS DISTINCT FROM 2 AND v_era IS DISTINCT FROM 3 THEN
-        RETURN NULL;
-    END IF;
-    IF v_major = 2 AND v_type IS NOT NULL AND (
-        v_type = ANY (CASE WHEN v_era = 3 THEN {text_array_literal(v2_names)}
-                           ELSE {text_array_literal(stored_v1)} END)
-        OR (pg_catalog.strpos(v_type, '.') > 0
-            AND pg_catalog.split_part(v_type, '.', 1) = ANY ({text_array_literal(orgs)}))) THEN
-        RETURN NULL;
-    END IF;
-    v_seq := CASE WHEN (to_jsonb(NEW) ->> 'sequence') ~ '^-?[0-9]{{1,18}}$'
-                  THEN (to_jsonb(NEW) ->> 'sequence')::bigint END;
-    IF v_major IS DISTINCT FROM 2 THEN
-        {_raise_sql("era2_write_refused",
-                    where + "'era-3', quote_nullable(v_run), coalesce(v_seq::text, 'unknown')) || "
-                    "' by a writer that is not a v2 writer (major 1, raw, or a session the seat has not "
-                    "claimed): an era-3 log takes no era-2 write'",
-                    "appends to an era-3 run come from a session the seat claimed as major 2; a trigger that "
-                    "changes an event's run or type after the seat's check does not change that")}
-    END IF;
-    IF v_type IS NULL THEN
-        {_raise_sql("event_row_malformed",
-                    "format('the event row stored in run %s at sequence %s has a NULL type', "
-                    "quote_nullable(v_run), coalesce(v_seq::text, 'unknown'))")}
-    END IF;
-    {_raise_sql("event_type_unmapped",
-                where + "CASE WHEN v_era = 3 THEN 'era-3' ELSE 'era-2' END, quote_nullable(v_run), "
-                "coalesce(v_seq::text, 'unknown')) || CASE WHEN v_era = 3 THEN ' is not in v2 vocabulary' "
-                "ELSE ' is not a v1 spelling the seat stores for a v2 writer' END || "
-                "' (a trigger changed the row after the seat''s check)'")}
+    -- The payloads-clean mark (proxy.db.relations): a row that breaks it removes it.
+    {clean_mark_sql(artifacts, host)}
+    RETURN NULL;
 END
 $ow$;
 """
@@ -903,10 +926,11 @@ CREATE OR REPLACE TRIGGER {name} AFTER INSERT ON {events} FOR EACH ROW
 CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     WHEN (OLD.{typ} IS DISTINCT FROM NEW.{typ} OR OLD.{run} IS DISTINCT FROM NEW.{run})
     EXECUTE FUNCTION {SCHEMA}.on_event_update();"""))
-        # The payloads-clean mark (proxy.db.relations): a write that breaks it removes it.
+        # The payloads-clean mark (proxy.db.relations): a write that breaks it removes it. An append's is kept by
+        # the final check above (on_event_inserted, ADR 0020): one AFTER trigger per appended row.
         name = TRIGGER_PREFIX + "clean"
         out.append(Trigger(host.events_table, name, f"""
-CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE ON {events} FOR EACH ROW
+CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
     EXECUTE FUNCTION {SCHEMA}.on_event_clean();"""))
         name = TRIGGER_PREFIX + "update_era3"
         out.append(Trigger(host.events_table, name, f"""

@@ -51,6 +51,7 @@ log = logging.getLogger("openwop_seat.classify")
 CLASSIFIER_FAILED = "classifier error"  # the reason of the refusal made when the classifier raised
 
 PASS, TRANSLATE, REFUSE = "passthrough", "translate", "refuse"
+PREFILTERED = "prefiltered"  # StatementPlan.kind of a PASS the prefilter made: its text names nothing the seat reads
 SEAT_SCHEMA = "openwop_seat"
 VIEW = {2: "events_m2", 1: "events_m1"}
 # What a level whose row lock applies to the events table reads (ADR 0017): the same translation, lockable.
@@ -84,7 +85,7 @@ LARGE_TEXT = PASSED_MAX_TEXT
 class StatementPlan(NamedTuple):
     action: str  # PASS, TRANSLATE or REFUSE
     sql: str  # the text to send for this statement
-    kind: str = ""  # for REFUSE: what was refused (names the statement kind)
+    kind: str = ""  # for REFUSE: what was refused (names the statement kind); for PASS: PREFILTERED or ""
     detail: str = ""  # for REFUSE: a human explanation
 
 
@@ -186,10 +187,11 @@ class Classifier:
         if plan is not None:
             return plan
         analysed = self._analysed.pop(sql, None) if self._analysed else None  # made off the event loop (analyse)
-        if not self._worth_parsing(sql):
+        low = sql.lower()
+        if not self._worth_parsing(sql, low):
             # Nothing to parse. Kept in a small table that is emptied when full, not in the LRU: statements
             # with literals (each text new) would otherwise fill it with garbage the collector keeps walking.
-            plan = analysed or _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql)
+            plan = analysed or _unparsed_plan(sql, low)
             if len(sql) <= PASSED_MAX_TEXT:
                 if len(self._passed) >= PASSED_TEXTS or self._passed_bytes + len(sql) > PASSED_BYTES:
                     self._passed.clear()
@@ -226,9 +228,10 @@ class Classifier:
 
         worker = copy.copy(self)
         generation = self.generation
-        if worker._worth_parsing(sql):
+        low = sql.lower()
+        if worker._worth_parsing(sql, low):
             return worker._classify_or_refuse(sql), generation
-        return _encoding_plan(sql) or Plan((StatementPlan(PASS, sql),), sql), generation
+        return _unparsed_plan(sql, low), generation
 
     def analysed(self, sql: str, plan: Plan, generation: int) -> None:
         """Hand an analyse() result to the next classify() of ``sql`` (dropped if the functions changed since)."""
@@ -261,9 +264,10 @@ class Classifier:
         low = sql.lower()
         return self._needle in low or "u&" in low
 
-    def _worth_parsing(self, sql: str) -> bool:
+    def _worth_parsing(self, sql: str, low: str | None = None) -> bool:
         # plain substring tests, written out: several times cheaper than a regular expression or any() here
-        low = sql.lower()
+        if low is None:
+            low = sql.lower()
         return (self._needle in low or "u&" in low or "openwop_seat" in low or "to_xml" in low or "ts_stat" in low
                 or "ts_rewrite" in low or "dblink" in low or ("do" in low and _DO_BLOCK.search(low) is not None)
                 or ("create" in low and ("function" in low or "procedure" in low))  # ADR 0017: a dynamic body
@@ -1189,6 +1193,14 @@ def _select_levels(query):
 def _cost(sql: str, plan: Plan) -> int:
     """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
     return 2 * len(sql) + (len(plan.text) if plan.changed else 0) + 600  # the texts and the Python objects
+
+
+def _unparsed_plan(sql: str, low: str) -> Plan:
+    """The plan of a text the prefilter passes (``low``: its lower case): sent as it is, its statement marked
+    PREFILTERED (it names nothing the seat reads, so it is no event write either), unless it sets a client_encoding
+    the seat cannot parse in."""
+    return (_encoding_plan(sql) if encoding.might_set(low) else None) or Plan((StatementPlan(PASS, sql, PREFILTERED),),
+                                                                              sql)
 
 
 def _encoding_plan(sql: str) -> Plan | None:

@@ -49,7 +49,7 @@ import orjson
 
 from proxy.errors import BY_SQLSTATE, CODES, SeatException
 from proxy.readpath import encoding
-from proxy.readpath.classify import LARGE_TEXT, PASS, REFUSE, Classifier, Plan, StatementPlan
+from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import messages
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.types import (
@@ -272,6 +272,8 @@ class ReadPath:
         return plan
 
     def _class_of(self, st) -> str:
+        if st.kind is PREFILTERED:  # the prefilter found no mention of the events table: not an event write
+            return "passthrough"
         if st.action != PASS:
             return _CLASS[st.action]
         sql = st.sql.lstrip()

@@ -105,12 +105,36 @@ class SeatServer:
         from proxy.serve.pool import Pool
 
         self.pool = Pool(self)  # pooled server connections ([pool], ADR 0016): used while pool.enabled
+        self.peers = None  # with workers > 1: the other workers, through the supervisor (supervisor.PeerLink)
         self._reload_lock = asyncio.Lock()
         # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
         # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)
         self.writer_rule_verdict = ""
         self._checks_done = 0
         self._check_lock = asyncio.Lock()
+
+    async def send_cancel(self, request: bytes, pid: int) -> bool:
+        """A CancelRequest sent to PostgreSQL over a new upstream connection; False when it cannot be reached."""
+        from proxy.serve.peer import UpstreamUnavailable, open_upstream
+
+        try:
+            up = await open_upstream(self, asyncio.get_running_loop())
+        except UpstreamUnavailable as e:
+            log.warning("cancel request for backend %s not forwarded: %s", pid, e)
+            return False
+        self.stats.upstream_connections += 1
+        up.write(request)
+        up.close()
+        return True
+
+    async def cancel_for_peer(self, pid: int, key: bytes) -> bool:
+        """A cancel request another worker received: sent to PostgreSQL as the backend's own key when the seat-issued
+        (pid, key) names a live pooled session of this process (ADR 0016); False, and nothing sent, otherwise."""
+        mapped = self.pool.cancel_target(pid, key)
+        if mapped is None:
+            return False
+        await self.send_cancel(mapped, pid)  # this process holds the session: no other worker may send it
+        return True
 
     @property
     def port(self) -> int:

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 
 from proxy import __version__
 from proxy.errors import BY_SQLSTATE, CODES, ERRORS
+from proxy.serve.pool import CANCEL_RESULTS
 from proxy.stats import PROTOCOLS, STATEMENT_CLASSES, Stats
 
 if TYPE_CHECKING:
@@ -69,9 +70,9 @@ class SeatCollector:
             c.add_metric([], value)
             yield c
         c = CounterMetricFamily("openwop_seat_pool_cancels", "Cancel requests received: mapped (a seat-issued key of "
-                                "a live pooled session, sent as its backend's own key) or forwarded as they came",
-                                labels=["result"])
-        for result in ("mapped", "forwarded"):
+                                "a live pooled session, sent as its backend's own key), routed (sent so by the worker "
+                                "that holds the session) or forwarded as they came", labels=["result"])
+        for result in CANCEL_RESULTS:
             c.add_metric([result], pool.cancel_results[result])
         yield c
 

@@ -58,6 +58,9 @@ _ids = itertools.count(1)
 
 # How long an answer of pool.auth_query is kept (a password changed in PostgreSQL reaches hand-overs within it).
 AUTH_QUERY_SECONDS = 60.0
+# What became of a cancel request a client sent this process: sent as a live pooled session's backend key, sent
+# by another worker that holds the session (proxy.workers > 1), or forwarded as it came.
+CANCEL_RESULTS = ("mapped", "routed", "forwarded")
 
 
 class PoolKey(NamedTuple):
@@ -193,7 +196,7 @@ class Pool:
         # metrics
         self.resets: collections.Counter[str] = collections.Counter()  # by result
         self.checks: collections.Counter[str] = collections.Counter()  # the checks before a hand-over, by result
-        self.cancel_results: collections.Counter[str] = collections.Counter()  # "mapped", "forwarded"
+        self.cancel_results: collections.Counter[str] = collections.Counter()  # CANCEL_RESULTS
         self.hand_overs = 0
         self.waits = 0
         self.wait_seconds = 0.0
@@ -480,13 +483,12 @@ class Pool:
 
     def cancel_target(self, pid: int, key: bytes) -> bytes | None:
         """The CancelRequest to send PostgreSQL for a seat-issued key: the backend's own, for the backend the session
-        it names is on now; None when the key is not one this process issued to a live session."""
+        it names is on now; None when the key is not one this process issued to a live session. Counts nothing:
+        the caller knows whether the cancel came from a client or from another worker."""
         session = self.cancels.get((pid, key))
         conn = session.pool_conn if session is not None and not session.closed else None
         if conn is None or conn.pid is None or conn.backend_key is None:
-            self.cancel_results["forwarded"] += 1
             return None
-        self.cancel_results["mapped"] += 1
         return messages.cancel_request(conn.pid, conn.backend_key)
 
     # ------------------------------------------------------------------ what the admin console and metrics read

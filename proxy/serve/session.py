@@ -226,21 +226,25 @@ class Session:
             return
 
     async def _forward_cancel(self, packet: CancelRequest) -> None:
-        self.server.stats.cancel_requests += 1
-        try:
-            up = await open_upstream(self.server, asyncio.get_running_loop())
-        except UpstreamUnavailable as e:
-            log.warning("cancel request for backend %s not forwarded: %s", packet.pid, e)
-            self.close("cancel not forwarded")
-            return
-        self.server.stats.upstream_connections += 1
+        server = self.server
+        server.stats.cancel_requests += 1
+        pool = server.pool
         # A pooled session's client holds a cancel key of the seat's (ADR 0016): sent on as its backend's own key, to
-        # the backend that session is on now. Any other key goes on as it came: PostgreSQL checks it (a seat key of
-        # a session that ended, or of another worker's session, matches no backend there).
-        mapped = self.server.pool.cancel_target(packet.pid, packet.key)
-        up.write(packet.raw if mapped is None else mapped)
-        up.close()
-        self.close("cancel forwarded")
+        # the backend that session is on now. With workers > 1 the kernel may have given this connection to another
+        # worker than the session's: the other workers are asked (through the supervisor) before the key goes on as
+        # it came. Any other key goes on as it came: PostgreSQL checks it (a seat key of a session that ended
+        # matches no backend there).
+        mapped = pool.cancel_target(packet.pid, packet.key)
+        if mapped is None and server.peers is not None and self.config.pool.enabled:
+            if await server.peers.cancel(packet.pid, packet.key):
+                pool.cancel_results["routed"] += 1
+                self.close("cancel routed to another worker")
+                return
+        if await server.send_cancel(packet.raw if mapped is None else mapped, packet.pid):
+            pool.cancel_results["forwarded" if mapped is None else "mapped"] += 1
+            self.close("cancel forwarded")
+        else:
+            self.close("cancel not forwarded")
 
     async def _start(self, startup: StartupMessage) -> None:
         self.params = dict(startup.params)

@@ -4,7 +4,9 @@ Each worker is an ordinary `openwop-seat serve` process (same configuration, sam
 started with two hidden options, `--worker ID --worker-fd FD`. It binds the listen address with
 SO_REUSEPORT, so the kernel spreads new connections over the workers by a hash of the client's
 address and port. The seat keeps no per-session state outside its worker, and a CancelRequest is
-forwarded as is to the upstream (which owns the backend key), so a cancel may land on any worker.
+forwarded as is to the upstream (which owns the backend key), so a cancel may land on any worker;
+a pooled session's cancel key is the seat's (ADR 0016), so a worker that does not hold the session
+asks the others through the supervisor, and the one that holds it sends the cancel.
 
 The supervisor owns no client connection. It
 - reserves the listen port (a bound, never listening SO_REUSEPORT socket: port 0 resolves once,
@@ -21,7 +23,8 @@ The supervisor owns no client connection. It
   counters of exited workers are kept as of their last scrape), plus its own openwop_seat_workers*
   series; /healthz and /readyz are answered from the workers' answers;
 - runs the admin console (`[admin]`, ADR 0014): each command goes to every worker over its socket
-  pair (one JSON line each way), and the answers are merged (serve/admin.py).
+  pair (one JSON line each way), and the answers are merged (serve/admin.py);
+- routes a worker's cancel request for a pooled session it does not hold to the other workers.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def install_worker_log_fields(worker: int) -> None:
 
 
 def attach_worker(server, fd: int) -> asyncio.Task:
-    """In a worker, once listening: tell the supervisor; answer its admin commands; drain if it goes away."""
+    """In a worker, once listening: tell the supervisor; answer its admin commands; ask the other workers through it
+    (cancel requests for their pooled sessions); drain if it goes away."""
     sock = socket.socket(fileno=fd)
     sock.sendall(orjson.dumps({"pid": os.getpid(), "metrics_port": server.metrics.port}) + b"\n")
     sock.setblocking(False)
@@ -89,66 +93,88 @@ def attach_worker(server, fd: int) -> asyncio.Task:
 
 
 async def _worker_link(server, sock: socket.socket) -> None:
-    from proxy.serve.admin import AdminError, ProcessCommands
+    from proxy.serve.admin import ProcessCommands
 
     commands = ProcessCommands(server)
+
+    async def answer(command: str, arg: str) -> object:
+        if command == PEER_CANCEL:
+            pid, key = _cancel_arg(arg)
+            return await server.cancel_for_peer(pid, key)
+        return await commands.run(command, arg)
+
     reader, writer = await asyncio.open_connection(sock=sock)
-    tasks: set[asyncio.Task] = set()
-
-    async def answer(n: int, command: str, arg: str) -> None:
-        try:
-            reply = {"n": n, "result": await commands.run(command, arg)}
-        except AdminError as e:
-            reply = {"n": n, "error": [e.sqlstate, e.message]}
-        except Exception as e:  # a bug must fail this command only
-            log.exception("admin command failed")
-            reply = {"n": n, "error": ["XX000", f"internal error in the worker: {type(e).__name__}"]}
-        writer.write(orjson.dumps(reply) + b"\n")
-
-    while True:
-        try:
-            line = await reader.readline()
-        except (OSError, ValueError):
-            line = b""
-        if not line:
-            log.warning("supervisor gone: draining")
-            await server.drain()
-            return
-        ask = orjson.loads(line)
-        task = asyncio.get_running_loop().create_task(answer(ask["n"], ask["command"], ask.get("arg", "")))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    link = Link(reader, writer, answer)
+    server.peers = PeerLink(link)
+    try:
+        await link.closed
+    finally:
+        server.peers = None
+    log.warning("supervisor gone: draining")
+    await server.drain()
 
 
-class WorkerLink:
-    """The supervisor's end of a worker's socket pair: admin commands out, answers back, matched by number."""
+PEER_CANCEL = "peer_cancel"  # a worker's ask of the others (never an admin console command): "<pid>:<key hex>"
+PEER_CANCEL_SECONDS = 2.0  # a cancel not claimed by another worker in this time goes on as it came
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+
+def _cancel_arg(arg: str) -> tuple[int, bytes]:
+    pid, key = arg.split(":", 1)
+    return int(pid), bytes.fromhex(key)
+
+
+class Link:
+    """One end of a socket pair between the supervisor and a worker. Each side asks (a JSON line with a number, a
+    command and an argument) and answers the other's asks (the number and a result or an error), so either end may
+    ask at any time; ``handler(command, arg)`` answers the other end's asks."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler):
         self.writer = writer
+        self._handler = handler
         self._next = 0
         self._waiting: dict[int, asyncio.Future] = {}
-        self._reading = asyncio.get_running_loop().create_task(self._read(reader))
+        self._tasks: set[asyncio.Task] = set()
+        self.closed = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         from proxy.serve.admin import AdminError
 
         try:
             while line := await reader.readline():
-                reply = orjson.loads(line)
-                future = self._waiting.pop(reply["n"], None)
+                message = orjson.loads(line)
+                if "command" in message:
+                    task = asyncio.get_running_loop().create_task(self._answer(message))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    continue
+                future = self._waiting.pop(message["n"], None)
                 if future is None or future.done():
                     continue
-                if "error" in reply:
-                    future.set_exception(AdminError(*reply["error"]))
+                if "error" in message:
+                    future.set_exception(AdminError(*message["error"]))
                 else:
-                    future.set_result(reply["result"])
+                    future.set_result(message["result"])
         except (OSError, ValueError):
             pass
         finally:
             for future in self._waiting.values():
                 if not future.done():
-                    future.set_exception(AdminError("08006", "a worker exited before it answered"))
+                    future.set_exception(AdminError("08006", "the other end of the link exited before it answered"))
             self._waiting.clear()
+
+    async def _answer(self, ask: dict) -> None:
+        from proxy.serve.admin import AdminError
+
+        try:
+            reply = {"n": ask["n"], "result": await self._handler(ask["command"], ask.get("arg", ""))}
+        except AdminError as e:
+            reply = {"n": ask["n"], "error": [e.sqlstate, e.message]}
+        except Exception as e:  # a bug must fail this command only
+            log.exception("command over the worker link failed")
+            reply = {"n": ask["n"], "error": ["XX000", f"internal error answering {ask['command']}: "
+                                                       f"{type(e).__name__}"]}
+        if not self.writer.is_closing():
+            self.writer.write(orjson.dumps(reply) + b"\n")
 
     async def ask(self, command: str, arg: str = "") -> object:
         self._next += 1
@@ -158,8 +184,24 @@ class WorkerLink:
         return await future
 
     def close(self) -> None:
-        self._reading.cancel()
+        self.closed.cancel()
         self.writer.close()
+
+
+class PeerLink:
+    """A worker's asks of the other workers, through the supervisor (``server.peers``)."""
+
+    def __init__(self, link: Link):
+        self._link = link
+
+    async def cancel(self, pid: int, key: bytes) -> bool:
+        """Whether another worker holds the pooled session the seat-issued (pid, key) names, and sent its cancel."""
+        try:
+            return bool(await asyncio.wait_for(self._link.ask(PEER_CANCEL, f"{pid}:{key.hex()}"),
+                                               PEER_CANCEL_SECONDS))
+        except Exception as e:  # the supervisor gone or slow: the cancel goes on as it came
+            log.warning("cancel request not routed to the other workers: %s", e or type(e).__name__)
+            return False
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -173,7 +215,8 @@ class Worker:
     started: float = field(default_factory=time.monotonic)
     metrics_port: int | None = None
     counters: dict = field(default_factory=dict)  # counter samples as of the last scrape
-    link: WorkerLink | None = None  # the admin commands' channel, once the worker listens
+    link: Link | None = None  # the admin commands' channel (and the worker's asks), once the worker listens
+    signals: set = field(default_factory=set)  # the signals sent to it
 
     def close_link(self) -> None:
         if self.link is not None:
@@ -258,7 +301,7 @@ class Supervisor:
             return worker, False
         worker.metrics_port = orjson.loads(line)["metrics_port"]
         reader, writer = await asyncio.open_connection(sock=parent, limit=LINK_LIMIT)
-        worker.link = WorkerLink(reader, writer)
+        worker.link = Link(reader, writer, lambda command, arg: self._from_worker(wid, command, arg))
         log.info("worker started", extra={"fields": {"worker": wid, "pid": proc.pid}})
         if self.paused:
             _signal(worker, signal.SIGUSR1)
@@ -304,7 +347,7 @@ class Supervisor:
             return 0
         results = await asyncio.gather(*(self._spawn(i) for i in range(1, self.count + 1)))
         failed = [w for w, ok in results if not ok]
-        if failed and self.stopping and all(w.proc.returncode == 0 for w in failed):
+        if failed and self.stopping and all(_stopped_as_asked(w) for w in failed):
             failed = []  # stopped by a signal while starting: not a failure
         if failed:  # a worker that cannot start (config, schema, database): the seat cannot start
             self.stopping = True
@@ -316,8 +359,8 @@ class Supervisor:
             return code if code and code > 0 else 1
         for w in self.workers.values():
             self._watch(w)
-            if self.stopping:  # signalled while the workers were starting
-                _signal(w, self._stop_signal)
+            if self.stopping and self._stop_signal not in w.signals:  # signalled while the workers were starting
+                _signal(w, self._stop_signal)  # once: a worker that has stopped restores the default action
         if self.stopping:
             self._check_all_exited()
         log.info("listening", extra={"fields": {
@@ -355,7 +398,7 @@ class Supervisor:
                 self.retired[key] = self.retired.get(key, 0.0) + value
             worker.counters = {}
             if self.stopping:
-                if code != 0:
+                if not _stopped_as_asked(worker):
                     self.failed = True
                     log.warning("worker exited", extra={"fields": {"worker": worker.id, "pid": worker.pid,
                                                                    "code": code}})
@@ -431,6 +474,17 @@ class Supervisor:
         return ""
 
     # ---------------------------------------------------------------- the admin console
+
+    async def _from_worker(self, wid: int, command: str, arg: str) -> object:
+        """A worker's ask: a cancel request it received for a pooled session it does not hold, asked of the others;
+        True when one of them held the session and sent the cancel."""
+        from proxy.serve.admin import AdminError
+
+        if command != PEER_CANCEL:
+            raise AdminError("42601", f"unknown worker ask {command}")
+        others = [w for w in self.workers.values() if w.id != wid and w.alive and w.link is not None]
+        answers = await asyncio.gather(*(w.link.ask(PEER_CANCEL, arg) for w in others), return_exceptions=True)
+        return any(a is True for a in answers)
 
     async def ask_workers(self, command: str, arg: str = "") -> list[tuple[int, object]]:
         """An admin command for every worker that listens; their answers, by worker id."""
@@ -557,7 +611,15 @@ class _Fixed:
         return iter(self.metrics)
 
 
+def _stopped_as_asked(worker: Worker) -> bool:
+    """Exited 0, or ended by a stop signal the supervisor sent it (before its handlers were installed, or after it
+    restored the default action on stopping)."""
+    code = worker.proc.returncode
+    return code == 0 or (code is not None and code < 0 and -code in worker.signals)
+
+
 def _signal(worker: Worker, sig: int) -> None:
+    worker.signals.add(sig)
     if worker.alive:
         try:
             worker.proc.send_signal(sig)

@@ -306,7 +306,7 @@ def test_shutdown(start_seat, tmp_path, workers):
     conn = psycopg.connect(seat.dsn(), autocommit=True)
     out = run(dsn, "SHUTDOWN", check=False)
     assert "SHUTDOWN" in out.stdout or out.returncode != 0  # the reply may race the process's exit
-    assert seat.proc.wait(30) == 0
+    assert seat.proc.wait(30) == 0, seat.log()
     with pytest.raises(psycopg.OperationalError):
         conn.execute("SELECT 1")
     assert "admin SHUTDOWN" in seat.log()

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -354,6 +355,48 @@ def test_dockerfile_installs_with_the_constraints():
     assert runs and all("PIP_CONSTRAINT=/src/constraints.txt" in arg for arg in runs), runs
     copies = " ".join(arg for op, arg in dockerfile() if op == "COPY")
     assert "deploy/constraints.txt" in copies and "LICENSE" in copies  # pyproject's license-files
+
+
+def test_dockerfile_builds_the_compiled_framer():
+    """The image runs the framer's C core (ADR 0018): the RUN that installs the package installs a compiler for
+    it, fails the build unless the compiled framer is the one the seat would use, and removes the compiler in
+    the same layer; setup.py (the extension) and the C source are in the build context it copies."""
+    (run,) = [arg for op, arg in dockerfile() if op == "RUN" and "pip install" in arg]
+    steps = [step.strip() for step in run.split("&&")]
+    install = next(i for i, step in enumerate(steps) if "pip install" in step)
+    apt = next(i for i, step in enumerate(steps) if step.startswith("apt-get install"))
+    check = next(i for i, step in enumerate(steps) if "framer.IMPLEMENTATION == 'c'" in step)
+    purge = next(i for i, step in enumerate(steps) if step.startswith("apt-get purge"))
+    assert apt < install < check < purge, steps
+    assert "gcc" in steps[apt] and "--no-install-recommends" in steps[apt] and "gcc" in steps[purge]
+    assert "rm -rf /var/lib/apt/lists/*" in steps[-1]
+    copied = [src for op, arg in dockerfile() if op == "COPY" for src in arg.split()[:-1]]
+    assert "setup.py" in copied and "proxy" in copied
+    # a core compiled on the machine that builds the image (make setup builds it in the checkout) stays out
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {"**/*.so", "**/__pycache__", ".venv"} <= ignored, ignored
+
+
+def test_the_dockerfiles_build_context_builds_the_compiled_framer(tmp_path):
+    """What the Dockerfile copies is enough to build the C core: a wheel built from exactly those files (with
+    this machine's compiler, as the image's build stage would) holds the compiled _cframer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for op, arg in dockerfile():
+        if op == "COPY":
+            *sources, dest = arg.split()
+            for name in sources:
+                target = src / Path(dest).relative_to("/src") / (Path(name).name if dest.endswith("/") else "")
+                if (ROOT / name).is_dir():
+                    shutil.copytree(ROOT / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+                else:
+                    shutil.copy(ROOT / name, target)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "wheels"), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (wheel,) = (tmp_path / "wheels").glob("openwop_seat-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(re.fullmatch(r"proxy/wire/_cframer\.[^/]*\.so", n) for n in names), names
 
 
 def test_hadolint():

@@ -316,28 +316,35 @@ def test_a_client_that_leaves_mid_copy_does_not_return_its_backend(pooled):
         assert backend(nxt) != pid
 
 
+def cancel_a_sleep(seat, conn) -> bool:
+    """Run ``SELECT pg_sleep(60)`` on ``conn`` in a thread, cancel it with the client's own key once its backend is
+    sleeping (watched from a raw session), and say whether the statement ended cancelled within 20 s."""
+    pid = backend(conn)
+    errors = []
+
+    def sleep():
+        try:
+            conn.execute("SELECT pg_sleep(60)")
+        except psycopg.errors.QueryCanceled as e:
+            errors.append(e)
+
+    t = threading.Thread(target=sleep)
+    t.start()
+    wait_active = time.monotonic() + 20
+    with psycopg.connect(seat.dsn(user="postgres"), autocommit=True) as watch:
+        while watch.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] \
+                != "PgSleep":
+            assert time.monotonic() < wait_active
+            time.sleep(0.01)
+    conn.cancel()
+    t.join(20)
+    return not t.is_alive() and len(errors) == 1
+
+
 def test_a_cancel_reaches_the_clients_own_statement(pooled):
     with connect(pooled) as conn:
         before = counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped")
-        errors = []
-
-        def sleep():
-            try:
-                conn.execute("SELECT pg_sleep(60)")
-            except psycopg.errors.QueryCanceled as e:
-                errors.append(e)
-
-        t = threading.Thread(target=sleep)
-        t.start()
-        wait_active = time.monotonic() + 20
-        with psycopg.connect(pooled.dsn(user="postgres"), autocommit=True) as watch:
-            while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' "
-                                    "AND state = 'active'").fetchone()[0]:
-                assert time.monotonic() < wait_active
-                time.sleep(0.02)
-        conn.cancel()
-        t.join(30)
-        assert len(errors) == 1
+        assert cancel_a_sleep(pooled, conn)
     assert counter(metrics(pooled), "openwop_seat_pool_cancels", "mapped") == before + 1
 
 
@@ -558,6 +565,30 @@ def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
     text = metrics(seat)
     assert pool_count(text, "idle") == len(pids)
     assert counter(text, "openwop_seat_pool_hand_overs") == 6 - len(pids)
+
+
+def test_a_cancel_reaches_the_pooled_session_whichever_worker_receives_it(start_seat, verifiers, tmp_path_factory):
+    """With two workers the kernel gives each cancel connection to either: the worker that holds the session sends
+    it as its backend's key ("mapped"), the other asks the others through the supervisor ("routed"). Every cancel
+    must end the statement; the loop runs until both paths were taken (each cancel lands on the other worker with
+    probability about one half, so 40 tries miss one path with odds of 2^-39)."""
+    auth = tmp_path_factory.mktemp("pool-cancel") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+    with connect(seat) as conn:
+        for attempt in range(40):
+            assert cancel_a_sleep(seat, conn), f"cancel {attempt + 1} was lost"
+            text = metrics(seat)
+            if counter(text, "openwop_seat_pool_cancels", "routed") and counter(text, "openwop_seat_pool_cancels",
+                                                                                "mapped"):
+                break
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on after each cancel
+    text = metrics(seat)
+    assert counter(text, "openwop_seat_pool_cancels", "routed") >= 1
+    assert counter(text, "openwop_seat_pool_cancels", "mapped") >= 1
+    assert counter(text, "openwop_seat_pool_cancels", "forwarded") == 0
+    assert counter(text, "openwop_seat_pool_cancels", "routed") + counter(text, "openwop_seat_pool_cancels",
+                                                                          "mapped") == attempt + 1
 
 
 def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
