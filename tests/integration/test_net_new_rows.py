@@ -188,6 +188,18 @@ def test_the_seats_rewrites_of_insert_returning_return_translated_rows(net_seat,
             with conn.cursor().copy(f"COPY ({insert_sql(w, t, 'RETURNING type')}) TO STDOUT") as copy:
                 out = b"".join(bytes(b) for b in copy)
         assert out.decode().split() == [t]
+    if client == "asyncpg":  # asyncpg's copy_from_query: COPY (INSERT … RETURNING) TO STDOUT, binary protocol
+        import io
+
+        async def copy() -> bytes:
+            conn = await asyncpg.connect(net_seat.url(user=USER), server_settings={"application_name": APP[major]})
+            try:
+                buf = io.BytesIO()
+                await conn.copy_from_query(insert_sql(w, t, "RETURNING type"), output=buf)
+                return buf.getvalue()
+            finally:
+                await conn.close()
+        assert asyncio.run(copy()).decode().split() == [t]
 
 
 @pytest.mark.parametrize("major", [2, 1])
