@@ -142,6 +142,12 @@ class ReadContext:
         """Every classifier, the strict ones too: what the function watch updates."""
         return [*self.classifiers.values(), *self.strict.values()]
 
+    def summed(self, attr: str) -> list[tuple[int, int]]:
+        """(major, ``attr`` of its classifier and of its strict twin added up), by major: the metrics' and the admin
+        console's figures per major."""
+        return [(major, getattr(c, attr) + getattr(self.strict[major], attr))
+                for major, c in sorted(self.classifiers.items())]
+
 
 # Views and materialized views that read events.type, directly or through other views: a result
 # with their columns cannot be translated (no era), so the read path refuses it.

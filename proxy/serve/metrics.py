@@ -188,17 +188,17 @@ class SeatCollector:
                                     ("openwop_seat_parse_cache_misses", "Classifier cache misses (parsed)",
                                      "misses")):
                 c = CounterMetricFamily(name, doc, labels=["major"])
-                for major, classifier in sorted(ctx.classifiers.items()):
-                    c.add_metric([str(major)], getattr(classifier, attr))
+                for major, n in ctx.summed(attr):  # with the strict twin's (ADR 0019)
+                    c.add_metric([str(major)], n)
                 yield c
             g = GaugeMetricFamily("openwop_seat_parse_cache_size", "Plans in the classifier cache", labels=["major"])
-            for major, classifier in sorted(ctx.classifiers.items()):
-                g.add_metric([str(major)], classifier.size)
+            for major, n in ctx.summed("size"):
+                g.add_metric([str(major)], n)
             yield g
             g = GaugeMetricFamily("openwop_seat_parse_cache_bytes", "Bytes held by the classifier cache",
                                   labels=["major"])
-            for major, classifier in sorted(ctx.classifiers.items()):
-                g.add_metric([str(major)], classifier.bytes)
+            for major, n in ctx.summed("bytes"):
+                g.add_metric([str(major)], n)
             yield g
             g = GaugeMetricFamily("openwop_seat_parse_cache_capacity_bytes",
                                   "Configured bytes per classifier cache (proxy.plan_cache_bytes)", labels=["major"])
