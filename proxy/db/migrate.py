@@ -311,11 +311,9 @@ async def needed_grants(conn, config: Config, tables, claims: bool) -> list[tupl
             if not row["deletes"]:
                 out.append(("a translated session's DELETE by run_id runs through openwop_seat.events_delete, as "
                             "its owner", f"GRANT DELETE ON {row['t']} TO {me};"))
-            lacking = [p for p, has in (("INSERT", row["inserts"]), ("UPDATE", row["updates"])) if not has]
-            if lacking:
-                out.append(("a translated session's INSERT … RETURNING (and an upsert's update) runs through "
-                            "openwop_seat.events_insert_m2/_m1, as their owner (ADR 0019)",
-                            f"GRANT {', '.join(lacking)} ON {row['t']} TO {me};"))
+            if not row["inserts"]:  # (an upsert's update through them needs UPDATE too, which an owner has)
+                out.append(("a translated session's INSERT … RETURNING runs through openwop_seat.events_insert_m2/_m1, "
+                            "as their owner (ADR 0019)", f"GRANT INSERT ON {row['t']} TO {me};"))
         if owns:  # an owner (or a member of the owner asked for above) has every privilege on the table
             continue
         if not row["triggers"]:
