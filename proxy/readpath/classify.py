@@ -162,6 +162,9 @@ class Classifier:
         self._table = table
         self._needle = table.lower()
         self.functions: frozenset[str] = frozenset()  # see set_functions
+        # The events table's constraints an ON CONFLICT ON CONSTRAINT may name -> their columns (set_functions,
+        # from the watch: proxy.serve.context.ARBITERS)
+        self.arbiters: dict[str, tuple[str, ...]] = {}
         self.arities: dict | None = None  # name -> ((lowest, highest or None), …) of its risky overloads; None: any
         # The database holds code the net cannot hold (proxy.serve.context.PAST_NET; unknown until set_functions):
         # while it does, DO blocks and functions running dynamic SQL are refused (ADR 0019)
@@ -285,11 +288,15 @@ class Classifier:
         arities = None if arities is None else {k.lower(): tuple(v) for k, v in arities.items()}
         past_net = bool(getattr(names, "past_net", True))
         self.held_roles = frozenset(getattr(names, "held_roles", ()))
+        arbiters = getattr(names, "arbiters", None)
+        arbiters = self.arbiters if arbiters is None else dict(arbiters)  # unknown: as before
         names = frozenset(n.lower() for n in names)
-        if names != self.functions or arities != self.arities or past_net != self.past_net:
+        if names != self.functions or arities != self.arities or past_net != self.past_net \
+                or arbiters != self.arbiters:
             self.functions = names
             self.arities = arities
             self.past_net = past_net
+            self.arbiters = arbiters
             self.generation += 1
             self._analysed.clear()
             self._cache.clear()
@@ -517,6 +524,7 @@ class Classifier:
                           max_statement_bytes=self.max_statement_bytes, first_boot=self.first_boot,
                           run_function=self.run_function)
         twin.strict = True  # set_functions gives it the watch's strict set
+        twin.arbiters = self.arbiters
         return twin
 
     def _dynamic_function(self, stmt) -> bool:
@@ -990,7 +998,7 @@ class Classifier:
         return found
 
     def _star_returning(self, write):
-        from pglast import ast
+        from pglast import ast, enums
 
         def ref(name: str):
             return ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=name),)))
@@ -1007,6 +1015,13 @@ class Classifier:
                 ast.Alias(aliasname=write.relation.relname)
             write.relation = ast.RangeVar(schemaname=SEAT_SCHEMA, relname=INSERT_VIEW[self.major], inh=True,
                                           relpersistence="p", alias=alias, location=write.relation.location)
+            oc = write.onConflictClause
+            if oc is not None and oc.infer is not None and oc.infer.conname:
+                # the view has no constraint: the arbiter named by its columns, which infers the same unique index
+                oc.infer = ast.InferClause(indexElems=tuple(
+                    ast.IndexElem(name=c, ordering=enums.SortByDir.SORTBY_DEFAULT,
+                                  nulls_ordering=enums.SortByNulls.SORTBY_NULLS_DEFAULT)
+                    for c in self.arbiters[oc.infer.conname]))
         else:
             exprs = [ast.ResTarget(val=ast.ColumnRef(fields=(ast.A_Star(),)))]
             exprs += [ast.ResTarget(name=SYSTEM_PREFIX + c, val=ast.ColumnRef(fields=(ast.String(sval=c),)))
@@ -1019,15 +1034,16 @@ class Classifier:
         """ADR 0019: does this RETURNING write go through the seat's insert view? Every ``INSERT`` into the events
         table (the net refuses its new row on the table itself in a translated session), except one whose ``ON
         CONFLICT … DO UPDATE`` reads the stored type or payload of the existing or the proposed row (the view does
-        not grant them), and ``ON CONFLICT ON CONSTRAINT`` (PostgreSQL looks the constraint up on the view): those
-        stay on the table, where they meet the net."""
+        not grant them), and ``ON CONFLICT ON CONSTRAINT`` naming a constraint the watch does not know as a unique or
+        primary key of plain columns (PostgreSQL would look it up on the view, which has none; a known one is named
+        by its columns instead): those stay on the table, where they meet the net."""
         from pglast import ast, enums
 
         if not isinstance(write, ast.InsertStmt) or not self._is_events(write.relation):
             return False
         oc = write.onConflictClause
-        if oc is not None and oc.infer is not None and oc.infer.conname:
-            return False  # ON CONFLICT ON CONSTRAINT names a constraint of the table, which a view does not have
+        if oc is not None and oc.infer is not None and oc.infer.conname and oc.infer.conname not in self.arbiters:
+            return False  # a constraint of the table the view cannot name by its columns
         if oc is None or oc.action != enums.OnConflictAction.ONCONFLICT_UPDATE:
             return True
         alias = write.relation.alias.aliasname if write.relation.alias else write.relation.relname

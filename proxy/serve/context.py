@@ -231,6 +231,7 @@ class RiskyFunctions(frozenset):
         self.past_net = past_net  # the database holds code the net cannot hold (PAST_NET); unknown: True
         self.held_roles = frozenset(held_roles)  # HELD_ROLES; unknown: none
         self.strict = None  # the set for a role the net does not hold, where it differs (database_functions)
+        self.arbiters = None  # ARBITERS: the events table's constraints an ON CONFLICT ON CONSTRAINT may name
         return self
 
 
@@ -266,12 +267,29 @@ def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozense
     return RiskyFunctions(risky, arities, past_net, held_roles)
 
 
+# The events table's unique and primary key constraints that can arbitrate an ON CONFLICT (not deferrable, on
+# plain columns): name -> its columns in key order. ``ON CONFLICT ON CONSTRAINT name`` names one; the seat's insert
+# view (ADR 0019) has no constraint of its own, so the rewrite through it names the columns instead.
+ARBITERS = """
+SELECT con.conname::text AS name, pg_catalog.array_agg(a.attname::text ORDER BY k.ord) AS columns
+FROM pg_catalog.pg_constraint con
+CROSS JOIN LATERAL pg_catalog.unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum
+WHERE con.conrelid = pg_catalog.to_regclass($1) AND con.contype IN ('p', 'u') AND NOT con.condeferrable
+GROUP BY con.conname
+"""
+
+
 async def database_functions(conn, table: str) -> RiskyFunctions:
+    from proxy.db.sql import quote_qualified
+
     past_net = bool(await conn.fetchval(PAST_NET))
     held = frozenset(r[0] for r in await conn.fetch(HELD_ROLES))
     rows = await conn.fetch(DATABASE_FUNCTIONS)
     found = risky_functions(rows, table, past_net, held)
     found.strict = risky_functions(rows, table)  # for the sessions of a role the net does not hold: EXECUTE counts
+    found.arbiters = found.strict.arbiters = {
+        r["name"]: tuple(r["columns"]) for r in await conn.fetch(ARBITERS, quote_qualified(table))}
     return found
 
 

@@ -177,6 +177,14 @@ def test_the_seats_rewrites_of_insert_returning_return_translated_rows(net_seat,
          f"INSERT INTO events (event_id, run_id, sequence, type, node_id, timestamp) VALUES ('{key}', '{w}', {seq}, "
          f"'{t}', 'n', now()) ON CONFLICT (event_id) DO UPDATE SET node_id = excluded.node_id || '+' "
          f"RETURNING type, node_id"),
+        # the arbiter named by its constraint (SQLAlchemy's constraint=, Django's unique_fields by name): the
+        # insert view has none, so the seat names its columns (the watch's ARBITERS)
+        ("upsert ON CONSTRAINT DO NOTHING", insert_sql(w, t, "ON CONFLICT ON CONSTRAINT events_run_id_sequence_key "
+                                                              "DO NOTHING RETURNING type, node_id")),
+        ("upsert ON CONSTRAINT DO UPDATE, conflicting",
+         f"INSERT INTO events (event_id, run_id, sequence, type, node_id, timestamp) VALUES ('{key}', '{w}', {seq}, "
+         f"'{t}', 'n', now()) ON CONFLICT ON CONSTRAINT events_pkey DO UPDATE SET node_id = excluded.node_id || '*' "
+         f"RETURNING type, node_id"),
     ]
     for name, sql in shapes:
         code, got = run_as(client, net_seat, major, [], sql)

@@ -616,6 +616,16 @@ def test_returning_system_columns_are_carried_from_the_written_rows(major):
     text = classify("INSERT INTO events VALUES ($1) ON CONFLICT ON CONSTRAINT events_pkey DO NOTHING RETURNING type",
                     major).text
     assert "INSERT INTO events VALUES" in text and "events_insert" not in text  # a view has no such constraint
+    # a constraint the watch knows as a unique key of plain columns: named by its columns, through the view
+    known = Classifier(HostConfig(), major)
+    known.arbiters = {"events_run_id_sequence_key": ("run_id", "sequence")}
+    text = known.classify("INSERT INTO events VALUES ($1) ON CONFLICT ON CONSTRAINT events_run_id_sequence_key "
+                          "DO UPDATE SET node_id = 'x' RETURNING type").text
+    assert f"INTO openwop_seat.events_insert_m{major} AS events VALUES ($1) ON CONFLICT (run_id, sequence) DO " \
+        "UPDATE SET node_id = 'x' RETURNING" in text and "CONSTRAINT" not in text
+    text = known.classify("INSERT INTO events VALUES ($1) ON CONFLICT ON CONSTRAINT events_pkey DO NOTHING "
+                          "RETURNING type").text
+    assert "INSERT INTO events VALUES" in text and "events_insert" not in text  # not one the watch knows
 
 
 @pytest.mark.parametrize("sql, kind", [
