@@ -8,7 +8,7 @@ A major-2 session with its read path, after its login (unclaimed), as in ``make 
 ``pgbench -S`` in each ``-M`` mode and the server's answers, and a page of 100 event rows (about 40 KB, read in
 64 KiB chunks as the event loop would). The figure is the fastest of 7 runs of ``N`` transactions (the least disturbed
 by other processes on a shared machine): what the bench's CPU per 1,000 transactions holds beyond the kernel's sends
-and receives and the event loop.
+and receives and the event loop. Last, the Python memory one idle session's relay and read path hold (tracemalloc).
 """
 
 from __future__ import annotations
@@ -95,12 +95,44 @@ def per_transaction(name: str, n: int = 20_000, runs: int = 7) -> float:
     return min(times)
 
 
+def session_bytes(n: int = 1_000) -> float:
+    """Python memory (tracemalloc) one major-2 session's relay and read path hold after one extended transaction,
+    with the classifier and the counters shared as in the seat: the Python share of the idle-connection figure
+    (sockets, transports and the session's own object not included)."""
+    import gc
+    import tracemalloc
+
+    classifier, stats = Classifier(HostConfig(), 2), Stats()
+    chunk, answers = WORKLOADS["extended"]
+
+    def session() -> Relay:
+        reader = ReadPath(classifier, 2, EventColumns(0x61626364, 4, payload_attnum=5))
+        r = Relay(stats, reader=reader, count_answered=True)
+        r.from_server(LOGIN)
+        r.from_client(chunk)
+        for a in answers:
+            r.from_server(a)
+        return r
+
+    warm = [session() for _ in range(10)]  # the shared caches filled before the count
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    kept = [session() for _ in range(n)]
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del warm, kept
+    return (after - before) / n
+
+
 def main() -> None:
     which = getattr(framer, "IMPLEMENTATION", "python (before ADR 0018)")
     print(f"framer: {which}; Python {sys.version.split()[0]}")
     for name in WORKLOADS:
         n = 2_000 if name == "page" else 20_000
         print(f"{name:10} {per_transaction(name, n):7.2f} µs per transaction")
+    print(f"memory     {session_bytes():7.0f} bytes of Python objects per session (relay and read path, idle)")
 
 
 if __name__ == "__main__":

@@ -86,12 +86,9 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "p50_added_us": ("<=", 30.0, "latency at 1 client: seat p50 <= PgBouncer p50 + 30 us"),
     "p99_ratio": ("<=", 1.2, "latency at 1 client: seat p99 <= 1.2x PgBouncer p99 (issue 27)"),
     "idle_conn_kib": ("<=", 4.0, "memory: <= 4 KiB of seat RSS per idle client connection (issue 27)"),
-    "cpu_passthrough_simple": ("<=", 1.5, "CPU of the proxy process per 1,000 transactions, passthrough -M simple: "
-                                          "seat <= 1.5x PgBouncer's (issue 27)"),
-    "cpu_passthrough_extended": ("<=", 1.5, "CPU per 1,000 transactions, passthrough -M extended: seat <= 1.5x "
-                                            "PgBouncer's (issue 27)"),
-    "cpu_passthrough_prepared": ("<=", 1.5, "CPU per 1,000 transactions, passthrough -M prepared: seat <= 1.5x "
-                                            "PgBouncer's (issue 27)"),
+    **{f"cpu_passthrough_{mode}": ("<=", 1.5, f"CPU of the proxy process per 1,000 transactions, passthrough -M "
+                                              f"{mode}: seat <= 1.5x PgBouncer's (issue 27)")
+       for mode in ("simple", "extended", "prepared")},
     "host_requests_1_vs_direct": (">=", 1 / 1.1, "the reference host's request mix at 1 client: seat request time "
                                                  "<= 1.1x direct (requests/s >= 0.91x direct; issue 27)"),
     "connect_1_vs_direct": (">=", 1 / 1.5, "connects at 1 client, without reuse: seat connect time <= 1.5x direct "

@@ -211,6 +211,20 @@ def test_the_seats_rewrites_of_insert_returning_return_translated_rows(net_seat,
 
 
 @pytest.mark.parametrize("major", [2, 1])
+def test_on_conflict_on_a_constraint_the_table_lacks_is_postgresqls_error_and_writes_nothing(net_seat, pg, logs,  # noqa: F811
+                                                                                          major):
+    """A name that is no arbiter of the events table is not rewritten: the statement stays on the table and
+    PostgreSQL refuses it (42704, as without the seat), and nothing is written."""
+    w, t = logs[2], WRITE[major]
+    before = stored(pg, w)
+    code, got = run_as("psycopg-text", net_seat, major, [],
+                       insert_sql(w, t, "ON CONFLICT ON CONSTRAINT no_such_constraint DO NOTHING RETURNING type"))
+    assert code == "42704", (code, got)
+    assert "no_such_constraint" in got[0]
+    assert stored(pg, w) == before
+
+
+@pytest.mark.parametrize("major", [2, 1])
 def test_an_upsert_whose_update_reads_the_stored_type_meets_the_net_on_conflict(net_seat, pg, logs, major):  # noqa: F811
     """``DO UPDATE SET node_id = excluded.type`` would copy the stored spelling into a column the wrapper does not
     translate: the seat keeps it on the table, where it meets the net (or the classifier refuses it)."""
