@@ -170,6 +170,9 @@ class Classifier:
         # while it does, DO blocks and functions running dynamic SQL are refused (ADR 0019)
         self.past_net = True
         self.held_roles: frozenset[str] = frozenset()  # the login roles the net holds (set_functions)
+        # Relations over the events table that read it past the net (issue 23; set_functions, from the watch:
+        # proxy.serve.context.past_net_relations): a statement naming one is refused. By lower-case name.
+        self.relations: dict[str, tuple] = {}
         self.strict = False  # for the sessions of a role the net does not hold: dynamic SQL refused (ADR 0019)
         self._cte_refs: set[int] = set()  # references to a CTE named like the table (_cte_references)
         # First boot (docs/operations.md#first-boot): the seat's rules are not in force in the database yet, so
@@ -274,14 +277,16 @@ class Classifier:
         return (self._needle in low or "u&" in low or "openwop_seat" in low or "to_xml" in low or "ts_stat" in low
                 or "ts_rewrite" in low or "dblink" in low or ("do" in low and _DO_BLOCK.search(low) is not None)
                 or ("create" in low and ("function" in low or "procedure" in low))  # ADR 0017: a dynamic body
-                or (bool(self.functions) and any(f in low for f in self.functions)))
+                or (bool(self.functions) and any(f in low for f in self.functions))
+                or (bool(self.relations) and any(r in low for r in self.relations)))
 
     def set_functions(self, names) -> None:
         """The functions defined in the database whose bodies could read the events table out of the seat's
         sight (lower case; ``proxy.serve.context.risky_functions``): a translated session may not call them. With
         their ``arities`` (the argument counts of their risky overloads), a call with a count none of them takes is
-        not one of them (a user's ``public.lower(text, int)`` leaves ``lower(x)`` alone). The plans made with
-        another set are dropped."""
+        not one of them (a user's ``public.lower(text, int)`` leaves ``lower(x)`` alone). With their ``relations``
+        (``proxy.serve.context.past_net_relations``: views and materialized views over the events table that read
+        it past the net), which no statement may name (issue 23). The plans made with another set are dropped."""
         if self.strict and getattr(names, "strict", None) is not None:
             names = names.strict  # ADR 0019: functions running EXECUTE stay risky for a role the net does not hold
         arities = getattr(names, "arities", None)
@@ -290,13 +295,17 @@ class Classifier:
         self.held_roles = frozenset(getattr(names, "held_roles", ()))
         arbiters = getattr(names, "arbiters", None)
         arbiters = self.arbiters if arbiters is None else dict(arbiters)  # unknown: as before
+        relations: dict[str, tuple] = {}
+        for r in sorted(getattr(names, "relations", ()), key=lambda r: (r.schema, r.name)):
+            relations[r.name.lower()] = relations.get(r.name.lower(), ()) + (r,)
         names = frozenset(n.lower() for n in names)
         if names != self.functions or arities != self.arities or past_net != self.past_net \
-                or arbiters != self.arbiters:
+                or arbiters != self.arbiters or relations != self.relations:
             self.functions = names
             self.arities = arities
             self.past_net = past_net
             self.arbiters = arbiters
+            self.relations = relations
             self.generation += 1
             self._analysed.clear()
             self._cache.clear()
@@ -371,6 +380,8 @@ class Classifier:
             return "holds a DO block"
         if any(f in low for f in self.functions):
             return "calls a function whose body could read the events table"
+        if self._names_past_net_relation(low) is not None:
+            return "names a relation that reads the events table past row-level security"
         if "client_encoding" in low or "set_config" in low or _SETS_NAMES.search(low) is not None:
             return "may set client_encoding"
         return ""
@@ -387,6 +398,7 @@ class Classifier:
         try:
             self._cte_refs = self._cte_references(stmt)
             self._seat_relations(stmt)
+            self._past_net_relations(stmt)
             self._server_side_sql(stmt, text)
             if not any(self._is_events(n) for n in _walk(stmt)):
                 return StatementPlan(PASS, text)
@@ -469,11 +481,36 @@ class Classifier:
                 raise Untranslatable("seat function", f"{SEAT_SCHEMA}.{n.funcname[1].sval} is called by the seat's "
                                                       f"rewrite only")
 
+    def _past_net_relations(self, stmt) -> None:
+        """Issue 23: a view over the events table owned by a role that reads past row-level security (and not
+        ``security_invoker``), or such a materialized view, hands whoever reads it the stored rows: the net does
+        not apply to it. A statement naming one (by its name, qualified by its schema or not: an unqualified name is
+        taken for it whatever ``search_path`` finds, which fails closed) is refused."""
+        from pglast import ast
+
+        if not self.relations:
+            return
+        for n in _walk(stmt):
+            if not isinstance(n, ast.RangeVar):
+                continue
+            for r in self.relations.get(n.relname.lower(), ()):
+                if n.schemaname is None or n.schemaname.lower() == r.schema.lower():
+                    raise Untranslatable("relation past the net", past_net_refusal(r))
+
+    def _names_past_net_relation(self, body: str):
+        """The first relation that reads the events table past the net whose name a body (lower case) holds (a
+        substring test, as for the risky functions' names), or None."""
+        return next((rs[0] for name, rs in self.relations.items() if name in body), None)
+
     def _server_side_sql(self, stmt, text: str) -> None:
         """SQL the server would run on the session's behalf, out of the seat's sight: refused where it can be
         seen to read the events table, and the catalog functions that run a query given as text, always."""
         from pglast import ast
 
+        if isinstance(stmt, (ast.DoStmt, ast.CreateFunctionStmt)):
+            named = self._names_past_net_relation(text.lower())
+            if named is not None:  # issue 23: code that would read it on the server
+                raise Untranslatable("relation past the net", past_net_refusal(named))
         if isinstance(stmt, ast.DoStmt) and self._risky_block(stmt):
             raise Untranslatable("DO block", "a DO block that names the events table, runs dynamic SQL, is not "
                                              "PL/pgSQL or calls a function that could read the table runs code out "
@@ -550,7 +587,8 @@ class Classifier:
         # session's rights): naming the events table no longer refuses it, what it reads meets the net
         named = self._needle in body and self._dynamic_words() is DYNAMIC_SQL_WORDS
         return (opts.get("language", "plpgsql").lower() != "plpgsql" or named
-                or any(w in body for w in self._dynamic_words()) or any(f in body for f in self.functions))
+                or any(w in body for w in self._dynamic_words()) or any(f in body for f in self.functions)
+                or self._names_past_net_relation(body) is not None)
 
     # ---- the rewrite
 
@@ -1229,6 +1267,18 @@ def _encoding_plan(sql: str) -> Plan | None:
                   for text, why in pieces)
     refused = next(p for p in plans if p.action == REFUSE)
     return Plan(plans, "; ".join(p.sql for p in plans), False, refused, True)
+
+
+def past_net_refusal(r) -> str:
+    """The refusal's text for a relation past the net (``proxy.serve.context.PastNetRelation``)."""
+    what = "materialized view" if r.kind == "m" else "view"
+    fix = ("drop it, or give it to an owner that does not read past row-level security and refresh it"
+           if r.kind == "m" else
+           f"ALTER VIEW {_quote(r.schema)}.{_quote(r.name)} SET (security_invoker = true), or give it to an owner "
+           f"that does not read past row-level security (ALTER VIEW … OWNER TO …)")
+    return (f"{r.schema}.{r.name} is a {what} that reads the events table past the seat's row-level security "
+            f"({r.why}), so a translated session may not read it: it would see the stored rows, not this "
+            f"reader's translation; fix it from a raw session: {fix}")
 
 
 def _seat_setting(stmt) -> str:

@@ -219,14 +219,113 @@ WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT r.rolbypassrls
 """
 
 
+# Issue 23: the relations over the events table (views and materialized views, directly or through other views; the
+# seat's own are left out, and are not followed) with what decides whether they read past the net: a view that is not
+# security_invoker runs its query with its owner's rights, so row-level security does not apply to it when its owner
+# reads past it (a superuser, BYPASSRLS, a member of the owner of openwop_seat, whose policy is true), and a
+# materialized view holds rows its owner read when it was refreshed. One row per relation and per relation it reads
+# (``via``: 0 for the events table itself); past_net_relations() decides. Any dependency on the table counts, not
+# only one on its type or payload column: a whole-row reference (``to_jsonb(e)``, ``SELECT e``) records none.
+PAST_NET_CANDIDATES = """
+WITH RECURSIVE seat AS (
+    SELECT s.oid, s.nspowner FROM pg_catalog.pg_namespace s WHERE s.nspname = 'openwop_seat'
+), derived(oid, via) AS (
+    SELECT DISTINCT r.ev_class, 0::pg_catalog.oid FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = r.oid
+    JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+    WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = pg_catalog.to_regclass($1)
+      AND r.ev_class OPERATOR(pg_catalog.<>) d.refobjid
+      AND c.relnamespace IS DISTINCT FROM (SELECT oid FROM seat)
+    UNION
+    SELECT r.ev_class, derived.oid FROM derived
+    JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+         AND d.refobjid = derived.oid
+    JOIN pg_catalog.pg_rewrite r ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = r.oid
+    JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+    WHERE r.ev_class OPERATOR(pg_catalog.<>) derived.oid AND c.relnamespace IS DISTINCT FROM (SELECT oid FROM seat)
+)
+SELECT d.oid::pg_catalog.int8 AS oid, d.via::pg_catalog.int8 AS via, n.nspname::text AS schema,
+       c.relname::text AS name, c.relkind::text AS kind, o.rolname::text AS owner,
+       (o.rolsuper OR o.rolbypassrls
+        OR COALESCE(pg_catalog.pg_has_role(c.relowner, (SELECT nspowner FROM seat), 'MEMBER'), false))
+           AS owner_past_net,
+       COALESCE((SELECT pg_catalog.lower(x.option_value) IN ('true', 'on', '1', 'yes', 't', 'y')
+                 FROM pg_catalog.pg_options_to_table(c.reloptions) x
+                 WHERE x.option_name = 'security_invoker'), false) AS invoker
+FROM derived d
+JOIN pg_catalog.pg_class c ON c.oid = d.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_roles o ON o.oid = c.relowner
+"""
+
+
+@dataclass(frozen=True)
+class PastNetRelation:
+    """A relation over the events table that reads past the net (past_net_relations): a translated session may not
+    name it (proxy.readpath.classify.Classifier.set_functions)."""
+
+    schema: str
+    name: str
+    kind: str  # "v" view, "m" materialized view
+    owner: str  # its owner, or the owner of the relation it reads past the net through
+    why: str  # one sentence: why it reads past the net
+
+    def qualified(self) -> str:
+        from proxy.db.sql import quote_ident
+
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+
+def past_net_relations(rows) -> frozenset[PastNetRelation]:
+    """The relations of PAST_NET_CANDIDATES' rows that read the stored rows past the net: a view that is not
+    security_invoker, or a materialized view, owned by a role the net does not hold; and every relation that reads
+    one of those (through any chain of views, whoever owns them: the one past the net still runs as its owner)."""
+    rels: dict = {}
+    reads: dict = {}
+    for r in rows:
+        rels[r["oid"]] = r
+        reads.setdefault(r["oid"], set()).add(r["via"])
+
+    def own(r) -> str:
+        if not r["owner_past_net"]:
+            return ""
+        if r["kind"] == "m":
+            return (f"a materialized view owned by {r['owner']}, a role that reads past row-level security: its rows "
+                    f"are the events table's stored rows as its owner read them")
+        if r["kind"] == "v" and not r["invoker"]:
+            return (f"a view owned by {r['owner']}, a role that reads past row-level security: it reads the events "
+                    f"table with its owner's rights")
+        return ""
+
+    why = {oid: own(r) for oid, r in rels.items()}
+    origin = {oid: rels[oid]["owner"] for oid, w in why.items() if w}
+    changed = True
+    while changed:  # a fixpoint over the chains of views
+        changed = False
+        for oid in rels:
+            if why[oid]:
+                continue
+            through = next((v for v in sorted(reads[oid]) if why.get(v)), None)
+            if through is not None:
+                t = rels[through]
+                why[oid] = (f"it reads {t['schema']}.{t['name']}, which reads the events table past row-level "
+                            f"security (owned by {origin[through]})")
+                origin[oid] = origin[through]
+                changed = True
+    return frozenset(PastNetRelation(r["schema"], r["name"], r["kind"], origin[oid], why[oid])
+                     for oid, r in rels.items() if why[oid])
+
+
 class RiskyFunctions(frozenset):
     """The names of the risky functions (a frozenset, what the classifier's prefilter tests), and ``arities``: for
     each name, the numbers of arguments (lowest, highest or None for VARIADIC) its risky overloads take, so that a
     call PostgreSQL cannot resolve to one of them (``lower(x)`` beside a risky ``public.lower(text, int)``) is not
     refused (issue 23)."""
 
-    def __new__(cls, names=(), arities=None, past_net: bool = True, held_roles=frozenset()):
+    def __new__(cls, names=(), arities=None, past_net: bool = True, held_roles=frozenset(), relations=frozenset()):
         self = super().__new__(cls, names)
+        # past_net_relations(): relations a translated session may not name, nor a function it calls name (issue 23)
+        self.relations = frozenset(relations)
         self.arities = dict(arities or {})
         self.past_net = past_net  # the database holds code the net cannot hold (PAST_NET); unknown: True
         self.held_roles = frozenset(held_roles)  # HELD_ROLES; unknown: none
@@ -235,11 +334,14 @@ class RiskyFunctions(frozenset):
         return self
 
 
-def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozenset()) -> RiskyFunctions:
-    """The names of the functions whose body names the events table, runs dynamic SQL, is not SQL or
-    plpgsql, or calls (by name) another such function: a fixpoint over the bodies, conservative; with the
-    argument counts of the overloads that are risky themselves."""
+def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozenset(),
+                    relations=frozenset()) -> RiskyFunctions:
+    """The names of the functions whose body names the events table or a relation that reads it past the net
+    (``relations``: past_net_relations()), runs dynamic SQL, is not SQL or plpgsql, or calls (by name) another such
+    function: a fixpoint over the bodies, conservative; with the argument counts of the overloads that are risky
+    themselves."""
     table = table.rpartition(".")[2].lower()
+    names = tuple({r.name.lower() for r in relations})
     bodies = {}
     for r in rows:
         nargs = r.get("nargs")
@@ -251,7 +353,8 @@ def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozense
         # ADR 0019: EXECUTE in a function run with the caller's rights meets the net (what it reads of the stored
         # rows, or returns of a new row); one run with its owner's may not (the owner may read past the net)
         words = DYNAMIC_SQL_WORDS if definer or past_net else DYNAMIC_SQL_WORDS_NET
-        return lang not in ("sql", "plpgsql") or table in body or any(w in body for w in words)
+        return (lang not in ("sql", "plpgsql") or table in body or any(w in body for w in words)
+                or any(n in body for n in names))
 
     risky = {name for name, defs in bodies.items() if any(own(lang, body, d) for lang, body, _, d in defs)}
     while True:
@@ -264,7 +367,7 @@ def risky_functions(rows, table: str, past_net: bool = True, held_roles=frozense
                                    if own(lang, body, d) or any(f in body for f in risky)},
                                   key=lambda a: (a[0], -1 if a[1] is None else a[1])))
                for name in risky}
-    return RiskyFunctions(risky, arities, past_net, held_roles)
+    return RiskyFunctions(risky, arities, past_net, held_roles, relations)
 
 
 # The events table's unique and primary key constraints that can arbitrate an ON CONFLICT (not deferrable, on
@@ -283,11 +386,16 @@ GROUP BY con.conname
 async def database_functions(conn, table: str) -> RiskyFunctions:
     from proxy.db.sql import quote_qualified
 
-    past_net = bool(await conn.fetchval(PAST_NET))
+    # issue 23: a relation over the events table that reads past the net is code the net cannot hold, as a
+    # SECURITY DEFINER function is: dynamic SQL could name it by a name it builds (PAST_NET); and a translated session
+    # may not name it at all (the classifier's refusal)
+    relations = past_net_relations(await conn.fetch(PAST_NET_CANDIDATES, quote_qualified(table)))
+    past_net = bool(relations) or bool(await conn.fetchval(PAST_NET))
     held = frozenset(r[0] for r in await conn.fetch(HELD_ROLES))
     rows = await conn.fetch(DATABASE_FUNCTIONS)
-    found = risky_functions(rows, table, past_net, held)
-    found.strict = risky_functions(rows, table)  # for the sessions of a role the net does not hold: EXECUTE counts
+    found = risky_functions(rows, table, past_net, held, relations)
+    # for the sessions of a role the net does not hold: EXECUTE counts
+    found.strict = risky_functions(rows, table, relations=relations)
     found.arbiters = found.strict.arbiters = {
         r["name"]: tuple(r["columns"]) for r in await conn.fetch(ARBITERS, quote_qualified(table))}
     return found
