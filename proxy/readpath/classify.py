@@ -26,9 +26,11 @@ the plan's ``kind`` and ``detail`` say why): objects that would keep a read of
 the events table for later (views, rules, SQL-body functions, policies),
 ``MERGE``, writes whose predicates or values read the stored
 ``type``/``payload`` of the rows they change, references to the seat's own
-relations, text the parser rejects, and statements larger than the analysis
-limit whose text could return a stored row past the net (ADR 0017: the others
-are sent unparsed, and the net decides).
+relations, references to views over the events table that read it past the net
+(owned by a role that reads past row-level security: ``set_functions``), text
+the parser rejects, and statements larger than the analysis limit whose text
+could return a stored row past the net (ADR 0017: the others are sent
+unparsed, and the net decides).
 
 Plans are cached by exact text, bounded in bytes; pglast runs only on a cache
 miss and only after a substring prefilter (the table's name, a Unicode-escaped
@@ -1272,8 +1274,8 @@ def _encoding_plan(sql: str) -> Plan | None:
 def past_net_refusal(r) -> str:
     """The refusal's text for a relation past the net (``proxy.serve.context.PastNetRelation``)."""
     what = "materialized view" if r.kind == "m" else "view"
-    fix = ("drop it, or give it to an owner that does not read past row-level security and refresh it"
-           if r.kind == "m" else
+    fix = ("drop it (its rows are stored rows whoever owns it; a view with security_invoker = true reads through the "
+           "net instead)" if r.kind == "m" else
            f"ALTER VIEW {_quote(r.schema)}.{_quote(r.name)} SET (security_invoker = true), or give it to an owner "
            f"that does not read past row-level security (ALTER VIEW … OWNER TO …)")
     return (f"{r.schema}.{r.name} is a {what} that reads the events table past the seat's row-level security "
