@@ -7,8 +7,11 @@ seat (major 2 by default, major 1 for application_name ``v1-host``, raw for ``op
 the other, ``--connects`` times per target: a psycopg connect, ``SELECT 1``, close; the median and the
 mean in ms. Last, the memory of a backend: the sum of ``pg_backend_memory_contexts.total_bytes`` (what
 PostgreSQL has allocated in that backend) read by the session itself, right after connect and after one
-100-row page of an era-2 run, direct and through the seat. One run, no alternation: ``make bench --only
-connect`` is the measurement; this tells a developer where the time and the memory go.
+100-row page of an era-2 run, direct and through the seat. And the claim's database time: the CPU time a fresh
+backend spends on its first statement (``/proc/<pid>/schedstat`` of the backend, so not skewed by a loaded machine;
+the PostgreSQL of this probe runs here), ``SELECT 1`` against ``claim_once`` as the seat sends it, interleaved, median
+over ``--claims`` backends (ADR 0013's addendum). One run, no alternation: ``make bench --only connect`` is the
+measurement; this tells a developer where the time and the memory go.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import time
 from pathlib import Path
 
 import psycopg
+
+from proxy.db.claims import claim_once_params
+from proxy.db.layout import CLAIM_ONCE_ONLY_SQL, CLAIM_ONCE_PARAM_OIDS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,6 +53,32 @@ def connects(dsn: str, n: int) -> list[float]:
     return times
 
 
+def backend_cpu_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as f:  # time on CPU, in ns (Linux)
+        return int(f.read().split()[0])
+
+
+def first_statement_cpu(dsn: str, secret: str, salt: str, n: int) -> dict[str, float]:
+    """Median CPU ms of a fresh backend's first statement: SELECT 1, and claim_once as the seat sends it (parameter
+    types by OID, without the ownership question); interleaved, one backend each."""
+    times: dict[str, list[float]] = {"SELECT 1": [], "claim_once": []}
+    for _ in range(n):
+        for name in times:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                pg = conn.pgconn
+                if name == "claim_once":
+                    params = [str(v).encode() for v in claim_once_params(secret, salt, pg.backend_pid, 2)]
+                    sql, oids = CLAIM_ONCE_ONLY_SQL.encode(), list(CLAIM_ONCE_PARAM_OIDS)
+                else:
+                    params, sql, oids = [], b"SELECT 1", []
+                before = backend_cpu_ns(pg.backend_pid)
+                result = pg.exec_params(sql, params, oids)
+                times[name].append((backend_cpu_ns(pg.backend_pid) - before) / 1e6)
+                if name == "claim_once" and result.get_value(0, 0) != b"ok":
+                    raise RuntimeError(f"claim_once answered {result.get_value(0, 0)!r}")
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def memory(dsn: str) -> tuple[int, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         fresh = conn.execute(MEMORY).fetchone()[0]
@@ -61,6 +93,7 @@ def memory(dsn: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connects", type=int, default=200)
+    parser.add_argument("--claims", type=int, default=60, help="fresh backends per statement for the claim's time")
     args = parser.parse_args()
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     tmp = Path(tempfile.mkdtemp(prefix="openwop-seat-connect-"))
@@ -98,6 +131,15 @@ def main() -> None:
             direct = direct or median
             print(f"{name:13} {args.connects} connects + SELECT 1: median {median:.2f} ms, mean "
                   f"{statistics.fmean(times):.2f} ms, total {sum(times) / 1000:.2f} s ({median / direct:.2f}x direct)")
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            salt = conn.execute("SELECT salt FROM openwop_seat.claim_secret").fetchone()[0]
+        try:
+            cpu = first_statement_cpu(cluster.dsn(), os.environ["OPENWOP_SEAT_CLAIM_SECRET"], salt, args.claims)
+        except OSError as e:  # no /proc/<pid>/schedstat (not Linux, or the backend runs elsewhere)
+            print(f"claim's database time: not measured ({e})")
+        else:
+            print(f"fresh backend, first statement, backend CPU (median of {args.claims}): SELECT 1 "
+                  f"{cpu['SELECT 1']:.2f} ms, claim_once {cpu['claim_once']:.2f} ms")
         for name in ("direct", "seat major 2", "seat raw"):
             samples = [memory(targets[name]) for _ in range(5)]
             fresh = statistics.median(s[0] for s in samples)

@@ -41,6 +41,11 @@ class _JSONFormatter(logging.Formatter):
 
 
 def setup_logging(fmt: str = "text", level: str = "info") -> None:
+    # Neither format prints where a line was logged from, nor the thread or process: the LogRecord need not find
+    # them (sys._getframe and a walk up the stack for every line, two or three lines a connect; the logging HOWTO's
+    # "Optimization"). The seat's process only: setup_logging is called by the CLI.
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
     root = logging.getLogger("openwop_seat")

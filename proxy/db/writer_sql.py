@@ -137,7 +137,7 @@ $ow$;
 
 
 def _claim_once_sql() -> str:
-    tol = CLAIM_CLOCK_TOLERANCE_US
+    tol = f"'{CLAIM_CLOCK_TOLERANCE_US} microseconds'::pg_catalog.interval"
     # One round trip (ADR 0013): the seat makes a nonce and takes its clock's time, the proof binds them to the
     # backend's pid and the major. A proof is good once: the claims row of a pid keeps the seat time of its last
     # one-round-trip claim, and a claim of that pid with a time not after it is refused (a replay). It is good only
@@ -147,6 +147,17 @@ def _claim_once_sql() -> str:
     # each backend). The verdict is returned, never raised: 'ok', 'pooler <pid>' (the pid is not this backend's:
     # nothing recorded), 'clock', 'ledger', 'replay', or why the claim is refused. Whatever the verdict, the seat can
     # still claim with the challenge of ADR 0006 (it does on all but 'pooler' for a translated or v2 session).
+    # The HMAC is HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad.
+    # The seat's time is compared with the server's as a timestamptz (at_ts): no numeric, no EXTRACT (each operator,
+    # function and cast is one more catalog look-up in a fresh backend, ADR 0013's addendum). at_us / 1e6 in float8,
+    # rounded to the microsecond by to_timestamp, is exact until 2^31 s (the year 2038) and within a microsecond until
+    # 2^53 us (2255); the clock and ledger checks are a minute wide, and the replay check compares the integers
+    # (test_claim_once). at_ts is NULL (refused: clock) for a time not after 1970, which to_timestamp might not take; the
+    # guard uses int8 < int8, the operator the replay check needs anyway. since: when claims was last found empty
+    # (-infinity: never since the layout step); claims is UNLOGGED, so after a crash it is empty and complete only
+    # from then on (restarted writes that row again).
+    # No comments in the body, and keep it short: a pg_proc row over about 2 KB is moved to pg_proc's TOAST table,
+    # which a fresh backend then opens to read the body (about 0.08 ms more per claim, measured).
     return f"""
 CREATE OR REPLACE FUNCTION {SCHEMA}.claim_once(pid integer, at_us bigint, nonce text, major integer, proof text)
 RETURNS text LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -156,13 +167,13 @@ WITH me AS (
     SELECT s.hmac_ipad AS ipad, s.hmac_opad AS opad,
            (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)
                AS backend_start,
-           (EXTRACT(EPOCH FROM pg_catalog.statement_timestamp()) * 1000000)::bigint AS now_us,
-           (SELECT CASE WHEN pg_catalog.isfinite(c.backend_start)
-                        THEN (EXTRACT(EPOCH FROM c.backend_start) * 1000000)::bigint ELSE -{2 ** 62} END
-            FROM {SCHEMA}.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since_us
+           CASE WHEN '0'::pg_catalog.int8 OPERATOR(pg_catalog.<) claim_once.at_us
+                THEN pg_catalog.to_timestamp(claim_once.at_us::pg_catalog.float8
+                                             OPERATOR(pg_catalog./) '1000000'::pg_catalog.float8) END AS at_ts,
+           (SELECT c.backend_start FROM {SCHEMA}.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since
     FROM (SELECT) one LEFT JOIN {SCHEMA}.claim_secret s ON true
 ), verdict AS (
-    SELECT me.backend_start, me.since_us, CASE
+    SELECT me.backend_start, me.since, CASE
         WHEN claim_once.major IS NULL OR claim_once.major NOT IN (0, 1, 2)
             THEN 'major must be 0 (raw), 1 or 2, got ' || coalesce(claim_once.major::text, 'NULL')
         WHEN me.ipad IS NULL THEN 'no claim secret is installed: run openwop-seat migrate with '
@@ -171,21 +182,22 @@ WITH me AS (
             THEN 'pooler ' || pg_catalog.pg_backend_pid()::text
         WHEN me.backend_start IS NULL THEN 'the owner of openwop_seat cannot see this session''s backend_start '
                                            '(GRANT pg_read_all_stats TO it)'
-        -- HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad
         WHEN claim_once.at_us IS NULL OR claim_once.nonce IS NULL OR pg_catalog.length(claim_once.nonce) < 16
              OR claim_once.proof IS DISTINCT FROM pg_catalog.encode(pg_catalog.sha256(me.opad || pg_catalog.sha256(
                     me.ipad || pg_catalog.convert_to('openwop_seat.claim_once:' || claim_once.pid::text || ':'
                                                      || claim_once.at_us::text || ':' || claim_once.nonce || ':'
                                                      || claim_once.major::text, 'UTF8'))), 'hex')
             THEN 'wrong secret'
-        WHEN claim_once.at_us < me.now_us - {tol} OR claim_once.at_us > me.now_us + {tol} THEN 'clock'
-        WHEN me.since_us IS NULL OR claim_once.at_us < me.since_us + {tol} THEN 'ledger'
+        WHEN me.at_ts IS NULL
+          OR me.at_ts OPERATOR(pg_catalog.<) (pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) {tol})
+          OR me.at_ts OPERATOR(pg_catalog.>) (pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) {tol})
+            THEN 'clock'
+        WHEN me.since IS NULL OR me.at_ts OPERATOR(pg_catalog.<) (me.since OPERATOR(pg_catalog.+) {tol}) THEN 'ledger'
         ELSE 'ok' END AS v
     FROM me
 ), restarted AS (
-    -- claims is UNLOGGED: after a crash it is empty, and complete only from now on
     INSERT INTO {SCHEMA}.claims (pid, backend_start, major, claimed_at)
-    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since_us IS NULL
+    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since IS NULL
     ON CONFLICT (pid) DO NOTHING
 ), claimed AS (
     INSERT INTO {SCHEMA}.claims AS c (pid, backend_start, major, claimed_at, challenge, seat_time)

@@ -94,6 +94,34 @@ def test_a_time_off_the_servers_clock_is_refused(pg, salt, off):
         assert major_of(conn) is None
 
 
+@pytest.mark.parametrize("at", [0, -1, -(2 ** 62), 2 ** 53, 2 ** 63 - 1])
+def test_a_time_out_of_any_range_is_refused_not_raised(pg, salt, at):
+    """The seat's time becomes a timestamptz (to_timestamp) before it meets the server's: a time that function
+    could not take, or far out, is the verdict 'clock', never an error, with a proof made for it."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        assert claim(conn, claim_once_params(CLAIM_SECRET, salt, conn.info.backend_pid, 2, at_us=at)) == "clock"
+        assert major_of(conn) is None
+
+
+def test_the_seat_time_becomes_a_timestamp_to_the_microsecond(pg):
+    """claim_once compares to_timestamp(at_us / 1e6), in float8, with the server's clock: exact for every time from
+    now until 2^31 seconds (the year 2038), within a microsecond until 2^53 microseconds (the year 2255). The checks
+    it serves are a minute wide; the replay check compares the integers."""
+    now = time.time_ns() // 1000
+    off = "extract(epoch FROM pg_catalog.to_timestamp(t::float8 / '1000000'::float8)) * 1000000 - t"
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        exact = conn.execute(
+            f"SELECT count(*) FILTER (WHERE {off} <> 0), count(*) FROM ("
+            "SELECT %s::bigint + (random() * (2147483647000000 - %s))::bigint AS t FROM generate_series(1, 200000) "
+            "UNION ALL SELECT %s::bigint + g FROM generate_series(0, 100000) g "
+            "UNION ALL SELECT 2147483647000000 - g FROM generate_series(0, 1000) g) x", (now, now, now)).fetchone()
+        near = conn.execute(
+            f"SELECT max(abs({off})) FROM (SELECT (random() * 2 ^ 53)::bigint AS t FROM generate_series(1, 200000) "
+            "UNION ALL SELECT 2 ^ 53 - 1 - g FROM generate_series(0, 1000) g) x").fetchone()[0]
+    assert exact == (0, 301_002)
+    assert near <= 1
+
+
 def test_after_claims_was_emptied_one_round_trip_claims_wait_and_the_seat_falls_back(pg, salt, start_seat):
     """claims is UNLOGGED: a crash empties it, and with it the last seat time of every pid. Proofs made before
     must not be taken then: until the tolerance has passed, claim_once refuses every proof ('ledger')."""

@@ -15,7 +15,10 @@ RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
 
 
 def _line(fmt: str, created: float) -> str:
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
     logs.setup_logging(fmt, "info")
+    # setup_logging is for the seat's process: give pytest's own log records their source back
+    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
     logger = logging.getLogger("openwop_seat.test")
     handler = logging.getLogger("openwop_seat").handlers[0]
     out = io.StringIO()
@@ -41,3 +44,16 @@ def test_json_lines_carry_the_same_time_in_ts():
     assert RFC3339_MS.match(entry["ts"]), entry
     assert entry["ts"] == "2026-12-04T09:30:01.999+00:00"  # truncated, never rounded into the next second
     assert entry["msg"] == "session start" and entry["session"] == 1
+
+
+def test_the_seat_does_not_ask_where_a_line_was_logged_from():
+    """Neither format prints a line's source, thread or process: setup_logging spares the LogRecord finding them."""
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
+    try:
+        logs.setup_logging("text", "info")
+        assert logging._srcfile is None and not (logging.logThreads or logging.logProcesses)
+        record = logging.getLogger("openwop_seat.test").makeRecord("openwop_seat.test", logging.INFO, "(unknown file)",
+                                                                   0, "session start", (), None)
+        assert logging.getLogger("openwop_seat").handlers[0].format(record).endswith(" info session start")
+    finally:
+        logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved

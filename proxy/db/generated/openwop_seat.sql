@@ -1107,13 +1107,13 @@ WITH me AS (
     SELECT s.hmac_ipad AS ipad, s.hmac_opad AS opad,
            (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)
                AS backend_start,
-           (EXTRACT(EPOCH FROM pg_catalog.statement_timestamp()) * 1000000)::bigint AS now_us,
-           (SELECT CASE WHEN pg_catalog.isfinite(c.backend_start)
-                        THEN (EXTRACT(EPOCH FROM c.backend_start) * 1000000)::bigint ELSE -4611686018427387904 END
-            FROM openwop_seat.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since_us
+           CASE WHEN '0'::pg_catalog.int8 OPERATOR(pg_catalog.<) claim_once.at_us
+                THEN pg_catalog.to_timestamp(claim_once.at_us::pg_catalog.float8
+                                             OPERATOR(pg_catalog./) '1000000'::pg_catalog.float8) END AS at_ts,
+           (SELECT c.backend_start FROM openwop_seat.claims c WHERE c.pid OPERATOR(pg_catalog.=) 0) AS since
     FROM (SELECT) one LEFT JOIN openwop_seat.claim_secret s ON true
 ), verdict AS (
-    SELECT me.backend_start, me.since_us, CASE
+    SELECT me.backend_start, me.since, CASE
         WHEN claim_once.major IS NULL OR claim_once.major NOT IN (0, 1, 2)
             THEN 'major must be 0 (raw), 1 or 2, got ' || coalesce(claim_once.major::text, 'NULL')
         WHEN me.ipad IS NULL THEN 'no claim secret is installed: run openwop-seat migrate with '
@@ -1122,21 +1122,22 @@ WITH me AS (
             THEN 'pooler ' || pg_catalog.pg_backend_pid()::text
         WHEN me.backend_start IS NULL THEN 'the owner of openwop_seat cannot see this session''s backend_start '
                                            '(GRANT pg_read_all_stats TO it)'
-        -- HMAC-SHA256 (RFC 2104) with the key sha256(salt || secret), padded: claim_secret.hmac_ipad, hmac_opad
         WHEN claim_once.at_us IS NULL OR claim_once.nonce IS NULL OR pg_catalog.length(claim_once.nonce) < 16
              OR claim_once.proof IS DISTINCT FROM pg_catalog.encode(pg_catalog.sha256(me.opad || pg_catalog.sha256(
                     me.ipad || pg_catalog.convert_to('openwop_seat.claim_once:' || claim_once.pid::text || ':'
                                                      || claim_once.at_us::text || ':' || claim_once.nonce || ':'
                                                      || claim_once.major::text, 'UTF8'))), 'hex')
             THEN 'wrong secret'
-        WHEN claim_once.at_us < me.now_us - 60000000 OR claim_once.at_us > me.now_us + 60000000 THEN 'clock'
-        WHEN me.since_us IS NULL OR claim_once.at_us < me.since_us + 60000000 THEN 'ledger'
+        WHEN me.at_ts IS NULL
+          OR me.at_ts OPERATOR(pg_catalog.<) (pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) '60000000 microseconds'::pg_catalog.interval)
+          OR me.at_ts OPERATOR(pg_catalog.>) (pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) '60000000 microseconds'::pg_catalog.interval)
+            THEN 'clock'
+        WHEN me.since IS NULL OR me.at_ts OPERATOR(pg_catalog.<) (me.since OPERATOR(pg_catalog.+) '60000000 microseconds'::pg_catalog.interval) THEN 'ledger'
         ELSE 'ok' END AS v
     FROM me
 ), restarted AS (
-    -- claims is UNLOGGED: after a crash it is empty, and complete only from now on
     INSERT INTO openwop_seat.claims (pid, backend_start, major, claimed_at)
-    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since_us IS NULL
+    SELECT 0, pg_catalog.now(), NULL, pg_catalog.now() FROM verdict WHERE verdict.since IS NULL
     ON CONFLICT (pid) DO NOTHING
 ), claimed AS (
     INSERT INTO openwop_seat.claims AS c (pid, backend_start, major, claimed_at, challenge, seat_time)
