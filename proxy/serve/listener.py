@@ -77,6 +77,9 @@ class SeatServer:
         self.stats = Stats()
         self.catalog = CatalogConnection(self)  # this process's one connection for its checks of the host database
         self.sessions: set[Session] = set()
+        # the sessions past their startup (a major) and not closed: what max_client_conn counts, kept as a count
+        # rather than found by a walk over every session at each connect
+        self.open_sessions = 0
         self.client_ssl_context = client_ssl_context(config)
         self.upstream_ssl_context = upstream_ssl_context(config)
         self.metrics = MetricsHTTP(self)

@@ -256,7 +256,7 @@ class Session:
             raise ProtocolViolation(str(e), sqlstate=e.sqlstate) from None
         self.params["user"], self.params["database"] = parsed.user, parsed.database
         limit = self.config.max_client_conn
-        if sum(1 for s in self.server.sessions if s.major is not None and not s.closed) >= limit:
+        if self.server.open_sessions >= limit:
             # As PgBouncer does: answered after the startup packet, before any upstream connection.
             log.warning("connection refused: too many client connections", extra={"fields": {
                 "client": self.client_addr, "user": self.params.get("user"), "max_client_conn": limit}})
@@ -264,6 +264,7 @@ class Session:
                               reason="max_client_conn reached")
             return
         self.major = self.config.major_for(self.params)
+        self.server.open_sessions += 1  # back in close(): a session with a major
         stats = self.server.stats
         if self.server.on_host_database(self.params):  # a count only: the heartbeat writes it (docs/lifecycle.md)
             stats.majors_seen[(self.major, self.params["user"])] += 1
@@ -868,6 +869,7 @@ class Session:
         self.client.sink = None
         self.client.close()
         if self.major is not None:  # a session that got past startup
+            self.server.open_sessions -= 1
             log.info("session end", extra={"fields": self._log_fields(
                 reason=reason, duration_s=round(time.monotonic() - self.started, 3),
                 bytes_in=self.bytes_in, bytes_out=self.bytes_out)})
