@@ -595,12 +595,16 @@ class SeatServer:
         self.stats.client_connections += 1
         session = Session(self, peer)
         self.sessions.add(session)
-        session.done.add_done_callback(lambda _: self._ended(session))
+        session.done.add_done_callback(self._session_done)  # its result is the session (no closure a session)
         if self.holding:  # accepted as PAUSE began
             session.hold(self._held_changed.set)
         task = asyncio.get_running_loop().create_task(session.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _session_done(self, done: asyncio.Future) -> None:
+        if not done.cancelled():  # never cancelled: Session.close sets it
+            self._ended(done.result())
 
     def _ended(self, session: Session) -> None:
         self.sessions.discard(session)

@@ -83,6 +83,15 @@ def number_sessions(first: int, step: int, start: int = 0) -> None:
 class Session:
     """A client connection relayed to one upstream connection for its whole life."""
 
+    # slots: a seat holds one session per connection, idle ones included (make bench's idle_memory: a dict of this
+    # many attributes was 1.6 KB a session)
+    __slots__ = ("_analysing", "_bytes_at_ready", "_claim_open", "_claim_timer", "_client_chunks", "_client_holds",
+                 "_ending", "_ending_timer", "_held_data", "_last_client", "_max_owed", "_on_held", "_pausing",
+                 "_readies", "_reading_paused", "_ready_at", "_seat_client", "_seat_key", "_seat_upstream",
+                 "_upstream_chunks", "client", "client_addr", "client_tls", "closed", "config", "done", "end_reason",
+                 "first_boot", "handed_over", "held", "held_since", "id", "label_pair", "major", "params",
+                 "pool_conn", "relay", "server", "started", "startup_bytes", "upstream")
+
     def __init__(self, server: "SeatView", client: Peer):
         self.server = server
         self.config = server.config  # the config this session started under; reloads do not touch it
@@ -109,8 +118,9 @@ class Session:
         self._claim_timer: asyncio.TimerHandle | None = None
         self._claim_open = False  # the session is to be claimed and the claim is not over yet
         self._reading_paused = False  # the client is not read while the seat's claim is in flight
-        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left.
-        self._client_holds: set[str] = set()
+        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left
+        # (a tuple: the empty one is shared, a set is 216 bytes a session)
+        self._client_holds: tuple[str, ...] = ()
         self._analysing = False  # a statement of this session is being parsed in the analysis thread
         # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
         # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
@@ -132,7 +142,7 @@ class Session:
         self._pausing = False
         self.held = False
         self.held_since = 0.0
-        self._held_data = bytearray()
+        self._held_data: bytes | bytearray = b""  # a bytearray once something is held
         self._on_held = None
         self._bytes_at_ready = 0  # relay.bytes_in at the last ReadyForQuery: more since means a statement is sent
         client.on_lost = self._client_lost
@@ -367,8 +377,8 @@ class Session:
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         # Backpressure: a full write buffer on one side pauses reading on the other.
-        self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
+        self.client.on_pause = self._client_write_paused
+        up.on_pause = self._upstream_write_paused
         up.write(startup.raw)
         self.startup_bytes = len(startup.raw)
         up.sink = self._from_upstream
@@ -447,8 +457,8 @@ class Session:
         limit = self.config.buffer_limit
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
-        self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
+        self.client.on_pause = self._client_write_paused
+        up.on_pause = self._upstream_write_paused
         login = [final, messages.message(b"R", struct.pack("!I", 0))]
         login += [messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
                   for name, value in conn.params.items()]
@@ -627,13 +637,26 @@ class Session:
     def _hold_client(self, reason: str, on: bool) -> None:
         """Stop reading the client for ``reason`` (or no longer for it): it is read while no reason holds it."""
         holds = self._client_holds
-        before = bool(holds)
         if on:
-            holds.add(reason)
-        else:
-            holds.discard(reason)
-        if bool(holds) != before:
-            _set_reading(self.client, not holds)
+            if reason in holds:
+                return
+            self._client_holds = holds + (reason,)
+            if not holds:
+                _set_reading(self.client, False)
+        elif reason in holds:
+            self._client_holds = rest = tuple(r for r in holds if r != reason)
+            if not rest:
+                _set_reading(self.client, True)
+
+    # Backpressure (the bound methods cost a session less than a closure each): a full write buffer on one side pauses
+    # reading on the other.
+
+    def _client_write_paused(self, paused: bool) -> None:
+        if self.upstream is not None:
+            _set_reading(self.upstream, not paused)
+
+    def _upstream_write_paused(self, paused: bool) -> None:
+        self._hold_client("upstream full", paused)
 
     def _end(self, ending: Ending) -> None:
         if ending.kind == "client_violation":
@@ -668,7 +691,7 @@ class Session:
         if not self.held:
             return
         self.held = False
-        pending, self._held_data = bytes(self._held_data), bytearray()
+        pending, self._held_data = bytes(self._held_data), b""
         self._hold_client("pause", False)
         if pending and not self.closed:
             self._from_client(pending)
@@ -707,7 +730,9 @@ class Session:
                 self._on_held()
         if not self._held_data:
             self.held_since = time.monotonic()  # PgBouncer's wait: since the statement arrived
-        self._held_data += data
+            self._held_data = bytearray(data)
+        else:
+            self._held_data += data
         if len(self._held_data) > self.config.buffer_limit:
             self._hold_client("pause", True)
 
@@ -886,7 +911,7 @@ class Session:
         if self._ending_timer is not None:
             self._ending_timer.cancel()
         if not self.done.done():
-            self.done.set_result(None)
+            self.done.set_result(self)  # the listener's callback ends its bookkeeping of this session
 
     # ------------------------------------------------------------------ metrics and refusal logs
 

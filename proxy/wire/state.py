@@ -25,6 +25,22 @@ BACKEND_CAPTURE = frozenset(b"RKSZEv")
 # Frontend messages the session state needs to see.
 FRONTEND_CAPTURE = frozenset(b"X")
 
+# ParameterStatus bodies as (name, value), parsed once per distinct body and shared by every session: a login reports
+# some fourteen, the same for each session of a server (their strings were 1.5 KB a session, idle ones included).
+# Bounded (application_name and a few others vary by client): emptied when full.
+_PARAMETERS: dict[bytes, tuple[str, str]] = {}
+PARAMETERS_KEPT = 1024
+
+
+def parameter_status(body: bytes) -> tuple[str, str]:
+    """:func:`~proxy.wire.messages.parse_parameter_status`, the strings shared with the sessions that saw the same."""
+    pair = _PARAMETERS.get(body)
+    if pair is None:
+        if len(_PARAMETERS) >= PARAMETERS_KEPT:
+            _PARAMETERS.clear()
+        pair = _PARAMETERS[bytes(body)] = parse_parameter_status(body)
+    return pair
+
 
 class Phase(Enum):
     AUTHENTICATING = "authenticating"  # startup sent, waiting for the first ReadyForQuery
@@ -59,7 +75,7 @@ class SessionState:
         elif t == BACKEND_KEY_DATA:  # 'K' BackendKeyData
             self.backend_pid, self.backend_key = parse_backend_key_data(body)
         elif t == PARAMETER_STATUS:  # 'S' ParameterStatus
-            name, value = parse_parameter_status(body)
+            name, value = parameter_status(body)
             self.server_params[name] = value
         elif t == ERROR_RESPONSE:  # 'E' ErrorResponse
             fields = parse_error_fields(body)
