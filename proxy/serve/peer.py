@@ -49,9 +49,13 @@ class UpstreamUnavailable(SeatException):
 class Peer(asyncio.Protocol):
     """One socket of a session. Buffers bytes until the session sets a sink."""
 
+    # slots: two a connection, idle ones included (make bench's idle_memory)
+    __slots__ = ("_waiter", "buffer", "eof", "lost", "on_eof", "on_lost", "on_pause", "sink", "transport")
+
     def __init__(self, on_lost: Callable[["Peer", Exception | None], None] | None = None):
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        # what arrived before a sink was set: a bytearray once something did (an idle session's peers keep none)
+        self.buffer: bytes | bytearray = b""
         self.sink: Callable[[bytes], None] | None = None
         self.eof = False
         self.lost = False
@@ -68,7 +72,10 @@ class Peer(asyncio.Protocol):
         if self.sink is not None:
             self.sink(data)
         else:
-            self.buffer += data
+            if self.buffer:
+                self.buffer += data
+            else:
+                self.buffer = bytearray(data)
             self._wake()
 
     def eof_received(self):
@@ -109,6 +116,8 @@ class Peer(asyncio.Protocol):
             self._waiter = None
 
     async def read_exact(self, n: int) -> bytes:
+        if n <= 0:
+            return b""
         while len(self.buffer) < n:
             if self.eof:
                 raise ConnectionResetError("peer closed the connection")

@@ -213,6 +213,7 @@ class Relay:
         state.phase = Phase.READY
         state.auth_ok = True
         state.server_params = dict(server_params)
+        state.share_params()
         state.backend_pid, state.backend_key = pid, key
         self.awaiting_ready = False
         self.readies = 1

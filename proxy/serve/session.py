@@ -36,7 +36,7 @@ from proxy.wire.codec import (
 )
 from proxy.wire.messages import PROTOCOL_3_0
 from proxy.wire.startup import StartupRefused, parse_startup
-from proxy.wire.state import Phase, SessionState
+from proxy.wire.state import Phase, SessionState, shared
 
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
@@ -86,9 +86,9 @@ class Session:
     # slots: a seat holds one session per connection, idle ones included (make bench's idle_memory: a dict of this
     # many attributes was 1.6 KB a session)
     __slots__ = ("_analysing", "_bytes_at_ready", "_claim_open", "_claim_timer", "_client_chunks", "_client_holds",
-                 "_ending", "_ending_timer", "_held_data", "_last_client", "_max_owed", "_on_held", "_pausing",
+                 "_done", "_ending", "_ending_timer", "_held_data", "_last_client", "_max_owed", "_on_held", "_pausing",
                  "_readies", "_reading_paused", "_ready_at", "_seat_client", "_seat_key", "_seat_upstream",
-                 "_upstream_chunks", "client", "client_addr", "client_tls", "closed", "config", "done", "end_reason",
+                 "_upstream_chunks", "client", "client_addr", "client_tls", "closed", "config", "end_reason",
                  "first_boot", "handed_over", "held", "held_since", "id", "label_pair", "major", "params",
                  "pool_conn", "relay", "server", "started", "startup_bytes", "upstream")
 
@@ -107,7 +107,7 @@ class Session:
         self.startup_bytes = 0  # the startup packet, relayed before the relay exists
         self.end_reason = ""
         self.closed = False
-        self.done = asyncio.get_running_loop().create_future()
+        self._done: asyncio.Future | None = None  # made when first asked for (done): an idle session keeps none
         peername = client.transport.get_extra_info("peername") if client.transport else None
         # A Unix-socket client has no address: "[local]", as PostgreSQL logs it.
         self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "[local]")
@@ -149,6 +149,15 @@ class Session:
         client.on_eof = self._client_eof
 
     # What the listener and the metrics collector read of a session.
+
+    @property
+    def done(self) -> asyncio.Future:
+        """Set once the session has ended (for a drain, a reload or PAUSE to wait on)."""
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+            if self.closed:
+                self._done.set_result(None)
+        return self._done
 
     @property
     def reader(self) -> ReadPath | None:
@@ -207,6 +216,8 @@ class Session:
                 parsed = parse_initial_packet(client.buffer)
             packet, used = parsed
             del client.buffer[:used]
+            if not client.buffer:
+                client.buffer = b""  # none kept while the session idles
             if isinstance(packet, SSLRequest):
                 if seen_ssl:
                     raise ProtocolViolation("duplicate SSL request")
@@ -265,6 +276,7 @@ class Session:
         except StartupRefused as e:
             raise ProtocolViolation(str(e), sqlstate=e.sqlstate) from None
         self.params["user"], self.params["database"] = parsed.user, parsed.database
+        self.params = shared(self.params)  # never changed from here on: one dict for the sessions that have the same
         limit = self.config.max_client_conn
         if sum(1 for s in self.server.sessions if s.major is not None and not s.closed) >= limit:
             # As PgBouncer does: answered after the startup packet, before any upstream connection.
@@ -390,7 +402,7 @@ class Session:
         for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
-                peer.buffer.clear()
+                peer.buffer = b""
                 sink(pending)
         if self.client.eof and not self.closed:
             self._client_eof()
@@ -469,11 +481,11 @@ class Session:
         self.client.sink = self._from_client
         if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now
             pending = bytes(up.buffer)
-            up.buffer.clear()
+            up.buffer = b""
             self._from_upstream(pending)
         if self.client.buffer:
             pending = bytes(self.client.buffer)
-            self.client.buffer.clear()
+            self.client.buffer = b""
             self._from_client(pending)
         if self.client.eof and not self.closed:
             self._client_eof()
@@ -910,8 +922,12 @@ class Session:
             self._claim_timer.cancel()
         if self._ending_timer is not None:
             self._ending_timer.cancel()
-        if not self.done.done():
-            self.done.set_result(self)  # the listener's callback ends its bookkeeping of this session
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        try:  # the listener's bookkeeping of this session ends after this callback, as a future's callback would
+            asyncio.get_running_loop().call_soon(self.server.session_ended, self)
+        except RuntimeError:  # no event loop running (never while the seat serves)
+            self.server.session_ended(self)
 
     # ------------------------------------------------------------------ metrics and refusal logs
 
