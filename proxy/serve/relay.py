@@ -161,7 +161,7 @@ class Relay:
         self.transactions = 0  # transaction blocks ended: a ReadyForQuery back to idle from 'T' or 'E' (metrics)
         # when each Query/Sync/FunctionCall went upstream, oldest first: a list (a deque is 760 bytes, idle or not),
         # short as the read path's FIFOs are
-        self._raw_sent: list[float] = []
+        self._raw_sent: list[float] | tuple = [] if reader is None else ()  # never used with a read path
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
         kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed
         if reader is None:

@@ -10,6 +10,7 @@ seat stops reading from the other side until it drains. Timers (the claim's, the
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import ssl
@@ -124,7 +125,7 @@ class Session:
         self._analysing = False  # a statement of this session is being parsed in the analysis thread
         # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
         # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
-        self._max_owed = max(self.config.buffer_limit // OWED_BYTES, 64)
+        self._max_owed = _max_owed(self.config.buffer_limit)
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
@@ -950,6 +951,12 @@ class Session:
         }
         fields.update(more)
         return fields
+
+
+@functools.lru_cache(maxsize=8)
+def _max_owed(buffer_limit: int) -> int:
+    """Session._max_owed: one int object for the sessions of a config, not one each."""
+    return max(buffer_limit // OWED_BYTES, 64)
 
 
 def _upstream_reason(message: str) -> str:
