@@ -51,7 +51,7 @@ OWNS_KNOWN_SECONDS = 60.0
 # The largest SASL message a pooled client may send the seat during its login (a SCRAM message is under 300 bytes).
 MAX_PASSWORD_MESSAGE = 8192
 
-# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
+# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a list, an entry of the
 # read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
 OWED_BYTES = 64
 
