@@ -146,8 +146,9 @@ class Session:
         self._held_data: bytes | bytearray = b""  # a bytearray once something is held
         self._on_held = None
         self._bytes_at_ready = 0  # relay.bytes_in at the last ReadyForQuery: more since means a statement is sent
-        client.on_lost = self._client_lost
-        client.on_eof = self._client_eof
+        client.owner = self  # the peers' callbacks are this class's functions, called with the session
+        client.on_lost = Session._client_lost
+        client.on_eof = Session._client_eof
 
     # What the listener and the metrics collector read of a session.
 
@@ -370,7 +371,7 @@ class Session:
                            key_data=self._seat_key_data if self.pool_conn is not None else None)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         try:
-            self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+            self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), Session._upstream_lost, self)
         except BaseException:
             if self.pool_conn is not None:
                 pool.forget(self.pool_conn)
@@ -390,16 +391,16 @@ class Session:
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         # Backpressure: a full write buffer on one side pauses reading on the other.
-        self.client.on_pause = self._client_write_paused
-        up.on_pause = self._upstream_write_paused
+        self.client.on_pause = Session._client_write_paused
+        up.on_pause = Session._upstream_write_paused
         up.write(startup.raw)
         self.startup_bytes = len(startup.raw)
-        up.sink = self._from_upstream
+        up.sink = Session._from_upstream
         if claim is not None:
             self._claim_open = True
             self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout,
                                                                       self._claim_timed_out)
-        self.client.sink = self._from_client
+        self.client.sink = Session._from_client
         for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
@@ -466,20 +467,21 @@ class Session:
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text,
                                                                     pooled_backend=conn.pid)})
         up = self.upstream = conn.peer
-        up.on_lost = self._upstream_lost
+        up.owner = self
+        up.on_lost = Session._upstream_lost
         limit = self.config.buffer_limit
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
-        self.client.on_pause = self._client_write_paused
-        up.on_pause = self._upstream_write_paused
+        self.client.on_pause = Session._client_write_paused
+        up.on_pause = Session._upstream_write_paused
         login = [final, messages.message(b"R", struct.pack("!I", 0))]
         login += [messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
                   for name, value in conn.params.items()]
         login += [messages.message(b"K", struct.pack("!i", self._seat_key[0]) + self._seat_key[1]),
                   messages.ready_for_query()]
         self.client.write(b"".join(login))
-        up.sink = self._from_upstream
-        self.client.sink = self._from_client
+        up.sink = Session._from_upstream
+        self.client.sink = Session._from_client
         if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now
             pending = bytes(up.buffer)
             up.buffer = b""
