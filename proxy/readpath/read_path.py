@@ -47,6 +47,7 @@ from time import perf_counter
 
 import orjson
 
+from proxy import fifo
 from proxy.errors import BY_SQLSTATE, CODES, SeatException
 from proxy.readpath import encoding
 from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
@@ -300,10 +301,13 @@ class ReadPath:
         if watch:
             entry.watched = True
             self.active += 1
-        self.pending.append(entry)
+        pending = self.pending
+        pending.append(entry)
+        if len(pending) > fifo.LONG:
+            self.pending = fifo.grown(pending)
 
     def _pop(self) -> Entry:
-        entry = self.pending.pop(0)
+        entry = fifo.popleft(self.pending)
         if entry.watched:
             self.active -= 1
         return entry
@@ -353,7 +357,10 @@ class ReadPath:
         """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
         needs the FIFO (a refused statement, or a group the quiet bookkeeping cannot follow)."""
         if t == SYNC:  # 'S' Sync
-            self.quiet_sent.append(perf_counter())
+            sent = self.quiet_sent
+            sent.append(perf_counter())
+            if len(sent) > fifo.LONG:
+                self.quiet_sent = fifo.grown(sent)
             self.quiet_group.clear()
             return True, None
         replacement = None
@@ -416,7 +423,10 @@ class ReadPath:
             counts = self.statement_counts
             for st in plan.statements:
                 counts[self._class_of(st), "simple"] += 1
-            self.quiet_sent.append(perf_counter())
+            sent = self.quiet_sent
+            sent.append(perf_counter())
+            if len(sent) > fifo.LONG:
+                self.quiet_sent = fifo.grown(sent)
             return True, (_query(plan.text) if plan.changed else None)
         elif t == FUNCTION_CALL:  # 'F' FunctionCall: a function by OID, out of the seat's sight
             return self._unquiet()
@@ -453,9 +463,9 @@ class ReadPath:
     def _unquiet(self) -> tuple[bool, None]:
         """Hand the quiet bookkeeping to the FIFO: the answers still owed, then the open group's messages."""
         if self.quiet_sent:
-            self.pending.append(Entry("Zq"))
+            self._push(Entry("Zq"), False)
         for kind in self.quiet_group:
-            self.pending.append(Entry(kind))
+            self._push(Entry(kind), False)
         self.quiet_group.clear()
         self.preparing.clear()  # their outcome can no longer be told apart: never trusted
         self.unnamed = None
@@ -579,7 +589,7 @@ class ReadPath:
             if self.preparing:
                 self._settle_prepared()
             if self.quiet_sent:
-                sent = self.quiet_sent.pop(0)
+                sent = fifo.popleft(self.quiet_sent)
                 if self.statement_seconds is not None:
                     self.statement_seconds.observe(perf_counter() - sent)
         elif t == ERROR_RESPONSE:  # 'E'

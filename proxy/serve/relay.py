@@ -29,6 +29,7 @@ import struct
 from time import perf_counter
 from typing import Callable, NamedTuple
 
+from proxy import fifo
 from proxy.db.claims import claim_once_params, claim_proof
 from proxy.db.layout import (
     CHALLENGE_SQL,
@@ -313,7 +314,10 @@ class Relay:
                 self.raw_extended += 1
             elif t != FUNCTION_CALL:
                 continue
-            self._raw_sent.append(now if now is not None else (now := perf_counter()))
+            raw_sent = self._raw_sent
+            raw_sent.append(now if now is not None else (now := perf_counter()))
+            if len(raw_sent) > fifo.LONG:
+                self._raw_sent = fifo.grown(raw_sent)
         spans = [item[1] for item in items if item[0] == SPAN]
         return spans[0] if len(spans) == 1 else b"".join(spans)
 
@@ -483,7 +487,7 @@ class Relay:
                 out.append(messages.message(bytes([t]), body))
             elif t == READY_FOR_QUERY:
                 if self._raw_sent:
-                    self.stats.statement_seconds.observe(perf_counter() - self._raw_sent.pop(0))
+                    self.stats.statement_seconds.observe(perf_counter() - fifo.popleft(self._raw_sent))
             elif t == ERROR_RESPONSE:
                 sqlstate = messages.parse_error_fields(body).get("C", "")
                 self.stats.server_errors[sqlstate] += 1
