@@ -74,6 +74,7 @@ class Stats:
         # and transaction blocks ended of the sessions that closed (the open ones count on their relay).
         self.pair_sessions: Counter[tuple[str, str]] = Counter()
         self.pair_transactions: Counter[tuple[str, str]] = Counter()
+        self._pair_keys: dict[tuple[str, str], tuple[str, str]] = {}  # one tuple per pair, shared by its sessions
         # The v2 store's background fill (proxy.serve.store_filler, ADR 0015).
         self.store_runs_filled = 0
         self.store_runs_busy = 0
@@ -84,7 +85,7 @@ class Stats:
         fewer than ``limit`` pairs (or already has it), else OTHER_PAIR, so that the series stay bounded."""
         pair = (database, user)
         if pair in self.pair_sessions or len(self.pair_sessions) - (OTHER_PAIR in self.pair_sessions) < limit:
-            return pair
+            return self._pair_keys.setdefault(pair, pair)
         return OTHER_PAIR
 
     def count_refusal(self, sqlstate: str) -> None:

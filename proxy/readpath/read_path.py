@@ -41,12 +41,13 @@ statement the server did not keep cannot be mistaken for one it did.
 from __future__ import annotations
 
 import struct
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from time import perf_counter
 
 import orjson
 
+from proxy import fifo
 from proxy.errors import BY_SQLSTATE, CODES, SeatException
 from proxy.readpath import encoding
 from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
@@ -183,28 +184,34 @@ def leak_of(body: bytes, events: EventColumns, major: int) -> str:
 
 
 class ReadPath:
-    """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one)."""
+    """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one).
+
+    A seat holds one per translated connection, idle ones included (make bench's idle_memory): slots, and no
+    container made before it is needed. The FIFOs are lists (an empty one is 56 bytes, a deque 760 bytes however
+    empty): they are short (one entry per answer owed; the session bounds how many, ``Session._max_owed``), so
+    ``pop(0)`` moves few pointers."""
+
+    __slots__ = ("_names", "active", "classifier", "large_texts", "major", "on_refusal", "parse_seconds", "pending",
+                 "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",
+                 "server_errors", "skipping", "statement_counts", "statement_seconds", "statements", "tx_status",
+                 "unnamed", "watch")
 
     def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
                  watch: RelationWatch | None = None):
         self.classifier = classifier
         self.major = major
+        # The events table's columns and views, and the 4-byte table OIDs a RowDescription field must carry to come
+        # from one of them: shared by the seat's sessions (a RowDescription holding none of them cannot leak).
         self.watch = watch if watch is not None else RelationWatch(events)
-        self.pending: deque[Entry] = deque()
+        self.pending: list[Entry] = []
         # Quiet bookkeeping (nothing owed is watched): when each quiet Sync/Query/FunctionCall was sent,
         # oldest first (one ReadyForQuery owed each), and the FIFO kinds of the open extended group.
-        self.quiet_sent: deque[float] = deque()
+        self.quiet_sent: list[float] = []
         self.quiet_group: list[str] = []
-        # The 4-byte table OIDs a RowDescription field must carry to come from the events table or a view
-        # over it: a RowDescription holding none of them cannot leak (a substring test, no parsing).
-        self._leak_oids = () if events is None else tuple(
-            struct.pack("!I", oid) for oid in {events.table_oid, *events.derived_oids, *events.derived_payload_oids})
-        host = classifier.host
-        self._stored_columns = {host.type_column, host.payload_column}
         self.statements: dict[str, Statement] = {}  # named statements that are not passthrough, for the metrics
         self.portals: dict[str, Portal] = {}
         self.active = 0  # pending entries whose answers the seat must inspect
-        self.refusals: list[str] = []
+        self.refusals: list[str] | tuple = ()  # a list from the first refusal
         # Plan once per session: rewritten text (+ parameter types) -> the server-side statement holding it.
         self.prepared: dict[bytes, str] = {}
         self.preparing: list[list] = []  # [key, name, ReadyForQuery index that ends its group, failed]
@@ -222,7 +229,7 @@ class ReadPath:
         self.statement_seconds = None  # a metrics.Histogram, or None
         self.parse_seconds = None
         self.on_refusal = None  # called with (sqlstate, kind) for each OpenWOP refusal, to log it
-        self.large_texts: list[str] = []  # long statements this session had planned (and cached): see close
+        self.large_texts: list[str] | tuple = ()  # long statements this session had planned (and cached): see close
 
     def analysis_needed(self, t: int, body: bytes) -> str | None:
         """The text of a Query or Parse long enough (ANALYSE_OFF_LOOP bytes) to be parsed off the event loop and
@@ -244,7 +251,7 @@ class ReadPath:
         """The session ended: the plans of its long statements leave the shared cache with it."""
         if self.large_texts:
             self.classifier.forget(self.large_texts)
-            self.large_texts = []
+            self.large_texts = ()
 
     def attach(self, stats, on_refusal=None) -> None:
         """Count into the process-wide `metrics.Stats` instead of this read path's own counters."""
@@ -263,6 +270,8 @@ class ReadPath:
             if self.parse_seconds is not None:
                 self.parse_seconds.observe(perf_counter() - start)
             if len(sql) > LARGE_TEXT:  # its plan is this session's share of the cache: dropped when it ends
+                if not self.large_texts:
+                    self.large_texts = []
                 self.large_texts.append(sql)
         if plan.translated and self.watch.stale:
             refusal = StatementPlan(REFUSE, sql, "translated relations stale",
@@ -292,10 +301,13 @@ class ReadPath:
         if watch:
             entry.watched = True
             self.active += 1
-        self.pending.append(entry)
+        pending = self.pending
+        pending.append(entry)
+        if len(pending) > fifo.LONG:
+            self.pending = fifo.grown(pending)
 
     def _pop(self) -> Entry:
-        entry = self.pending.popleft()
+        entry = fifo.popleft(self.pending)
         if entry.watched:
             self.active -= 1
         return entry
@@ -345,7 +357,10 @@ class ReadPath:
         """Quiet bookkeeping of one client message: (True, replacement) when handled; (False, None) when it
         needs the FIFO (a refused statement, or a group the quiet bookkeeping cannot follow)."""
         if t == SYNC:  # 'S' Sync
-            self.quiet_sent.append(perf_counter())
+            sent = self.quiet_sent
+            sent.append(perf_counter())
+            if len(sent) > fifo.LONG:
+                self.quiet_sent = fifo.grown(sent)
             self.quiet_group.clear()
             return True, None
         replacement = None
@@ -408,7 +423,10 @@ class ReadPath:
             counts = self.statement_counts
             for st in plan.statements:
                 counts[self._class_of(st), "simple"] += 1
-            self.quiet_sent.append(perf_counter())
+            sent = self.quiet_sent
+            sent.append(perf_counter())
+            if len(sent) > fifo.LONG:
+                self.quiet_sent = fifo.grown(sent)
             return True, (_query(plan.text) if plan.changed else None)
         elif t == FUNCTION_CALL:  # 'F' FunctionCall: a function by OID, out of the seat's sight
             return self._unquiet()
@@ -445,9 +463,9 @@ class ReadPath:
     def _unquiet(self) -> tuple[bool, None]:
         """Hand the quiet bookkeeping to the FIFO: the answers still owed, then the open group's messages."""
         if self.quiet_sent:
-            self.pending.append(Entry("Zq"))
+            self._push(Entry("Zq"), False)
         for kind in self.quiet_group:
-            self.pending.append(Entry(kind))
+            self._push(Entry(kind), False)
         self.quiet_group.clear()
         self.preparing.clear()  # their outcome can no longer be told apart: never trusted
         self.unnamed = None
@@ -571,7 +589,7 @@ class ReadPath:
             if self.preparing:
                 self._settle_prepared()
             if self.quiet_sent:
-                sent = self.quiet_sent.popleft()
+                sent = fifo.popleft(self.quiet_sent)
                 if self.statement_seconds is not None:
                     self.statement_seconds.observe(perf_counter() - sent)
         elif t == ERROR_RESPONSE:  # 'E'
@@ -685,7 +703,8 @@ class ReadPath:
         detail = fields.get("D", "")
         if detail.startswith("Key ("):
             columns = {c.strip().strip('"') for c in detail[5:detail.find(")")].split(",")}
-            if not columns & self._stored_columns:
+            host = self.classifier.host
+            if host.type_column not in columns and host.payload_column not in columns:
                 return None
         elif not detail.startswith("Failing row contains"):
             return None
@@ -721,6 +740,8 @@ class ReadPath:
     def _refusal_error(self, refusal) -> bytes:
         # a statement setting a client_encoding the seat cannot parse in has its own code (readpath/encoding.py)
         code = CODES[encoding.ERROR_CODE if refusal.kind == encoding.ERROR_CODE else "statement_untranslatable"]
+        if not self.refusals:
+            self.refusals = []
         self.refusals.append(refusal.kind)
         if self.on_refusal is not None:
             self.on_refusal(code.sqlstate, refusal.kind)

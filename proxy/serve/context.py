@@ -52,6 +52,8 @@ class SeatView(Protocol):
 
     async def writer_rule_refusal(self) -> str: ...
 
+    def session_ended(self, session) -> None: ...  # called soon after a session closed
+
     async def readiness(self) -> tuple[bool, str]: ...
 
 

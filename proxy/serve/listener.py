@@ -46,6 +46,8 @@ def _reload_reason(e: Exception) -> str:
 class _ClientPeer(Peer):
     """A freshly accepted client socket: starts its session once connected."""
 
+    __slots__ = ("server",)
+
     def __init__(self, server: "SeatServer"):
         super().__init__()
         self.server = server
@@ -598,14 +600,14 @@ class SeatServer:
         self.stats.client_connections += 1
         session = Session(self, peer)
         self.sessions.add(session)
-        session.done.add_done_callback(lambda _: self._ended(session))
         if self.holding:  # accepted as PAUSE began
             session.hold(self._held_changed.set)
         task = asyncio.get_running_loop().create_task(session.run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _ended(self, session: Session) -> None:
+    def session_ended(self, session: Session) -> None:
+        """Called soon after a session closed (Session.close)."""
         self.sessions.discard(session)
         if session.major is not None:  # SHOW STATS: what the ended sessions did, by database (bounded labels)
             totals = self.closed_totals.setdefault(session.label_pair[0], [0, 0, 0, 0])

@@ -145,7 +145,8 @@ class ServerConn:
         self._expect = readies
         self._major_seen = None
         self._error = None
-        self.peer.sink = self._reset_data
+        self.peer.owner = self
+        self.peer.sink = ServerConn._reset_data
         self._timer = asyncio.get_running_loop().call_later(self._pool.server.config.connect_timeout,
                                                             self._reset_timed_out)
         self.peer.write(payload)
@@ -375,7 +376,8 @@ class Pool:
             return
         conn.state = "reset"
         peer = conn.peer
-        peer.on_lost = conn._on_lost
+        peer.owner = conn
+        peer.on_lost = ServerConn._on_lost
         peer.on_pause = None
         peer.on_eof = None
         if peer.transport is not None and not peer.transport.is_closing():
@@ -392,8 +394,9 @@ class Pool:
             self.resets["ok"] += 1
         conn.state = "idle"
         conn.idle_since = time.monotonic()
-        conn.peer.sink = conn._idle_data
-        conn.peer.on_lost = conn._on_lost
+        conn.peer.owner = conn
+        conn.peer.sink = ServerConn._idle_data
+        conn.peer.on_lost = ServerConn._on_lost
         config = self.server.config.pool
         delays = [d for d in (config.server_idle_timeout,
                               config.server_lifetime - (conn.idle_since - conn.created) if config.server_lifetime

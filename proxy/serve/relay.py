@@ -26,10 +26,10 @@ before the claim or be taken for the claim's answer.
 from __future__ import annotations
 
 import struct
-from collections import deque
 from time import perf_counter
 from typing import Callable, NamedTuple
 
+from proxy import fifo
 from proxy.db.claims import claim_once_params, claim_proof
 from proxy.db.layout import (
     CHALLENGE_SQL,
@@ -160,8 +160,9 @@ class Relay:
         self.queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with count_answered)
         self.readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
         self.transactions = 0  # transaction blocks ended: a ReadyForQuery back to idle from 'T' or 'E' (metrics)
-        # when each Query/Sync/FunctionCall went upstream; made at the first (a deque is 600 bytes, idle or not)
-        self._raw_sent: deque[float] | None = None
+        # when each Query/Sync/FunctionCall went upstream, oldest first: a list (a deque is 760 bytes, idle or not),
+        # short as the read path's FIFOs are
+        self._raw_sent: list[float] | tuple = [] if reader is None else ()  # never used with a read path
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
         kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed
         if reader is None:
@@ -198,11 +199,13 @@ class Relay:
         self._owns_schema = False
         self._held_ready = b""  # the server's first ReadyForQuery (and its chunk), held until the claim is done
         self._held_bytes = 0  # bytes held from the client until its claim is done
-        self._pre_ready = bytearray()  # …of which an incomplete message
-        self._backlog: list[bytes] = []
+        # …of which an incomplete message, and the whole ones (a bytearray and a list once something is held: an idle
+        # session keeps none)
+        self._pre_ready: bytes | bytearray = b""
+        self._backlog: list[bytes] | tuple = ()
         # A statement to parse off the event loop (its text), and the client's framed messages from it on.
         self.analysis: str | None = None
-        self._deferred: list = []
+        self._deferred: list | tuple = ()
 
     def adopt(self, server_params: dict[str, str], pid: int | None, key: bytes | None) -> None:
         """A pooled backend handed to this session (ADR 0016): authenticated, claimed and reset already. The session
@@ -211,6 +214,7 @@ class Relay:
         state.phase = Phase.READY
         state.auth_ok = True
         state.server_params = dict(server_params)
+        state.share_params()
         state.backend_pid, state.backend_key = pid, key
         self.awaiting_ready = False
         self.readies = 1
@@ -267,7 +271,7 @@ class Relay:
     def analysed(self) -> bytes:
         """The statement :attr:`analysis` named has its plan (``Classifier.analysed``): the client's messages from
         it on are relayed now, up to the next one to analyse, if any. Returns what to send to the server."""
-        items, self._deferred = self._deferred, []
+        items, self._deferred = self._deferred, ()
         self.analysis = None
         if self.ending is not None:
             return b""
@@ -310,9 +314,10 @@ class Relay:
                 self.raw_extended += 1
             elif t != FUNCTION_CALL:
                 continue
-            if self._raw_sent is None:
-                self._raw_sent = deque()
-            self._raw_sent.append(now if now is not None else (now := perf_counter()))
+            raw_sent = self._raw_sent
+            raw_sent.append(now if now is not None else (now := perf_counter()))
+            if len(raw_sent) > fifo.LONG:
+                self._raw_sent = fifo.grown(raw_sent)
         spans = [item[1] for item in items if item[0] == SPAN]
         return spans[0] if len(spans) == 1 else b"".join(spans)
 
@@ -380,6 +385,8 @@ class Relay:
             return b""
         out = bytearray()
         pending = self._pre_ready
+        if not pending:
+            pending = self._pre_ready = bytearray()
         pending += data
         while len(pending) >= 5:
             (length,) = struct.unpack_from("!i", pending, 1)
@@ -391,8 +398,10 @@ class Relay:
                 out += message  # a password or SASL message: authentication needs it now
                 self.bytes_in += len(message)
                 self._held_bytes -= len(message)
-            else:
+            elif self._backlog:
                 self._backlog.append(message)
+            else:
+                self._backlog = [message]
             del pending[:1 + length]
         return bytes(out)
 
@@ -478,7 +487,7 @@ class Relay:
                 out.append(messages.message(bytes([t]), body))
             elif t == READY_FOR_QUERY:
                 if self._raw_sent:
-                    self.stats.statement_seconds.observe(perf_counter() - self._raw_sent.popleft())
+                    self.stats.statement_seconds.observe(perf_counter() - fifo.popleft(self._raw_sent))
             elif t == ERROR_RESPONSE:
                 sqlstate = messages.parse_error_fields(body).get("C", "")
                 self.stats.server_errors[sqlstate] += 1
@@ -537,6 +546,7 @@ class Relay:
                 # the claim is done (or failed): what follows goes on as received
                 if self.ending is None:
                     to_client.append(self._held_ready)
+                    self._held_ready = b""
                     to_client += [messages.message(bytes([i[1]]), i[2]) for i in items[n + 1:]]
                     to_server += self._release_backlog()
                 break
@@ -673,6 +683,7 @@ class Relay:
     def _claimed(self) -> bytes:
         self.claiming = False
         self.awaiting_ready = False
+        self._claim = self._claim_pid = None  # done: nothing of the claim stays with the session
         superuser = self.state.server_params.get("is_superuser") == "on"
         if superuser or self._owns_schema:
             # Such a role can disable triggers or write claims: the in-database guard cannot bind it.
@@ -698,9 +709,9 @@ class Relay:
 
     def _release_backlog(self) -> bytes:
         """What the client sent while its session was not ready, relayed now in order."""
+        backlog, self._backlog = self._backlog, ()
         if self._pre_ready:  # an incomplete message: the framer frames it with what follows
-            self._backlog.append(bytes(self._pre_ready))
-            self._pre_ready.clear()
-        backlog, self._backlog = self._backlog, []
+            backlog = [*backlog, bytes(self._pre_ready)]
+        self._pre_ready = b""
         out = [self.from_client(chunk) for chunk in backlog]
         return b"".join(out)

@@ -10,6 +10,7 @@ seat stops reading from the other side until it drains. Timers (the claim's, the
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import ssl
@@ -36,7 +37,7 @@ from proxy.wire.codec import (
 )
 from proxy.wire.messages import PROTOCOL_3_0
 from proxy.wire.startup import StartupRefused, parse_startup
-from proxy.wire.state import Phase, SessionState
+from proxy.wire.state import Phase, SessionState, shared
 
 # Why a session ended before it had an upstream connection, by the SQLSTATE it was sent (metrics).
 REFUSED_REASONS = {"53300": "max_client_conn", "08006": "upstream_unavailable", "42501": "forbidden_setting",
@@ -50,7 +51,7 @@ OWNS_KNOWN_SECONDS = 60.0
 # The largest SASL message a pooled client may send the seat during its login (a SCRAM message is under 300 bytes).
 MAX_PASSWORD_MESSAGE = 8192
 
-# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a deque, an entry of the
+# What the seat keeps per answer the server owes a session, roughly, in bytes (a float in a list, an entry of the
 # read path's FIFO): with buffer_limit, it bounds how many answers a session may owe before its client is not read.
 OWED_BYTES = 64
 
@@ -83,6 +84,15 @@ def number_sessions(first: int, step: int, start: int = 0) -> None:
 class Session:
     """A client connection relayed to one upstream connection for its whole life."""
 
+    # slots: a seat holds one session per connection, idle ones included (make bench's idle_memory: a dict of this
+    # many attributes was 1.6 KB a session)
+    __slots__ = ("_analysing", "_bytes_at_ready", "_claim_open", "_claim_timer", "_client_chunks", "_client_holds",
+                 "_done", "_ending", "_ending_timer", "_held_data", "_last_client", "_max_owed", "_on_held", "_pausing",
+                 "_readies", "_reading_paused", "_ready_at", "_seat_client", "_seat_key", "_seat_upstream",
+                 "_upstream_chunks", "client", "client_addr", "client_tls", "closed", "config", "end_reason",
+                 "first_boot", "handed_over", "held", "held_since", "id", "label_pair", "major", "params",
+                 "pool_conn", "relay", "server", "started", "startup_bytes", "upstream")
+
     def __init__(self, server: "SeatView", client: Peer):
         self.server = server
         self.config = server.config  # the config this session started under; reloads do not touch it
@@ -98,7 +108,7 @@ class Session:
         self.startup_bytes = 0  # the startup packet, relayed before the relay exists
         self.end_reason = ""
         self.closed = False
-        self.done = asyncio.get_running_loop().create_future()
+        self._done: asyncio.Future | None = None  # made when first asked for (done): an idle session keeps none
         peername = client.transport.get_extra_info("peername") if client.transport else None
         # A Unix-socket client has no address: "[local]", as PostgreSQL logs it.
         self.client_addr = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername or "[local]")
@@ -109,12 +119,13 @@ class Session:
         self._claim_timer: asyncio.TimerHandle | None = None
         self._claim_open = False  # the session is to be claimed and the claim is not over yet
         self._reading_paused = False  # the client is not read while the seat's claim is in flight
-        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left.
-        self._client_holds: set[str] = set()
+        # Why the client is not read now ("upstream full", "claim", "owed", "analysis"): read again when none is left
+        # (a tuple: the empty one is shared, a set is 216 bytes a session)
+        self._client_holds: tuple[str, ...] = ()
         self._analysing = False  # a statement of this session is being parsed in the analysis thread
         # Answers the server owes this session that the seat keeps track of (a timestamp, an entry of the read path's
         # FIFO): at most this many before the client is no longer read (about buffer_limit bytes of bookkeeping).
-        self._max_owed = max(self.config.buffer_limit // OWED_BYTES, 64)
+        self._max_owed = _max_owed(self.config.buffer_limit)
         # client_idle_timeout bookkeeping
         self._last_client = self.started  # monotonic time of the last chunk from the client
         self._ready_at = self.started  # …and of the last ReadyForQuery from the upstream
@@ -132,13 +143,23 @@ class Session:
         self._pausing = False
         self.held = False
         self.held_since = 0.0
-        self._held_data = bytearray()
+        self._held_data: bytes | bytearray = b""  # a bytearray once something is held
         self._on_held = None
         self._bytes_at_ready = 0  # relay.bytes_in at the last ReadyForQuery: more since means a statement is sent
-        client.on_lost = self._client_lost
-        client.on_eof = self._client_eof
+        client.owner = self  # the peers' callbacks are this class's functions, called with the session
+        client.on_lost = Session._client_lost
+        client.on_eof = Session._client_eof
 
     # What the listener and the metrics collector read of a session.
+
+    @property
+    def done(self) -> asyncio.Future:
+        """Set once the session has ended (for a drain, a reload or PAUSE to wait on)."""
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+            if self.closed:
+                self._done.set_result(None)
+        return self._done
 
     @property
     def reader(self) -> ReadPath | None:
@@ -197,6 +218,8 @@ class Session:
                 parsed = parse_initial_packet(client.buffer)
             packet, used = parsed
             del client.buffer[:used]
+            if not client.buffer:
+                client.buffer = b""  # none kept while the session idles
             if isinstance(packet, SSLRequest):
                 if seen_ssl:
                     raise ProtocolViolation("duplicate SSL request")
@@ -255,6 +278,7 @@ class Session:
         except StartupRefused as e:
             raise ProtocolViolation(str(e), sqlstate=e.sqlstate) from None
         self.params["user"], self.params["database"] = parsed.user, parsed.database
+        self.params = shared(self.params)  # never changed from here on: one dict for the sessions that have the same
         limit = self.config.max_client_conn
         if self.server.open_sessions >= limit:
             # As PgBouncer does: answered after the startup packet, before any upstream connection.
@@ -348,7 +372,7 @@ class Session:
                            key_data=self._seat_key_data if self.pool_conn is not None else None)
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
         try:
-            self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), self._upstream_lost)
+            self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), Session._upstream_lost, self)
         except BaseException:
             if self.pool_conn is not None:
                 pool.forget(self.pool_conn)
@@ -368,20 +392,20 @@ class Session:
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         # Backpressure: a full write buffer on one side pauses reading on the other.
-        self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
+        self.client.on_pause = Session._client_write_paused
+        up.on_pause = Session._upstream_write_paused
         up.write(startup.raw)
         self.startup_bytes = len(startup.raw)
-        up.sink = self._from_upstream
+        up.sink = Session._from_upstream
         if claim is not None:
             self._claim_open = True
             self._claim_timer = asyncio.get_running_loop().call_later(self.config.startup_timeout,
                                                                       self._claim_timed_out)
-        self.client.sink = self._from_client
+        self.client.sink = Session._from_client
         for peer, sink in ((up, self._from_upstream), (self.client, self._from_client)):
             if peer.buffer:
                 pending = bytes(peer.buffer)
-                peer.buffer.clear()
+                peer.buffer = b""
                 sink(pending)
         if self.client.eof and not self.closed:
             self._client_eof()
@@ -444,27 +468,28 @@ class Session:
         log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text,
                                                                     pooled_backend=conn.pid)})
         up = self.upstream = conn.peer
-        up.on_lost = self._upstream_lost
+        up.owner = self
+        up.on_lost = Session._upstream_lost
         limit = self.config.buffer_limit
         for peer in (self.client, up):
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
-        self.client.on_pause = lambda paused: _set_reading(up, not paused)
-        up.on_pause = lambda paused: self._hold_client("upstream full", paused)
+        self.client.on_pause = Session._client_write_paused
+        up.on_pause = Session._upstream_write_paused
         login = [final, messages.message(b"R", struct.pack("!I", 0))]
         login += [messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
                   for name, value in conn.params.items()]
         login += [messages.message(b"K", struct.pack("!i", self._seat_key[0]) + self._seat_key[1]),
                   messages.ready_for_query()]
         self.client.write(b"".join(login))
-        up.sink = self._from_upstream
-        self.client.sink = self._from_client
+        up.sink = Session._from_upstream
+        self.client.sink = Session._from_client
         if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now
             pending = bytes(up.buffer)
-            up.buffer.clear()
+            up.buffer = b""
             self._from_upstream(pending)
         if self.client.buffer:
             pending = bytes(self.client.buffer)
-            self.client.buffer.clear()
+            self.client.buffer = b""
             self._from_client(pending)
         if self.client.eof and not self.closed:
             self._client_eof()
@@ -628,13 +653,26 @@ class Session:
     def _hold_client(self, reason: str, on: bool) -> None:
         """Stop reading the client for ``reason`` (or no longer for it): it is read while no reason holds it."""
         holds = self._client_holds
-        before = bool(holds)
         if on:
-            holds.add(reason)
-        else:
-            holds.discard(reason)
-        if bool(holds) != before:
-            _set_reading(self.client, not holds)
+            if reason in holds:
+                return
+            self._client_holds = holds + (reason,)
+            if not holds:
+                _set_reading(self.client, False)
+        elif reason in holds:
+            self._client_holds = rest = tuple(r for r in holds if r != reason)
+            if not rest:
+                _set_reading(self.client, True)
+
+    # Backpressure (the bound methods cost a session less than a closure each): a full write buffer on one side pauses
+    # reading on the other.
+
+    def _client_write_paused(self, paused: bool) -> None:
+        if self.upstream is not None:
+            _set_reading(self.upstream, not paused)
+
+    def _upstream_write_paused(self, paused: bool) -> None:
+        self._hold_client("upstream full", paused)
 
     def _end(self, ending: Ending) -> None:
         if ending.kind == "client_violation":
@@ -669,7 +707,7 @@ class Session:
         if not self.held:
             return
         self.held = False
-        pending, self._held_data = bytes(self._held_data), bytearray()
+        pending, self._held_data = bytes(self._held_data), b""
         self._hold_client("pause", False)
         if pending and not self.closed:
             self._from_client(pending)
@@ -708,7 +746,9 @@ class Session:
                 self._on_held()
         if not self._held_data:
             self.held_since = time.monotonic()  # PgBouncer's wait: since the statement arrived
-        self._held_data += data
+            self._held_data = bytearray(data)
+        else:
+            self._held_data += data
         if len(self._held_data) > self.config.buffer_limit:
             self._hold_client("pause", True)
 
@@ -887,8 +927,12 @@ class Session:
             self._claim_timer.cancel()
         if self._ending_timer is not None:
             self._ending_timer.cancel()
-        if not self.done.done():
-            self.done.set_result(None)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        try:  # the listener's bookkeeping of this session ends after this callback, as a future's callback would
+            asyncio.get_running_loop().call_soon(self.server.session_ended, self)
+        except RuntimeError:  # no event loop running (never while the seat serves)
+            self.server.session_ended(self)
 
     # ------------------------------------------------------------------ metrics and refusal logs
 
@@ -911,6 +955,12 @@ class Session:
         }
         fields.update(more)
         return fields
+
+
+@functools.lru_cache(maxsize=8)
+def _max_owed(buffer_limit: int) -> int:
+    """Session._max_owed: one int object for the sessions of a config, not one each."""
+    return max(buffer_limit // OWED_BYTES, 64)
 
 
 def _upstream_reason(message: str) -> str:

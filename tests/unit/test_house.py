@@ -26,7 +26,7 @@ FLOORS = {
     "readpath": 3, "db": 3,
     "config": 2,
     "wire": 1, "artifacts": 1,
-    "errors": 0, "stats": 0, "logs": 0, "proxy": 0,
+    "errors": 0, "stats": 0, "logs": 0, "fifo": 0, "proxy": 0,
 }
 
 
