@@ -13,7 +13,11 @@ What it cannot know without the database (``serve`` learns these at start):
 * the events table's own column order (``serve`` reads it; here the reference
   host's columns are assumed for a RETURNING list);
 * a session on a database other than ``host.dsn``'s is relayed untranslated
-  whatever its major; here the session is assumed to be on the host database.
+  whatever its major; here the session is assumed to be on the host database;
+* whether the net holds dynamic SQL (ADR 0019): the classifier here refuses it, as ``serve`` does for a role the
+  net does not hold or while the database holds code that reads past the net; when a statement is refused only
+  for that, a second line says that a session of a role the net holds, on a database holding no such code,
+  sends it.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
             out(f"  the client gets SQLSTATE {refusal.sqlstate} ({refusal.code}, HTTP {refusal.http_status}); "
                 f"the statement is not run")
     assert all(st.action in (PASS, TRANSLATE, REFUSE) for st in plan.statements)
+    if plan.refused is not None and _held_by_the_net(config, major).classify(sql).refused is None:
+        out("  with the net (ADR 0019): a session of a role the net holds sends it while the database holds no code "
+            "that reads past the net (no SECURITY DEFINER function or view over the events table owned by a "
+            "superuser, a BYPASSRLS role or the owner of openwop_seat, no untrusted language, no dblink or "
+            "postgres_fdw); what it reads of the stored rows then meets the net (OW008)")
     if plan.refused is not None:
         if len(plan.statements) > 1:
             out("sent together in one Query message, they fail as if the refused statement had failed in "
@@ -91,6 +100,24 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
     if plan.changed and len(plan.statements) > 1:
         out(f"sent (whole text): {plan.text}")
     return 0
+
+
+class _NothingPastTheNet(frozenset):
+    """What ``serve``'s function watch would give the classifier for a database holding no risky function and no
+    code past the net (``proxy.serve.context.RiskyFunctions``, empty)."""
+
+    past_net = False
+    arities: dict = {}
+    held_roles = frozenset()
+    relations = ()
+
+
+def _held_by_the_net(config: Config, major: int) -> Classifier:
+    """The classifier ``serve`` gives a session of a role the net holds on a database with nothing past the net."""
+    store = config.host.store and config.host.era_column is None
+    classifier = Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+    classifier.set_functions(_NothingPastTheNet())
+    return classifier
 
 
 def cmd_explain(config: Config, sql: str, major: int | str | None) -> int:

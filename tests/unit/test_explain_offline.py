@@ -91,3 +91,19 @@ def test_a_row_lock_and_an_oversized_statement_say_what_the_seat_does(config, tm
     assert out.stdout.splitlines()[1].startswith("passthrough: larger than proxy.max_statement_bytes, sent as written")
     out = explain(config, big + " RETURNING type")
     assert out.returncode == 1 and "refused (statement too large)" in out.stdout and "holds RETURNING" in out.stdout
+
+
+def test_dynamic_sql_is_refused_offline_and_said_to_be_sent_under_the_net(config):
+    # ADR 0019: serve sends a DO block with EXECUTE for a role the net holds, while the database holds no code
+    # past the net; offline, explain cannot know either, so it refuses (exit 1) and says when the net would hold it
+    out = explain(config, "DO $$ BEGIN EXECUTE 'SELECT 1'; END $$")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[1].startswith("refused (DO block)")
+    assert lines[3].startswith("  with the net (ADR 0019): a session of a role the net holds sends it")
+    # a refusal the net does not lift gets no such line
+    grouped = explain(config, GROUPED)
+    assert grouped.returncode == 1 and "with the net" not in grouped.stdout
+    # dblink opens a session of its own, past the net: refused either way
+    linked = explain(config, "SELECT * FROM dblink('dbname=x', 'SELECT type FROM events') AS t(type text)")
+    assert linked.returncode == 1 and "with the net" not in linked.stdout
