@@ -110,6 +110,18 @@ def refused(conn, run: str) -> bool:
                         (run,)).fetchone()[0]
 
 
+def upto(conn, run: str):
+    """The run's mark: how far the store holds it (None: not marked)."""
+    row = conn.execute("SELECT upto FROM openwop_seat.events_v2_runs WHERE run_id = %s", (run,)).fetchone()
+    return None if row is None else row[0]
+
+
+def store_xmins(conn, run: str) -> dict[int, str]:
+    """sequence -> the xmin of the store's copy: which transaction wrote each copy."""
+    return dict(conn.execute("SELECT sequence, xmin::text FROM openwop_seat.events_v2_store WHERE run_id = %s",
+                             (run,)).fetchall())
+
+
 def filled(conn, run: str) -> bool:
     return conn.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
                         (run,)).fetchone()[0]
@@ -187,23 +199,76 @@ def test_era3_runs_and_unfilled_runs_read_live(conn):
 # --- writes after a fill ------------------------------------------------------------------------------------
 
 
-def test_an_append_into_a_filled_run_unmarks_it_in_the_same_transaction(conn, pg, db):
+def test_an_append_above_the_mark_keeps_it_and_the_appended_rows_read_live(conn, pg, db):
+    """READ COMMITTED (the host's usual): an append above the run's mark leaves it; the store's rows are read up to
+    the mark and the appended ones at read time (a tampered store shows which is which)."""
     run = new_run(conn, REFERENCE_HOST[:3])
-    fill(conn, run)
+    assert fill(conn, run) == "filled" and upto(conn, run) == 3
     tamper(conn, run)
     with psycopg.connect(pg.dsn(dbname=db)) as w:
         append(w, run, 4, "run.completed", {"output": {"text": "late"}})
-        assert not w.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
-                             (run,)).fetchone()[0]
-        assert filled(conn, run)  # not committed yet: other readers still read the filled run
-        w.rollback()
-    assert read_store_node_ids(conn, run) == {"from-the-store"}
+        assert upto(w, run) == 3  # kept, in the writing transaction too
+        w.commit()
+    assert upto(conn, run) == 3 and stored(conn, run) == 3
+    assert read_store_node_ids(conn, run) == {"from-the-store", None}  # rows 1-3 from the store, 4 live
+    page = conn.execute(PAGE, (run, run, 2, 10)).fetchall()
+    assert [(r[2], r[4]) for r in page] == [(3, "from-the-store"), (4, None)]
+
+
+def test_an_append_above_the_mark_that_the_reader_rule_refuses_refuses_the_run_as_live(conn):
+    """The appended row is read at read time: refused exactly as the live translation refuses it (OW001), for
+    a page that reaches it; never a page with it left out. The fill records the run refused and unmarks it."""
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
     append(conn, run, 4, "no.such.type", {})
-    assert not filled(conn, run) and same(conn, run)[0] == "error"  # read live, and refused
-    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))
+    assert upto(conn, run) == 3
+    assert same(conn, run)[:2] == ("error", "OW001")
+    page = "SELECT * FROM openwop_seat.{} WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    for after, limit in ((0, 100), (3, 1), (2, 5), (0, 3), (4, 10)):
+        per_run, view = read_page(conn, PAGE, (run, run, after, limit)), \
+            read_page(conn, page.format("events_m2"), (run, after, limit))
+        live = read_page(conn, page.format("events_m2_live"), (run, after, limit))
+        assert view == live, (after, limit)
+        if after < 4 and after + limit > 3:  # a page that reaches the row: refused, by all three
+            assert per_run == live and live[0] == "error" and live[1] == "OW001", (after, limit)
+        else:  # one that stops before it: events_m2_run may refuse it too when its plan sorts the arms' rows (as
+            # for a run not filled, before this change), never answer another page
+            assert per_run == live or per_run[:2] == ("error", "OW001"), (after, limit)
+    assert fill(conn, run) == "refused" and not filled(conn, run) and refused(conn, run) and stored(conn, run) == 0
+    assert same(conn, run)[:2] == ("error", "OW001")
+    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))  # the operator's repair
     assert run in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
     assert fill(conn, run) == "filled"
     assert len(same(conn, run)[1]) == 3
+
+
+def read_page(conn, sql: str, args):
+    try:
+        with conn.transaction():
+            return "ok", conn.execute(sql, args).fetchall()
+    except psycopg.Error as e:
+        return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
+
+
+def test_an_insert_at_or_below_the_mark_unmarks_the_run(conn, pg, db):
+    """A row inserted into the filled prefix (a gap in the sequence) is not in the store: the run is unmarked in
+    the writing transaction, and reads live until filled again whole."""
+    run = new_run(conn, [])
+    for seq in (1, 2, 4):
+        append(conn, run, seq, *REFERENCE_HOST[seq - 1])
+    fill(conn, run)
+    tamper(conn, run)
+    with psycopg.connect(pg.dsn(dbname=db)) as w:
+        append(w, run, 3, *REFERENCE_HOST[2])
+        assert upto(w, run) is None
+        assert upto(conn, run) == 4  # not committed yet: other readers still read the filled run
+        w.commit()
+    assert not filled(conn, run) and "from-the-store" not in read_store_node_ids(conn, run)
+    got = same(conn, run)
+    assert [r[2] for r in got[1]] == [1, 2, 3, 4]
+    before = store_xmins(conn, run)
+    assert fill(conn, run) == "filled" and upto(conn, run) == 4 and same(conn, run) == got
+    assert not set(before.values()) & set(store_xmins(conn, run).values())  # written again, whole
 
 
 def test_updates_and_deletes_of_a_filled_run_unmark_it(conn):
@@ -230,8 +295,8 @@ def test_deleting_a_runs_events_leaves_no_copy_in_the_store(conn, pg, db):
         w.execute("DELETE FROM events WHERE run_id = %s", (run,))
         w.rollback()
     assert stored(conn, run) == len(REFERENCE_HOST)  # rolled back with the delete
-    append(conn, run, len(REFERENCE_HOST) + 1, "node.started", {})  # unmarked, its old copy still stored
-    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST)
+    conn.execute("UPDATE events SET node_id = 'n9' WHERE run_id = %s AND sequence = 1", (run,))  # unmarked
+    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST) - 1  # the updated row's copy went
     conn.execute("DELETE FROM events WHERE run_id = %s AND sequence <= 2", (run,))
     assert stored(conn, run) == len(REFERENCE_HOST) - 2
     conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
@@ -309,13 +374,15 @@ def test_with_a_store_trigger_disabled_every_read_is_live(conn):
     try:
         conn.execute("ALTER TABLE events DISABLE TRIGGER zz_openwop_seat_store")
         assert read_store_node_ids(conn, run) == {None, "n1"}  # the host's rows, translated at read time
-        append(conn, run, 4, "node.started", {})  # the store does not see it while its trigger is disabled
+        conn.execute("UPDATE events SET node_id = 'n7' WHERE run_id = %s AND sequence = 1", (run,))  # unseen
         assert filled(conn, run)
     finally:
         conn.execute("ALTER TABLE events ENABLE TRIGGER zz_openwop_seat_store")
-    assert read_store_node_ids(conn, run) == {"from-the-store"}  # documented: fill again after such writes
-    fill(conn, run)
-    assert len(same(conn, run)[1]) == 4
+    assert read_store_node_ids(conn, run) == {"from-the-store"}  # documented: unmark the run after such writes
+    assert fill(conn, run) == "current"  # a fill of a marked run copies only rows above its mark: none here
+    conn.execute("DELETE FROM openwop_seat.events_v2_runs WHERE run_id = %s", (run,))
+    assert fill(conn, run) == "filled"
+    assert "n7" in read_store_node_ids(conn, run) and len(same(conn, run)[1]) == 3
 
 
 def test_migrate_installing_again_empties_the_store(pg):
@@ -399,8 +466,8 @@ def test_the_per_run_function_shows_nothing_the_view_does_not_to_a_host_role(pg,
     try:
         with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
             assert same(c, run)[0] == "ok"
-            append(conn, run, 4, "node.started", {})  # unmarks: the store's copy of the run is stale now
-            assert len(same(c, run)[1]) == 4
+            conn.execute("UPDATE events SET node_id = 'n8' WHERE run_id = %s AND sequence = 1", (run,))  # unmarks
+            assert same(c, run)[1][0][4] == "n8"
             assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_filled WHERE run_id = %s",
                              (run,)).fetchone() == (0,)
             assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_marked WHERE run_id = %s",
