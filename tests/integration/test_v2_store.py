@@ -28,6 +28,7 @@ from test_projection_property import PROPERTY, rows
 from harness import HOST_SCHEMA, PASSWORD
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
+from proxy.db.layout import STEPS
 from proxy.db.migrate import migrate as db_migrate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,6 +251,80 @@ def read_page(conn, sql: str, args):
         return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
 
 
+@settings(PROPERTY, max_examples=60)
+@given(st.lists(rows(), min_size=1, max_size=4), st.lists(st.lists(rows(), min_size=1, max_size=3), max_size=3))
+def test_appends_after_a_fill_keep_the_mark_and_read_as_the_live_translation(conn, prefix, tails):
+    """The oracle at every step of an active run: filled, then rows appended above the mark (read live), then an
+    incremental fill that copies only them, again and again."""
+    run = new_run(conn, [(t, payload, node) for t, _v2, payload, node, _tenant in prefix])
+    seq = len(prefix)
+    before = same(conn, run)
+    assert fill(conn, run) == ("filled" if before[0] == "ok" else "refused")
+    for tail in tails:
+        marked, copies = upto(conn, run), store_xmins(conn, run)
+        for t, _v2, payload, node, _tenant in tail:
+            seq += 1
+            append(conn, run, seq, t, payload, node)
+        assert upto(conn, run) == marked  # kept (or still none)
+        got = same(conn, run)
+        verdict = fill(conn, run)
+        assert same(conn, run) == got
+        if marked is None:  # refused before: filled whole once the log reads
+            assert verdict == ("filled" if got[0] == "ok" else "refused")
+        elif got[0] == "ok":
+            assert verdict == "extended" and upto(conn, run) == seq
+            now = store_xmins(conn, run)
+            assert {k: v for k, v in now.items() if k <= marked} == copies  # the prefix's copies untouched
+            assert sorted(now) == list(range(1, seq + 1))
+            assert len({v for k, v in now.items() if k > marked}) == 1  # the tail, by one transaction
+        else:  # the tail has a row the reader rule refuses
+            assert verdict == "refused" and not filled(conn, run) and stored(conn, run) == 0
+
+
+def test_a_fill_of_a_marked_run_with_nothing_above_its_mark_changes_nothing(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    assert fill(conn, run) == "filled"
+    copies = store_xmins(conn, run)
+    assert fill(conn, run) == "current" and store_xmins(conn, run) == copies and upto(conn, run) == 3
+    assert run not in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+    append(conn, run, 4, *REFERENCE_HOST[3])
+    assert run in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+    assert fill(conn, run) == "extended" and upto(conn, run) == 4 and stored(conn, run) == 4
+    assert run not in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+
+
+def test_a_run_filled_empty_keeps_its_mark_for_its_first_appends(conn):
+    run = new_run(conn, [])
+    assert fill(conn, run) == "filled" and upto(conn, run) == -2**63
+    append(conn, run, 1, *REFERENCE_HOST[0])
+    assert upto(conn, run) == -2**63 and len(same(conn, run)[1]) == 1
+    assert fill(conn, run) == "extended" and upto(conn, run) == 1 and len(same(conn, run)[1]) == 1
+
+
+def test_store_fill_refuses_a_snapshot_older_than_its_lock(conn, pg, db):
+    """A fill in a REPEATABLE READ transaction would read a snapshot taken before it took the run's lock (and miss
+    an append committed in between): refused, nothing written."""
+    run = new_run(conn, REFERENCE_HOST[:2])
+    with psycopg.connect(pg.dsn(dbname=db)) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.InvalidTransactionState, match="READ COMMITTED"):
+            fill(rr, run)
+    assert not filled(conn, run) and stored(conn, run) == 0
+
+
+def test_under_repeatable_read_an_append_above_the_mark_unmarks_the_run_as_before(conn, pg, db):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    for level in ("REPEATABLE READ", "SERIALIZABLE"):
+        with psycopg.connect(pg.dsn(dbname=db)) as w:
+            w.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            append(w, run, stored(conn, run) + 1, "node.started", {}, "n9")
+            w.commit()
+        assert not filled(conn, run), level
+        got = same(conn, run)
+        assert fill(conn, run) == "filled" and same(conn, run) == got
+
+
 def test_an_insert_at_or_below_the_mark_unmarks_the_run(conn, pg, db):
     """A row inserted into the filled prefix (a gap in the sequence) is not in the store: the run is unmarked in
     the writing transaction, and reads live until filled again whole."""
@@ -400,6 +475,44 @@ def test_migrate_installing_again_empties_the_store(pg):
         assert same(c, run) == got
 
 
+def test_layout_step_10_upgrades_a_layout_9_database(pg):
+    """A database at layout 9 with a filled run (the store's tables as layout 9's migrate generated them): the
+    step gives the old mark an upto that keeps it true (every later append below the greatest bigint unmarks
+    it, as before); migrate then applies it, installs the generated objects again (emptying the store), and
+    the run reads as live and fills with its real upto."""
+    name = f"ow_store_l9_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        pg.psql("".join(step.sql for step in STEPS[:9])
+                + "INSERT INTO openwop_seat.meta (key, value) VALUES ('layout_version', '9');"
+                + "CREATE TABLE openwop_seat.events_v2_runs (run_id text PRIMARY KEY, "
+                  "filled_at timestamptz NOT NULL DEFAULT now());"
+                + "CREATE TABLE openwop_seat.events_v2_store (LIKE events, PRIMARY KEY (run_id, sequence));",
+                dbname=name)
+        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+            run = "layout-9-run"
+            c.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (run,))
+            for seq, (t, payload, node) in enumerate(REFERENCE_HOST[:3], 1):
+                append(c, run, seq, t, payload, node)
+            c.execute("INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES (%s)", (run,))
+            with c.transaction(force_rollback=True):
+                c.execute(STEPS[9].sql)
+                assert upto(c, run) == 2**63 - 2
+            said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+            assert said[0] == f"applied step 10: {STEPS[9].description}", said
+            assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
+            assert c.execute("SELECT value FROM openwop_seat.meta WHERE key = 'layout_version'").fetchone() == ("10",)
+            assert not filled(c, run)
+            got = same(c, run)
+            assert fill(c, run) == "filled" and upto(c, run) == 3 and same(c, run) == got
+            append(c, run, 4, *REFERENCE_HOST[3])
+            assert upto(c, run) == 3 and len(same(c, run)[1]) == 4
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+
+
 def test_without_the_store_events_m2_is_the_live_view(pg):
     with host_db(pg, "off", Config(host=HostConfig(store=False))) as name:
         assert pg.psql("SELECT to_regclass('openwop_seat.events_v2_store') IS NULL, "
@@ -479,6 +592,44 @@ def test_the_per_run_function_shows_nothing_the_view_does_not_to_a_host_role(pg,
     with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
         # without SELECT on the events table: nothing, as events_m2 shows nothing
         assert c.execute("SELECT count(*) FROM openwop_seat.events_m2_run(%s) e", (run,)).fetchone() == (0,)
+
+
+def test_the_page_statement_through_the_seat_reads_an_active_run_as_the_live_translation(start_seat, pg, conn, db):
+    """Major 2 through the seat (psycopg and asyncpg, both prepared): the host's page statement of a run filled,
+    then appended to above its mark, then extended, pages the same rows as the live translation at each step."""
+    import asyncpg
+
+    seat = start_seat(host={"dsn": pg.dsn(dbname=db), "store_fill_interval": 0})
+    page = "SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    live = "SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    run = new_run(conn, REFERENCE_HOST[:4])
+
+    async def by_asyncpg(args):
+        c = await asyncpg.connect(seat.url(dbname=db))
+        try:
+            stmt = await c.prepare(page.replace("%s", "$1", 1).replace("%s", "$2", 1).replace("%s", "$3", 1))
+            rows = await stmt.fetch(*args)
+            return [tuple(json.loads(v) if k == "payload" else v for k, v in r.items()) for r in rows]
+        finally:
+            await c.close()
+
+    def check(step):
+        with psycopg.connect(seat.url(dbname=db), autocommit=True, prepare_threshold=0) as c:
+            for after, limit in ((0, 100), (2, 3), (len(REFERENCE_HOST) - 2, 100)):
+                want = conn.execute(live, (run, after, limit)).fetchall()
+                for _ in range(7):  # past the server's switch to a cached generic plan
+                    assert c.execute(page, (run, after, limit)).fetchall() == want, (step, after, limit)
+                assert asyncio.run(by_asyncpg((run, after, limit))) == want, (step, after, limit)
+
+    check("unfilled")
+    fill(conn, run)
+    check("filled")
+    for seq in range(5, len(REFERENCE_HOST) + 1):
+        append(conn, run, seq, *REFERENCE_HOST[seq - 1])
+        assert upto(conn, run) == 4
+        check(f"appended {seq}")
+    assert fill(conn, run) == "extended"
+    check("extended")
 
 
 # --- serve fills it -----------------------------------------------------------------------------------------
