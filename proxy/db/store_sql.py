@@ -6,19 +6,23 @@ A major-2 page of an era-2 run costs a payload projection per row when it is com
 ``events_m2_live`` (the translation computed at read time, ADR 0011) reads them, and ``events_v2_runs`` marks
 the run filled. ``events_m2`` reads a ``UNION ALL`` of
 
-* the host's rows of every run not marked filled, with the inputs of the translation (era, payloads-clean),
-* the store's rows of the runs marked filled,
+* the host's rows of every run not marked filled, and of marked runs above the mark's ``upto``, with the inputs
+  of the translation (era, payloads-clean),
+* the store's rows of the runs marked filled (those up to ``upto``: all it holds of them),
 
 and translates above the union, so a row of a filled run costs one ``CASE`` test, and the translation (which
 may refuse) runs only for rows the statement keeps, where the plain view ran it (a join above the view sees
 the same rows and the same refusals as before). A page of a filled run reads one index range of the store, as
 a direct read reads the host's table.
 
-Why it is never stale: a run is marked only with every row of the run in the store, and any change to what
-its rows read as removes the mark in the changing transaction (``store_unmark``):
+Why it is never stale: a run is marked only with every row of the run up to the mark's ``upto`` in the store
+(and no other), and any change to what those rows read as removes the mark in the changing transaction
+(``store_unmark``):
 
-* every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id); the run is read at read
-  time until the next fill;
+* every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id), but for an INSERT above
+  the mark under READ COMMITTED (an append to an active run): the store still holds exactly the rows up to
+  ``upto``, and the new row is read at read time until a fill copies it (an incremental fill: only the rows
+  above the mark, and the mark moves up). An unmarked run is read at read time until it is filled again whole;
 * ``run.started`` reads the run's tenant from the runs table (ADR 0007): a runs row inserted, deleted, or
   updated in its id or tenant unmarks its run;
 * stamping a run era 3 (``run_era``, or unstamping it) unmarks it; ``TRUNCATE`` of the events table empties
@@ -26,13 +30,17 @@ its rows read as removes the mark in the changing transaction (``store_unmark``)
 * a fill (``store_fill``) takes the run's lock exclusively (``run_lock_key``), where every unmark takes it
   shared; under READ COMMITTED an unmark's DELETE, after the lock, sees a fill that committed meanwhile;
   under REPEATABLE READ or SERIALIZABLE it would not, so the unmark upserts the mark first: a fill committed
-  after the writer's snapshot is a conflict, and the writer gets a serialization failure and retries;
+  after the writer's snapshot is a conflict, and the writer gets a serialization failure and retries (so an
+  append in those levels unmarks as before: only READ COMMITTED reads the mark after the lock, with a fresh
+  snapshot, which the rule for an append above the mark needs); a fill runs in READ COMMITTED only, for the
+  same reason;
 * the store is read only while the store's triggers on the events table are enabled (checked once per
   statement from ``pg_trigger``): ``ALTER TABLE … DISABLE TRIGGER`` turns every read back to the live
   translation. Like the writer rule's triggers they do not fire in a session with
   ``session_replication_role = replica`` (a superuser's, logical replication's apply worker,
-  ``pg_restore --disable-triggers``): rows written that way into a filled run are not seen by readers of
-  the store until the run is written or filled again (docs/operations.md);
+  ``pg_restore --disable-triggers``): rows updated or deleted that way in a filled run are not seen by
+  readers of the store until the run is written again or its mark deleted (a fill of a marked run copies only
+  rows above the mark), docs/operations.md;
 * ``migrate`` empties the store whenever it installs the generated objects again (the codemap, the
   declarations or the table's columns changed), and ``serve`` fills it again in the background.
 
@@ -169,9 +177,9 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
 
     ``events_m2`` cannot tell before it reads a row which arm of its union the row's run is in, so a page of a
     filled run reads the host's rows of that run too (and drops them), sorts the union, and translates above it.
-    Here the run is known when the statement starts: whether it is filled is asked once (an InitPlan: a one-time
-    filter on each arm), and the page reads one arm, the store's rows as they are or ``events_m2_live``'s
-    translation, in index order. ``LANGUAGE sql``, ``STABLE``, not strict, no ``SET``: PostgreSQL inlines the
+    Here the run is known when the statement starts: its mark is asked once per arm (an InitPlan), and the page
+    reads the store's rows up to the mark as they are and ``events_m2_live``'s translation of the rows above it
+    (``sequence >= upto + 1``, an index condition; every row for a run not marked), each arm an index range. ``LANGUAGE sql``, ``STABLE``, not strict, no ``SET``: PostgreSQL inlines the
     body into the caller's query, so the caller's ``sequence > $2 ORDER BY sequence LIMIT $3`` reaches the
     index scans, and its plan is cached with the statement. Inlined, the body runs with the caller's rights:
     the two views and ``events_m2_live`` are readable by PUBLIC and show, like ``events_m2``, nothing to a role
