@@ -17,7 +17,10 @@ and prints µs per row above direct, and whether projection leaves the payload a
 for pages (the host's page statement run after run for 2,000 runs, evaluated inside the server, every column
 computed), µs per row of a direct read, of the live translation (``events_m2_live``), and of ``events_m2``
 once every run is filled into the v2 store (what a major-2 reader pays for a filled run, ADR 0015), and of
-``events_m2_run(run)``, what the seat sends for a level that names its run (ADR 0015 decision 7).
+``events_m2_run(run)``, what the seat sends for a level that names its run (ADR 0015 decision 7). Then the
+same pages of *active* runs: each run gets a few rows appended after its fill, which keep its mark (ADR 0015,
+prefix-filled runs), so a page reads the store's prefix and the tail translated at read time; again after the
+incremental fill that copies the tails; and the time of that incremental fill against a whole fill.
 ``--declarations FILE`` installs the operator's declarations (``[host] declarations_file``, ADR 0010), e.g.
 ``config/reference-host-declarations.toml``.
 Nothing here asserts a figure; docs/performance.md quotes a run.
@@ -53,6 +56,8 @@ SHAPES = [  # (stored type, payload, node_id)
 ]
 
 READ = "SELECT sum(length(payload::text)) FROM {rel} WHERE type = $1"
+TAIL = 2  # rows appended to each run after its fill, for the active-run pages
+
 ENGINE = ("SELECT sum(length(openwop_seat.project_live(type, payload, run_id, sequence, event_id, node_id)::text)) "
           "FROM events WHERE type = $1")
 
@@ -125,8 +130,46 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         await conn.fetchval("SELECT pg_temp.pages_per_run(10)")
         page["per_run"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
         page_rows = pages * len(SHAPES)
-        out.append({"pages": pages, "rows_per_page": len(SHAPES),
-                    **{f"page_{k}_us_per_row": v / page_rows * 1e6 for k, v in page.items()}})
+        result = {"pages": pages, "rows_per_page": len(SHAPES),
+                  **{f"page_{k}_us_per_row": v / page_rows * 1e6 for k, v in page.items()}}
+        # An active run: every run gets TAIL more rows after its fill, as a v1 host still writing it appends them
+        # (an append above the mark keeps it): the store's prefix and the tail read live, until an incremental
+        # fill copies the tail.
+        for seq, (t, payload, node) in enumerate(SHAPES[1:1 + TAIL], len(SHAPES) + 1):
+            await conn.execute(
+                "INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                "SELECT 'e' || i || '-' || $1::int, 'r' || i, $1::int, $2, $3, $4::jsonb, now() "
+                "FROM generate_series(1, $5) i", seq, t, node, json.dumps(payload), rows)
+        marked = await conn.fetchval("SELECT count(*) FROM openwop_seat.events_v2_runs")
+        if marked != rows:
+            raise RuntimeError(f"{rows - marked} runs lost their mark to an append above it")
+        await conn.execute("VACUUM ANALYZE")
+        active = {}
+        for name in ("direct", "live", "store", "per_run"):
+            await conn.fetchval(f"SELECT pg_temp.pages_{name}(10)")
+            active[name] = await best(conn, f"SELECT pg_temp.pages_{name}($1)", pages, repeat)
+        # The incremental fill of those tails, against filling the same runs whole (their marks dropped first).
+        start = time.perf_counter()
+        extended = 0
+        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):
+            extended += await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"]) == "extended"
+        fill_extended = time.perf_counter() - start
+        if extended != rows:
+            raise RuntimeError(f"extended {extended} runs' marks, not {rows}")
+        await conn.execute("VACUUM ANALYZE")
+        await conn.fetchval("SELECT pg_temp.pages_per_run(10)")
+        active["per_run_extended"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
+        await conn.execute("DELETE FROM openwop_seat.events_v2_runs")
+        start = time.perf_counter()
+        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):
+            await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"])
+        fill_whole = time.perf_counter() - start
+        active_rows = pages * (len(SHAPES) + TAIL)
+        result.update({"active_rows_per_page": len(SHAPES) + TAIL, "tail": TAIL,
+                       **{f"active_{k}_us_per_row": v / active_rows * 1e6 for k, v in active.items()},
+                       "fill_extended_ms_per_run": fill_extended / rows * 1e3,
+                       "fill_whole_ms_per_run": fill_whole / rows * 1e3})
+        out.append(result)
         return out
     finally:
         await conn.close()
@@ -169,6 +212,13 @@ def main(argv=None) -> int:
           f"{page['page_live_us_per_row']:.2f}   filled into the v2 store (ADR 0015) "
           f"{page['page_store_us_per_row']:.2f}   through events_m2_run, the classifier's form for a run's page "
           f"(ADR 0015 decision 7) {page['page_per_run_us_per_row']:.2f}")
+    print(f"\nactive runs: each of those runs with {page['tail']} rows appended after its fill (its mark kept: "
+          f"{page['active_rows_per_page']}-row pages, {page['tail']} rows read live), µs per row:")
+    print(f"  direct {page['active_direct_us_per_row']:.2f}   live translation {page['active_live_us_per_row']:.2f}   "
+          f"events_m2 {page['active_store_us_per_row']:.2f}   events_m2_run {page['active_per_run_us_per_row']:.2f}   "
+          f"events_m2_run after an incremental fill {page['active_per_run_extended_us_per_row']:.2f}")
+    print(f"  the fill of a run's tail (incremental) {page['fill_extended_ms_per_run']:.3f} ms a run, of the whole "
+          f"run {page['fill_whole_ms_per_run']:.3f} ms (one transaction a run, from the client)")
     return 0
 
 

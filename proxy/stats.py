@@ -77,6 +77,7 @@ class Stats:
         self._pair_keys: dict[tuple[str, str], tuple[str, str]] = {}  # one tuple per pair, shared by its sessions
         # The v2 store's background fill (proxy.serve.store_filler, ADR 0015).
         self.store_runs_filled = 0
+        self.store_runs_extended = 0  # marked runs whose rows above the mark were copied (an incremental fill)
         self.store_runs_busy = 0
         self.store_fill_errors = 0
 

@@ -298,9 +298,25 @@ AS $ow$
 $ow$;
 GRANT EXECUTE ON FUNCTION openwop_seat.live_claims() TO PUBLIC;
 """),
+    Step(10, "events_v2_runs: upto, how far the v2 store holds a filled run (an append above it keeps the mark)", """
+-- events_v2_runs is a generated object (created by migrate with the relations, ADR 0015), so it may be absent.
+-- A mark made before this step holds every row of its run as it was filled: upto takes the greatest value it may
+-- (the greatest bigint but one), so a later append unmarks the run as before (but one at the greatest bigint,
+-- which is read at read time), and the next fill of the run records its real upto.
+-- (migrate then installs the generated objects again, which empties the store anyway: the step keeps the marks
+-- correct between the two, and for a store installed by hand.)
+DO $ow$
+BEGIN
+    IF pg_catalog.to_regclass('openwop_seat.events_v2_runs') IS NOT NULL THEN
+        ALTER TABLE openwop_seat.events_v2_runs
+            ADD COLUMN IF NOT EXISTS upto bigint NOT NULL DEFAULT 9223372036854775806;
+    END IF;
+END
+$ow$;
+"""),
 )
 
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 
 # The functions layout steps create (the generated ones are writer_sql.FUNCTIONS), as regprocedure prints them.
 STEP_FUNCTIONS = ("seen(text,text,text,jsonb,boolean)", "live_claims()")

@@ -6,19 +6,23 @@ A major-2 page of an era-2 run costs a payload projection per row when it is com
 ``events_m2_live`` (the translation computed at read time, ADR 0011) reads them, and ``events_v2_runs`` marks
 the run filled. ``events_m2`` reads a ``UNION ALL`` of
 
-* the host's rows of every run not marked filled, with the inputs of the translation (era, payloads-clean),
-* the store's rows of the runs marked filled,
+* the host's rows of every run not marked filled, and of marked runs above the mark's ``upto``, with the inputs
+  of the translation (era, payloads-clean),
+* the store's rows of the runs marked filled (those up to ``upto``: all it holds of them),
 
 and translates above the union, so a row of a filled run costs one ``CASE`` test, and the translation (which
 may refuse) runs only for rows the statement keeps, where the plain view ran it (a join above the view sees
 the same rows and the same refusals as before). A page of a filled run reads one index range of the store, as
 a direct read reads the host's table.
 
-Why it is never stale: a run is marked only with every row of the run in the store, and any change to what
-its rows read as removes the mark in the changing transaction (``store_unmark``):
+Why it is never stale: a run is marked only with every row of the run up to the mark's ``upto`` in the store
+(and no other), and any change to what those rows read as removes the mark in the changing transaction
+(``store_unmark``):
 
-* every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id); the run is read at read
-  time until the next fill;
+* every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id), but for an INSERT above
+  the mark under READ COMMITTED (an append to an active run): the store still holds exactly the rows up to
+  ``upto``, and the new row is read at read time until a fill copies it (an incremental fill: only the rows
+  above the mark, and the mark moves up). An unmarked run is read at read time until it is filled again whole;
 * ``run.started`` reads the run's tenant from the runs table (ADR 0007): a runs row inserted, deleted, or
   updated in its id or tenant unmarks its run;
 * stamping a run era 3 (``run_era``, or unstamping it) unmarks it; ``TRUNCATE`` of the events table empties
@@ -26,13 +30,17 @@ its rows read as removes the mark in the changing transaction (``store_unmark``)
 * a fill (``store_fill``) takes the run's lock exclusively (``run_lock_key``), where every unmark takes it
   shared; under READ COMMITTED an unmark's DELETE, after the lock, sees a fill that committed meanwhile;
   under REPEATABLE READ or SERIALIZABLE it would not, so the unmark upserts the mark first: a fill committed
-  after the writer's snapshot is a conflict, and the writer gets a serialization failure and retries;
+  after the writer's snapshot is a conflict, and the writer gets a serialization failure and retries (so an
+  append in those levels unmarks as before: only READ COMMITTED reads the mark after the lock, with a fresh
+  snapshot, which the rule for an append above the mark needs); a fill runs in READ COMMITTED only, for the
+  same reason;
 * the store is read only while the store's triggers on the events table are enabled (checked once per
   statement from ``pg_trigger``): ``ALTER TABLE … DISABLE TRIGGER`` turns every read back to the live
   translation. Like the writer rule's triggers they do not fire in a session with
   ``session_replication_role = replica`` (a superuser's, logical replication's apply worker,
-  ``pg_restore --disable-triggers``): rows written that way into a filled run are not seen by readers of
-  the store until the run is written or filled again (docs/operations.md);
+  ``pg_restore --disable-triggers``): rows updated or deleted that way in a filled run are not seen by
+  readers of the store until the run is written again or its mark deleted (a fill of a marked run copies only
+  rows above the mark), docs/operations.md;
 * ``migrate`` empties the store whenever it installs the generated objects again (the codemap, the
   declarations or the table's columns changed), and ``serve`` fills it again in the background.
 
@@ -48,6 +56,11 @@ from proxy.db.sql import quote_ident, quote_literal, quote_relation
 
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"
+GE, LE, GT = "OPERATOR(pg_catalog.>=)", "OPERATOR(pg_catalog.<=)", "OPERATOR(pg_catalog.>)"
+LEAST_BIGINT = "(-9223372036854775807 - 1)"  # the upto of a run filled while it had no row
+# upto stays below the greatest bigint, so that upto + 1 (where the live rows of a filled run start) is one: a run
+# with a row at the greatest bigint keeps it read live (the store's copy of it is not read, events_v2_filled)
+UPTO_MAX = "9223372036854775806"
 STORE = f"{SCHEMA}.events_v2_store"
 RUNS = f"{SCHEMA}.events_v2_runs"
 REFUSED = f"{SCHEMA}.events_v2_refused"
@@ -92,11 +105,16 @@ COMMENT ON TABLE {STORE} IS
 REVOKE ALL ON TABLE {STORE} FROM PUBLIC;
 CREATE TABLE {RUNS} (
     run_id {run_type} PRIMARY KEY,
-    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    upto bigint NOT NULL CHECK (upto OPERATOR(pg_catalog.<=) {UPTO_MAX})
 );
 COMMENT ON TABLE {RUNS} IS
-    'the era-2 runs whose every event row is in events_v2_store as read (ADR 0015); any write to the run '
-    'removes its row in the same transaction';
+    'the era-2 runs whose every event row up to sequence upto is in events_v2_store as read, and no other '
+    '(ADR 0015); an append above upto keeps the row (under READ COMMITTED), any other write to the run '
+    'removes it in the same transaction';
+COMMENT ON COLUMN {RUNS}.upto IS
+    'the highest sequence the fills of the run copied (the least bigint for a run filled empty): rows above '
+    'it are read at read time';
 REVOKE ALL ON TABLE {RUNS} FROM PUBLIC;
 CREATE TABLE {REFUSED} (
     run_id text PRIMARY KEY,
@@ -140,10 +158,11 @@ FROM (SELECT {host_cols},
       {era.join}
       {clean_join}
       WHERE {may_read}
-        AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE {M}.run_id {EQ} {E}.{run} AND {in_force})
+        AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE {M}.run_id {EQ} {E}.{run} AND {M}.upto {GE} {E}.sequence
+                        AND {in_force})
       UNION ALL
       SELECT {store_cols}, false, false, true
-      FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run}
+      FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run} AND {S}.sequence {LE} {M}.upto
       WHERE {in_force} AND {may_read}) {U};
 COMMENT ON VIEW {SCHEMA}.events_m2 IS
     'the events table as a major-2 reader sees it (openwop-seat reader rule; ADR 0011, 0015); generated by migrate';
@@ -158,9 +177,9 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
 
     ``events_m2`` cannot tell before it reads a row which arm of its union the row's run is in, so a page of a
     filled run reads the host's rows of that run too (and drops them), sorts the union, and translates above it.
-    Here the run is known when the statement starts: whether it is filled is asked once (an InitPlan: a one-time
-    filter on each arm), and the page reads one arm, the store's rows as they are or ``events_m2_live``'s
-    translation, in index order. ``LANGUAGE sql``, ``STABLE``, not strict, no ``SET``: PostgreSQL inlines the
+    Here the run is known when the statement starts: its mark is asked once per arm (an InitPlan), and the page
+    reads the store's rows up to the mark as they are and ``events_m2_live``'s translation of the rows above it
+    (``sequence >= upto + 1``, an index condition; every row for a run not marked), each arm an index range. ``LANGUAGE sql``, ``STABLE``, not strict, no ``SET``: PostgreSQL inlines the
     body into the caller's query, so the caller's ``sequence > $2 ORDER BY sequence LIMIT $3`` reaches the
     index scans, and its plan is cached with the statement. Inlined, the body runs with the caller's rights:
     the two views and ``events_m2_live`` are readable by PUBLIC and show, like ``events_m2``, nothing to a role
@@ -173,13 +192,13 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
     return f"""
 CREATE VIEW {FILLED} ({names}) AS
 SELECT {s_cols}
-FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run}
+FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run} AND {S}.sequence {LE} {M}.upto
 WHERE {in_force} AND {may_read};
 COMMENT ON VIEW {FILLED} IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
 GRANT SELECT ON {FILLED} TO PUBLIC;
 CREATE VIEW {MARKED} AS
-SELECT {M}.run_id FROM {RUNS} {M} WHERE {in_force} AND {may_read};
+SELECT {M}.run_id, {M}.upto FROM {RUNS} {M} WHERE {in_force} AND {may_read};
 COMMENT ON VIEW {MARKED} IS 'the runs events_m2 reads from the v2 store (ADR 0015); read by events_m2_run';
 GRANT SELECT ON {MARKED} TO PUBLIC;
 GRANT SELECT ON {SCHEMA}.events_m2_live TO PUBLIC;
@@ -189,10 +208,13 @@ AS $ow$
 SELECT {f_cols} FROM {FILLED} f WHERE f.{run} {EQ} $1
 UNION ALL
 SELECT {l_cols} FROM {SCHEMA}.events_m2_live l
-WHERE l.{run} {EQ} $1 AND NOT EXISTS (SELECT 1 FROM {MARKED} m WHERE m.run_id {EQ} $1)
+WHERE l.{run} {EQ} $1
+  AND l.sequence {GE} COALESCE((SELECT m.upto FROM {MARKED} m WHERE m.run_id {EQ} $1) OPERATOR(pg_catalog.+) 1,
+                               {LEAST_BIGINT})
 $ow$;
 COMMENT ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) IS
-    'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store or the live translation';
+    'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store''s rows of a filled run and '
+    'the live translation of its rows above the mark, or the live translation of an unfilled run';
 GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) TO PUBLIC;
 """
 
@@ -205,55 +227,106 @@ def store_functions_sql(host, columns, events_table: str) -> str:
     live = f"{SCHEMA}_l"
     l_cols = ", ".join(f"{live}.{n}" for n in names)
     runs_src = quote_relation(host.runs_table)
+    events = quote_relation(events_table)
     run_type = _run_type_cast(columns, host)
     e = f"{SCHEMA}_e"
     refusals = "SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003'"
     return f"""
--- The v2 store (ADR 0015). store_fill: one run's rows written again as events_m2_live reads them, then the
--- run marked filled; a run with a row the reader rule refuses is recorded refused instead. Takes the run's
--- lock exclusively, or returns 'busy' at once when a writer holds it.
+-- The v2 store (ADR 0015). store_fill: a run not marked is written again whole as events_m2_live reads it, then
+-- marked filled up to its highest sequence; a marked run gets only its rows above the mark, and the mark moves
+-- up (an incremental fill: 'extended', or 'current' when there was none). A run with a row the reader rule
+-- refuses is recorded refused instead, and left unmarked. Takes the run's lock exclusively, or returns 'busy'
+-- at once when a writer holds it; READ COMMITTED only (its reads must see every write committed before it took
+-- the lock: a snapshot taken before the lock would miss one).
 CREATE OR REPLACE FUNCTION {SCHEMA}.store_fill(run text)
 RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
+DECLARE
+    v_upto bigint;
+    v_max bigint;
 BEGIN
     IF run IS NULL THEN
         RETURN 'missing';
     END IF;
+    IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = '25000',
+            MESSAGE = 'openwop_seat.store_fill runs in a READ COMMITTED transaction only',
+            HINT = 'call it outside an explicit transaction, or in one begun ISOLATION LEVEL READ COMMITTED';
+    END IF;
     IF NOT pg_try_advisory_xact_lock({SCHEMA}.run_lock_key(run)) THEN
         RETURN 'busy';
     END IF;
-    DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};  -- the key's own type: its index
-    DELETE FROM {REFUSED} WHERE run_id {EQ} run;
-    DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};
     IF {SCHEMA}.era_now(run) {EQ} 3 THEN
+        DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};
+        DELETE FROM {REFUSED} WHERE run_id {EQ} run;
+        DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};
         RETURN 'era3';
     END IF;
+    -- Under the lock, with a fresh snapshot: no write to the run is in flight past its trigger, so a mark read
+    -- here says which rows the store holds (every row up to upto, translated, and no other).
+    SELECT {M}.upto INTO v_upto FROM {RUNS} {M} WHERE {M}.run_id {EQ} (run)::{run_type};
+    IF FOUND THEN
+        -- a copy above the mark is never read (the greatest bigint's row, kept below the clamp of upto): replaced
+        DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type} AND sequence {GT} v_upto;
+        BEGIN
+            WITH {live}_new AS (
+                INSERT INTO {STORE} ({col_list})
+                SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live}
+                WHERE {live}.{run} {EQ} (run)::{run_type} AND {live}.sequence {GT} v_upto
+                RETURNING sequence)
+            SELECT pg_catalog.max(sequence) INTO v_max FROM {live}_new;
+        EXCEPTION WHEN {refusals} THEN
+            DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};
+            DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};
+            INSERT INTO {REFUSED} (run_id) VALUES (run);
+            RETURN 'refused';
+        END;
+        IF v_max IS NULL THEN
+            RETURN 'current';
+        END IF;
+        UPDATE {RUNS} SET upto = LEAST(v_max, {UPTO_MAX}), filled_at = pg_catalog.now()
+        WHERE run_id {EQ} (run)::{run_type};
+        RETURN 'extended';
+    END IF;
+    DELETE FROM {REFUSED} WHERE run_id {EQ} run;
+    DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};  -- the key's own type: its index
     BEGIN
-        INSERT INTO {STORE} ({col_list})
-        SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE {live}.{run} {EQ} (run)::{run_type};
+        WITH {live}_new AS (
+            INSERT INTO {STORE} ({col_list})
+            SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE {live}.{run} {EQ} (run)::{run_type}
+            RETURNING sequence)
+        SELECT pg_catalog.max(sequence) INTO v_max FROM {live}_new;
     EXCEPTION WHEN {refusals} THEN
         INSERT INTO {REFUSED} (run_id) VALUES (run);
         RETURN 'refused';
     END;
-    INSERT INTO {RUNS} (run_id) VALUES ((run)::{run_type});
+    INSERT INTO {RUNS} (run_id, upto)
+    VALUES ((run)::{run_type}, LEAST(COALESCE(v_max, {LEAST_BIGINT}), {UPTO_MAX}));
     RETURN 'filled';
 END
 $ow$;
 -- Callable by the role serve connects as (host.dsn, usually the host's role): it changes no answer, only its cost.
 GRANT EXECUTE ON FUNCTION {SCHEMA}.store_fill(text) TO PUBLIC;
 
--- Runs to fill: era-2 runs of the runs table neither filled nor refused; run ids only for a session whose
--- login role may read the runs table.
+-- Runs to fill: era-2 runs of the runs table neither filled nor refused, then filled runs with rows above their
+-- mark, least recently filled first; run ids only for a session whose login role may read the runs table.
 CREATE OR REPLACE FUNCTION {SCHEMA}.store_pending(n integer)
 RETURNS SETOF text LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
-    SELECT ({e}.{run})::text FROM {runs_src} {e}
-    WHERE pg_catalog.has_table_privilege(session_user, {quote_literal(runs_src)}::regclass, 'SELECT')
-      AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE ({M}.run_id)::text {EQ} ({e}.{run})::text)
-      AND NOT EXISTS (SELECT 1 FROM {REFUSED} {M} WHERE {M}.run_id {EQ} ({e}.{run})::text)
-      AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.run_era x WHERE x.run_id {EQ} ({e}.{run})::text)
+    (SELECT ({e}.{run})::text FROM {runs_src} {e}
+     WHERE pg_catalog.has_table_privilege(session_user, {quote_literal(runs_src)}::regclass, 'SELECT')
+       AND NOT EXISTS (SELECT 1 FROM {RUNS} {M} WHERE ({M}.run_id)::text {EQ} ({e}.{run})::text)
+       AND NOT EXISTS (SELECT 1 FROM {REFUSED} {M} WHERE {M}.run_id {EQ} ({e}.{run})::text)
+       AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.run_era x WHERE x.run_id {EQ} ({e}.{run})::text)
+     LIMIT n)
+    UNION ALL
+    (SELECT ({M}.run_id)::text FROM {RUNS} {M}
+     WHERE pg_catalog.has_table_privilege(session_user, {quote_literal(runs_src)}::regclass, 'SELECT')
+       AND EXISTS (SELECT 1 FROM {events} {e} WHERE {e}.{run} {EQ} {M}.run_id AND {e}.sequence {GT} {M}.upto)
+     ORDER BY {M}.filled_at
+     LIMIT n)
     LIMIT n
 $ow$;
 GRANT EXECUTE ON FUNCTION {SCHEMA}.store_pending(integer) TO PUBLIC;
@@ -272,7 +345,7 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(run));
     IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-        INSERT INTO {RUNS} (run_id) VALUES ((run)::{run_type})
+        INSERT INTO {RUNS} (run_id, upto) VALUES ((run)::{run_type}, {LEAST_BIGINT})
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
     DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};  -- the key's own type: its index
@@ -281,8 +354,9 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION {SCHEMA}.store_unmark(text) FROM PUBLIC;
 
--- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
--- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
+-- Any write of an event row unmarks its run, old id and new, but for an append above the run's mark under READ
+-- COMMITTED (the store still holds exactly the rows up to the mark). Also the runs table's trigger: run.started
+-- reads the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 -- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
 -- run's events (retention, erasure) leaves no translated copy of them behind. An insert (an append, the hot
 -- path) runs store_unmark's body here rather than a nested SECURITY DEFINER call (ADR 0020).
@@ -295,20 +369,28 @@ DECLARE
 BEGIN
     IF TG_OP = 'INSERT' THEN
         v_run := (NEW.{run})::text;
-        IF v_run IS NOT NULL THEN  -- store_unmark(v_run), inlined
+        IF v_run IS NOT NULL THEN  -- store_unmark(v_run), inlined, but for an append above the mark
             PERFORM pg_advisory_xact_lock_shared({SCHEMA}.run_lock_key(v_run));
             IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-                INSERT INTO {RUNS} (run_id) VALUES ((v_run)::{run_type})
+                INSERT INTO {RUNS} (run_id, upto) VALUES ((v_run)::{run_type}, {LEAST_BIGINT})
                 ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
+                DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
+            ELSIF TG_RELID {EQ} {quote_literal(events)}::regclass THEN
+                -- READ COMMITTED: this statement's snapshot is taken after the lock, so it sees the mark of any
+                -- fill committed meanwhile, and no fill can commit until this transaction ends. A row above the
+                -- mark leaves it true (the store holds the run's rows up to upto, and no other): the row is read
+                -- at read time until a fill copies it. A row at or below the mark removes it.
+                DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type} AND upto {GE} NEW.sequence;
+            ELSE  -- a runs row: run.started reads its tenant
+                DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
             END IF;
-            DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
             DELETE FROM {REFUSED} WHERE run_id {EQ} v_run;
         END IF;
         RETURN NULL;
     END IF;
     -- UPDATE or DELETE
     PERFORM {SCHEMA}.store_unmark((OLD.{run})::text);
-    IF TG_RELID {EQ} {quote_literal(quote_relation(events_table))}::regclass THEN
+    IF TG_RELID {EQ} {quote_literal(events)}::regclass THEN
         DELETE FROM {STORE} {S} WHERE {S}.{run} {EQ} OLD.{run} AND {S}.sequence {EQ} OLD.sequence;
     END IF;
     IF TG_OP = 'UPDATE' AND OLD.{run} IS DISTINCT FROM NEW.{run} THEN

@@ -145,9 +145,11 @@ class SeatCollector:
             c.add_metric([result], stats.writer_rule_checks[result])
         yield c
         c = CounterMetricFamily("openwop_seat_store_fill_runs", "Runs the v2 store's background fill visited "
-                                "(ADR 0015): filled, or skipped while an append held the run's lock (busy)",
+                                "(ADR 0015): filled whole, extended (the rows appended above a filled run's mark "
+                                "copied), or skipped while an append held the run's lock (busy)",
                                 labels=["result"])
         c.add_metric(["filled"], stats.store_runs_filled)
+        c.add_metric(["extended"], stats.store_runs_extended)
         c.add_metric(["busy"], stats.store_runs_busy)
         yield c
         c = CounterMetricFamily("openwop_seat_store_fill_errors", "Passes of the v2 store's background fill that "

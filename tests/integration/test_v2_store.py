@@ -28,6 +28,7 @@ from test_projection_property import PROPERTY, rows
 from harness import HOST_SCHEMA, PASSWORD
 from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
+from proxy.db.layout import STEPS
 from proxy.db.migrate import migrate as db_migrate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +111,18 @@ def refused(conn, run: str) -> bool:
                         (run,)).fetchone()[0]
 
 
+def upto(conn, run: str):
+    """The run's mark: how far the store holds it (None: not marked)."""
+    row = conn.execute("SELECT upto FROM openwop_seat.events_v2_runs WHERE run_id = %s", (run,)).fetchone()
+    return None if row is None else row[0]
+
+
+def store_xmins(conn, run: str) -> dict[int, str]:
+    """sequence -> the xmin of the store's copy: which transaction wrote each copy."""
+    return dict(conn.execute("SELECT sequence, xmin::text FROM openwop_seat.events_v2_store WHERE run_id = %s",
+                             (run,)).fetchall())
+
+
 def filled(conn, run: str) -> bool:
     return conn.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
                         (run,)).fetchone()[0]
@@ -187,23 +200,150 @@ def test_era3_runs_and_unfilled_runs_read_live(conn):
 # --- writes after a fill ------------------------------------------------------------------------------------
 
 
-def test_an_append_into_a_filled_run_unmarks_it_in_the_same_transaction(conn, pg, db):
+def test_an_append_above_the_mark_keeps_it_and_the_appended_rows_read_live(conn, pg, db):
+    """READ COMMITTED (the host's usual): an append above the run's mark leaves it; the store's rows are read up to
+    the mark and the appended ones at read time (a tampered store shows which is which)."""
     run = new_run(conn, REFERENCE_HOST[:3])
-    fill(conn, run)
+    assert fill(conn, run) == "filled" and upto(conn, run) == 3
     tamper(conn, run)
     with psycopg.connect(pg.dsn(dbname=db)) as w:
         append(w, run, 4, "run.completed", {"output": {"text": "late"}})
-        assert not w.execute("SELECT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs WHERE run_id = %s)",
-                             (run,)).fetchone()[0]
-        assert filled(conn, run)  # not committed yet: other readers still read the filled run
-        w.rollback()
-    assert read_store_node_ids(conn, run) == {"from-the-store"}
+        assert upto(w, run) == 3  # kept, in the writing transaction too
+        w.commit()
+    assert upto(conn, run) == 3 and stored(conn, run) == 3
+    assert read_store_node_ids(conn, run) == {"from-the-store", None}  # rows 1-3 from the store, 4 live
+    page = conn.execute(PAGE, (run, run, 2, 10)).fetchall()
+    assert [(r[2], r[4]) for r in page] == [(3, "from-the-store"), (4, None)]
+
+
+def test_an_append_above_the_mark_that_the_reader_rule_refuses_refuses_the_run_as_live(conn):
+    """The appended row is read at read time: refused exactly as the live translation refuses it (OW001), for
+    a page that reaches it; never a page with it left out. The fill records the run refused and unmarks it."""
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
     append(conn, run, 4, "no.such.type", {})
-    assert not filled(conn, run) and same(conn, run)[0] == "error"  # read live, and refused
-    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))
+    assert upto(conn, run) == 3
+    assert same(conn, run)[:2] == ("error", "OW001")
+    page = "SELECT * FROM openwop_seat.{} WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    for after, limit in ((0, 100), (3, 1), (2, 5), (0, 3), (4, 10)):
+        per_run, view = read_page(conn, PAGE, (run, run, after, limit)), \
+            read_page(conn, page.format("events_m2"), (run, after, limit))
+        live = read_page(conn, page.format("events_m2_live"), (run, after, limit))
+        assert view == live, (after, limit)
+        if after < 4 and after + limit > 3:  # a page that reaches the row: refused, by all three
+            assert per_run == live and live[0] == "error" and live[1] == "OW001", (after, limit)
+        else:  # one that stops before it: events_m2_run may refuse it too when its plan sorts the arms' rows (as
+            # for a run not filled, before this change), never answer another page
+            assert per_run == live or per_run[:2] == ("error", "OW001"), (after, limit)
+    assert fill(conn, run) == "refused" and not filled(conn, run) and refused(conn, run) and stored(conn, run) == 0
+    assert same(conn, run)[:2] == ("error", "OW001")
+    conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))  # the operator's repair
     assert run in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
     assert fill(conn, run) == "filled"
     assert len(same(conn, run)[1]) == 3
+
+
+def read_page(conn, sql: str, args):
+    try:
+        with conn.transaction():
+            return "ok", conn.execute(sql, args).fetchall()
+    except psycopg.Error as e:
+        return "error", e.sqlstate, e.diag.message_primary, e.diag.message_detail
+
+
+@settings(PROPERTY, max_examples=60)
+@given(st.lists(rows(), min_size=1, max_size=4), st.lists(st.lists(rows(), min_size=1, max_size=3), max_size=3))
+def test_appends_after_a_fill_keep_the_mark_and_read_as_the_live_translation(conn, prefix, tails):
+    """The oracle at every step of an active run: filled, then rows appended above the mark (read live), then an
+    incremental fill that copies only them, again and again."""
+    run = new_run(conn, [(t, payload, node) for t, _v2, payload, node, _tenant in prefix])
+    seq = len(prefix)
+    before = same(conn, run)
+    assert fill(conn, run) == ("filled" if before[0] == "ok" else "refused")
+    for tail in tails:
+        marked, copies = upto(conn, run), store_xmins(conn, run)
+        for t, _v2, payload, node, _tenant in tail:
+            seq += 1
+            append(conn, run, seq, t, payload, node)
+        assert upto(conn, run) == marked  # kept (or still none)
+        got = same(conn, run)
+        verdict = fill(conn, run)
+        assert same(conn, run) == got
+        if marked is None:  # refused before: filled whole once the log reads
+            assert verdict == ("filled" if got[0] == "ok" else "refused")
+        elif got[0] == "ok":
+            assert verdict == "extended" and upto(conn, run) == seq
+            now = store_xmins(conn, run)
+            assert {k: v for k, v in now.items() if k <= marked} == copies  # the prefix's copies untouched
+            assert sorted(now) == list(range(1, seq + 1))
+            assert len({v for k, v in now.items() if k > marked}) == 1  # the tail, by one transaction
+        else:  # the tail has a row the reader rule refuses
+            assert verdict == "refused" and not filled(conn, run) and stored(conn, run) == 0
+
+
+def test_a_fill_of_a_marked_run_with_nothing_above_its_mark_changes_nothing(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    assert fill(conn, run) == "filled"
+    copies = store_xmins(conn, run)
+    assert fill(conn, run) == "current" and store_xmins(conn, run) == copies and upto(conn, run) == 3
+    assert run not in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+    append(conn, run, 4, *REFERENCE_HOST[3])
+    assert run in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+    assert fill(conn, run) == "extended" and upto(conn, run) == 4 and stored(conn, run) == 4
+    assert run not in {r[0] for r in conn.execute("SELECT openwop_seat.store_pending(100000)")}
+
+
+def test_a_run_filled_empty_keeps_its_mark_for_its_first_appends(conn):
+    run = new_run(conn, [])
+    assert fill(conn, run) == "filled" and upto(conn, run) == -2**63
+    append(conn, run, 1, *REFERENCE_HOST[0])
+    assert upto(conn, run) == -2**63 and len(same(conn, run)[1]) == 1
+    assert fill(conn, run) == "extended" and upto(conn, run) == 1 and len(same(conn, run)[1]) == 1
+
+
+def test_store_fill_refuses_a_snapshot_older_than_its_lock(conn, pg, db):
+    """A fill in a REPEATABLE READ transaction would read a snapshot taken before it took the run's lock (and miss
+    an append committed in between): refused, nothing written."""
+    run = new_run(conn, REFERENCE_HOST[:2])
+    with psycopg.connect(pg.dsn(dbname=db)) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.InvalidTransactionState, match="READ COMMITTED"):
+            fill(rr, run)
+    assert not filled(conn, run) and stored(conn, run) == 0
+
+
+def test_under_repeatable_read_an_append_above_the_mark_unmarks_the_run_as_before(conn, pg, db):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    for level in ("REPEATABLE READ", "SERIALIZABLE"):
+        with psycopg.connect(pg.dsn(dbname=db)) as w:
+            w.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            append(w, run, stored(conn, run) + 1, "node.started", {}, "n9")
+            w.commit()
+        assert not filled(conn, run), level
+        got = same(conn, run)
+        assert fill(conn, run) == "filled" and same(conn, run) == got
+
+
+def test_an_insert_at_or_below_the_mark_unmarks_the_run(conn, pg, db):
+    """A row inserted into the filled prefix (a gap in the sequence) is not in the store: the run is unmarked in
+    the writing transaction, and reads live until filled again whole."""
+    run = new_run(conn, [])
+    for seq in (1, 2, 4):
+        append(conn, run, seq, *REFERENCE_HOST[seq - 1])
+    fill(conn, run)
+    tamper(conn, run)
+    with psycopg.connect(pg.dsn(dbname=db)) as w:
+        append(w, run, 3, *REFERENCE_HOST[2])
+        assert upto(w, run) is None
+        assert upto(conn, run) == 4  # not committed yet: other readers still read the filled run
+        w.commit()
+    assert not filled(conn, run) and "from-the-store" not in read_store_node_ids(conn, run)
+    got = same(conn, run)
+    assert [r[2] for r in got[1]] == [1, 2, 3, 4]
+    before = store_xmins(conn, run)
+    assert fill(conn, run) == "filled" and upto(conn, run) == 4 and same(conn, run) == got
+    assert not set(before.values()) & set(store_xmins(conn, run).values())  # written again, whole
 
 
 def test_updates_and_deletes_of_a_filled_run_unmark_it(conn):
@@ -230,8 +370,8 @@ def test_deleting_a_runs_events_leaves_no_copy_in_the_store(conn, pg, db):
         w.execute("DELETE FROM events WHERE run_id = %s", (run,))
         w.rollback()
     assert stored(conn, run) == len(REFERENCE_HOST)  # rolled back with the delete
-    append(conn, run, len(REFERENCE_HOST) + 1, "node.started", {})  # unmarked, its old copy still stored
-    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST)
+    conn.execute("UPDATE events SET node_id = 'n9' WHERE run_id = %s AND sequence = 1", (run,))  # unmarked
+    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST) - 1  # the updated row's copy went
     conn.execute("DELETE FROM events WHERE run_id = %s AND sequence <= 2", (run,))
     assert stored(conn, run) == len(REFERENCE_HOST) - 2
     conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
@@ -309,13 +449,15 @@ def test_with_a_store_trigger_disabled_every_read_is_live(conn):
     try:
         conn.execute("ALTER TABLE events DISABLE TRIGGER zz_openwop_seat_store")
         assert read_store_node_ids(conn, run) == {None, "n1"}  # the host's rows, translated at read time
-        append(conn, run, 4, "node.started", {})  # the store does not see it while its trigger is disabled
+        conn.execute("UPDATE events SET node_id = 'n7' WHERE run_id = %s AND sequence = 1", (run,))  # unseen
         assert filled(conn, run)
     finally:
         conn.execute("ALTER TABLE events ENABLE TRIGGER zz_openwop_seat_store")
-    assert read_store_node_ids(conn, run) == {"from-the-store"}  # documented: fill again after such writes
-    fill(conn, run)
-    assert len(same(conn, run)[1]) == 4
+    assert read_store_node_ids(conn, run) == {"from-the-store"}  # documented: unmark the run after such writes
+    assert fill(conn, run) == "current"  # a fill of a marked run copies only rows above its mark: none here
+    conn.execute("DELETE FROM openwop_seat.events_v2_runs WHERE run_id = %s", (run,))
+    assert fill(conn, run) == "filled"
+    assert "n7" in read_store_node_ids(conn, run) and len(same(conn, run)[1]) == 3
 
 
 def test_migrate_installing_again_empties_the_store(pg):
@@ -331,6 +473,44 @@ def test_migrate_installing_again_empties_the_store(pg):
         assert '"typeId": "legacy.unrecorded"' in got[1][1][-1]  # the declarations apply, live
         fill(c, run)
         assert same(c, run) == got
+
+
+def test_layout_step_10_upgrades_a_layout_9_database(pg):
+    """A database at layout 9 with a filled run (the store's tables as layout 9's migrate generated them): the
+    step gives the old mark an upto that keeps it true (every later append below the greatest bigint unmarks
+    it, as before); migrate then applies it, installs the generated objects again (emptying the store), and
+    the run reads as live and fills with its real upto."""
+    name = f"ow_store_l9_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA, dbname=name)
+        pg.psql("".join(step.sql for step in STEPS[:9])
+                + "INSERT INTO openwop_seat.meta (key, value) VALUES ('layout_version', '9');"
+                + "CREATE TABLE openwop_seat.events_v2_runs (run_id text PRIMARY KEY, "
+                  "filled_at timestamptz NOT NULL DEFAULT now());"
+                + "CREATE TABLE openwop_seat.events_v2_store (LIKE events, PRIMARY KEY (run_id, sequence));",
+                dbname=name)
+        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+            run = "layout-9-run"
+            c.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (run,))
+            for seq, (t, payload, node) in enumerate(REFERENCE_HOST[:3], 1):
+                append(c, run, seq, t, payload, node)
+            c.execute("INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES (%s)", (run,))
+            with c.transaction(force_rollback=True):
+                c.execute(STEPS[9].sql)
+                assert upto(c, run) == 2**63 - 2
+            said = asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+            assert said[0] == f"applied step 10: {STEPS[9].description}", said
+            assert any(line.startswith("emptied the v2 store of 1 filled runs") for line in said), said
+            assert c.execute("SELECT value FROM openwop_seat.meta WHERE key = 'layout_version'").fetchone() == ("10",)
+            assert not filled(c, run)
+            got = same(c, run)
+            assert fill(c, run) == "filled" and upto(c, run) == 3 and same(c, run) == got
+            append(c, run, 4, *REFERENCE_HOST[3])
+            assert upto(c, run) == 3 and len(same(c, run)[1]) == 4
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
 
 
 def test_without_the_store_events_m2_is_the_live_view(pg):
@@ -399,8 +579,8 @@ def test_the_per_run_function_shows_nothing_the_view_does_not_to_a_host_role(pg,
     try:
         with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
             assert same(c, run)[0] == "ok"
-            append(conn, run, 4, "node.started", {})  # unmarks: the store's copy of the run is stale now
-            assert len(same(c, run)[1]) == 4
+            conn.execute("UPDATE events SET node_id = 'n8' WHERE run_id = %s AND sequence = 1", (run,))  # unmarks
+            assert same(c, run)[1][0][4] == "n8"
             assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_filled WHERE run_id = %s",
                              (run,)).fetchone() == (0,)
             assert c.execute("SELECT count(*) FROM openwop_seat.events_v2_marked WHERE run_id = %s",
@@ -412,6 +592,44 @@ def test_the_per_run_function_shows_nothing_the_view_does_not_to_a_host_role(pg,
     with psycopg.connect(pg.dsn(dbname=db, user="md5_user", password=PASSWORD), autocommit=True) as c:
         # without SELECT on the events table: nothing, as events_m2 shows nothing
         assert c.execute("SELECT count(*) FROM openwop_seat.events_m2_run(%s) e", (run,)).fetchone() == (0,)
+
+
+def test_the_page_statement_through_the_seat_reads_an_active_run_as_the_live_translation(start_seat, pg, conn, db):
+    """Major 2 through the seat (psycopg and asyncpg, both prepared): the host's page statement of a run filled,
+    then appended to above its mark, then extended, pages the same rows as the live translation at each step."""
+    import asyncpg
+
+    seat = start_seat(host={"dsn": pg.dsn(dbname=db), "store_fill_interval": 0})
+    page = "SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    live = "SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    run = new_run(conn, REFERENCE_HOST[:4])
+
+    async def by_asyncpg(args):
+        c = await asyncpg.connect(seat.url(dbname=db))
+        try:
+            stmt = await c.prepare(page.replace("%s", "$1", 1).replace("%s", "$2", 1).replace("%s", "$3", 1))
+            rows = await stmt.fetch(*args)
+            return [tuple(json.loads(v) if k == "payload" else v for k, v in r.items()) for r in rows]
+        finally:
+            await c.close()
+
+    def check(step):
+        with psycopg.connect(seat.url(dbname=db), autocommit=True, prepare_threshold=0) as c:
+            for after, limit in ((0, 100), (2, 3), (len(REFERENCE_HOST) - 2, 100)):
+                want = conn.execute(live, (run, after, limit)).fetchall()
+                for _ in range(7):  # past the server's switch to a cached generic plan
+                    assert c.execute(page, (run, after, limit)).fetchall() == want, (step, after, limit)
+                assert asyncio.run(by_asyncpg((run, after, limit))) == want, (step, after, limit)
+
+    check("unfilled")
+    fill(conn, run)
+    check("filled")
+    for seq in range(5, len(REFERENCE_HOST) + 1):
+        append(conn, run, seq, *REFERENCE_HOST[seq - 1])
+        assert upto(conn, run) == 4
+        check(f"appended {seq}")
+    assert fill(conn, run) == "extended"
+    check("extended")
 
 
 # --- serve fills it -----------------------------------------------------------------------------------------

@@ -180,6 +180,22 @@ AS $ow$
 $ow$;
 GRANT EXECUTE ON FUNCTION openwop_seat.live_claims() TO PUBLIC;
 
+-- ==== layout step 10: events_v2_runs: upto, how far the v2 store holds a filled run (an append above it keeps the mark)
+-- events_v2_runs is a generated object (created by migrate with the relations, ADR 0015), so it may be absent.
+-- A mark made before this step holds every row of its run as it was filled: upto takes the greatest value it may
+-- (the greatest bigint but one), so a later append unmarks the run as before (but one at the greatest bigint,
+-- which is read at read time), and the next fill of the run records its real upto.
+-- (migrate then installs the generated objects again, which empties the store anyway: the step keeps the marks
+-- correct between the two, and for a store installed by hand.)
+DO $ow$
+BEGIN
+    IF pg_catalog.to_regclass('openwop_seat.events_v2_runs') IS NOT NULL THEN
+        ALTER TABLE openwop_seat.events_v2_runs
+            ADD COLUMN IF NOT EXISTS upto bigint NOT NULL DEFAULT 9223372036854775806;
+    END IF;
+END
+$ow$;
+
 -- ==== the operator's declarations (none: the default configuration)
 
 CREATE OR REPLACE FUNCTION openwop_seat.declared_v2(t2 text, p jsonb)
@@ -3207,11 +3223,16 @@ COMMENT ON TABLE openwop_seat.events_v2_store IS
 REVOKE ALL ON TABLE openwop_seat.events_v2_store FROM PUBLIC;
 CREATE TABLE openwop_seat.events_v2_runs (
     run_id text PRIMARY KEY,
-    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+    filled_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    upto bigint NOT NULL CHECK (upto OPERATOR(pg_catalog.<=) 9223372036854775806)
 );
 COMMENT ON TABLE openwop_seat.events_v2_runs IS
-    'the era-2 runs whose every event row is in events_v2_store as read (ADR 0015); any write to the run '
-    'removes its row in the same transaction';
+    'the era-2 runs whose every event row up to sequence upto is in events_v2_store as read, and no other '
+    '(ADR 0015); an append above upto keeps the row (under READ COMMITTED), any other write to the run '
+    'removes it in the same transaction';
+COMMENT ON COLUMN openwop_seat.events_v2_runs.upto IS
+    'the highest sequence the fills of the run copied (the least bigint for a run filled empty): rows above '
+    'it are read at read time';
 REVOKE ALL ON TABLE openwop_seat.events_v2_runs FROM PUBLIC;
 CREATE TABLE openwop_seat.events_v2_refused (
     run_id text PRIMARY KEY,
@@ -3241,10 +3262,11 @@ FROM (SELECT openwop_seat_e."event_id", openwop_seat_e."run_id", openwop_seat_e.
       LEFT JOIN openwop_seat.run_era openwop_seat_x ON openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
       LEFT JOIN openwop_seat.payloads_clean openwop_seat_c_clean ON openwop_seat_c_clean.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id"
       WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2))
-        AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id" AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])))
+        AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id" AND openwop_seat_m.upto OPERATOR(pg_catalog.>=) openwop_seat_e.sequence
+                        AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])))
       UNION ALL
       SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id", false, false, true
-      FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id"
+      FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.<=) openwop_seat_m.upto
       WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2))) openwop_seat_u;
 COMMENT ON VIEW openwop_seat.events_m2 IS
     'the events table as a major-2 reader sees it (openwop-seat reader rule; ADR 0011, 0015); generated by migrate';
@@ -3252,13 +3274,13 @@ GRANT SELECT ON openwop_seat.events_m2 TO PUBLIC;
 
 CREATE VIEW openwop_seat.events_v2_filled ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id") AS
 SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id"
-FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id"
+FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.<=) openwop_seat_m.upto
 WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_v2_filled IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
 GRANT SELECT ON openwop_seat.events_v2_filled TO PUBLIC;
 CREATE VIEW openwop_seat.events_v2_marked AS
-SELECT openwop_seat_m.run_id FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
+SELECT openwop_seat_m.run_id, openwop_seat_m.upto FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT openwop_seat.net_view(2::pg_catalog.int2));
 COMMENT ON VIEW openwop_seat.events_v2_marked IS 'the runs events_m2 reads from the v2 store (ADR 0015); read by events_m2_run';
 GRANT SELECT ON openwop_seat.events_v2_marked TO PUBLIC;
 GRANT SELECT ON openwop_seat.events_m2_live TO PUBLIC;
@@ -3268,10 +3290,13 @@ AS $ow$
 SELECT f."event_id", f."run_id", f."sequence", f."type", f."node_id", f."payload", f."timestamp", f."causation_id" FROM openwop_seat.events_v2_filled f WHERE f."run_id" OPERATOR(pg_catalog.=) $1
 UNION ALL
 SELECT l."event_id", l."run_id", l."sequence", l."type", l."node_id", l."payload", l."timestamp", l."causation_id" FROM openwop_seat.events_m2_live l
-WHERE l."run_id" OPERATOR(pg_catalog.=) $1 AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_marked m WHERE m.run_id OPERATOR(pg_catalog.=) $1)
+WHERE l."run_id" OPERATOR(pg_catalog.=) $1
+  AND l.sequence OPERATOR(pg_catalog.>=) COALESCE((SELECT m.upto FROM openwop_seat.events_v2_marked m WHERE m.run_id OPERATOR(pg_catalog.=) $1) OPERATOR(pg_catalog.+) 1,
+                               (-9223372036854775807 - 1))
 $ow$;
 COMMENT ON FUNCTION openwop_seat.events_m2_run(text) IS
-    'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store or the live translation';
+    'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store''s rows of a filled run and '
+    'the live translation of its rows above the mark, or the live translation of an unfilled run';
 GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run(text) TO PUBLIC;
 
 DROP VIEW IF EXISTS openwop_seat.events_m1;
@@ -3414,51 +3439,101 @@ GRANT INSERT ON openwop_seat.events_insert_m1 TO PUBLIC;
 GRANT SELECT ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id", openwop_seat_type, openwop_seat_payload, openwop_seat_sys_xmax, openwop_seat_sys_xmin, openwop_seat_sys_ctid, openwop_seat_sys_cmin, openwop_seat_sys_cmax, openwop_seat_sys_tableoid) ON openwop_seat.events_insert_m1 TO PUBLIC;
 GRANT UPDATE ("event_id", "run_id", "sequence", "node_id", "timestamp", "causation_id") ON openwop_seat.events_insert_m1 TO PUBLIC;
 
--- The v2 store (ADR 0015). store_fill: one run's rows written again as events_m2_live reads them, then the
--- run marked filled; a run with a row the reader rule refuses is recorded refused instead. Takes the run's
--- lock exclusively, or returns 'busy' at once when a writer holds it.
+-- The v2 store (ADR 0015). store_fill: a run not marked is written again whole as events_m2_live reads it, then
+-- marked filled up to its highest sequence; a marked run gets only its rows above the mark, and the mark moves
+-- up (an incremental fill: 'extended', or 'current' when there was none). A run with a row the reader rule
+-- refuses is recorded refused instead, and left unmarked. Takes the run's lock exclusively, or returns 'busy'
+-- at once when a writer holds it; READ COMMITTED only (its reads must see every write committed before it took
+-- the lock: a snapshot taken before the lock would miss one).
 CREATE OR REPLACE FUNCTION openwop_seat.store_fill(run text)
 RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
+DECLARE
+    v_upto bigint;
+    v_max bigint;
 BEGIN
     IF run IS NULL THEN
         RETURN 'missing';
     END IF;
+    IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = '25000',
+            MESSAGE = 'openwop_seat.store_fill runs in a READ COMMITTED transaction only',
+            HINT = 'call it outside an explicit transaction, or in one begun ISOLATION LEVEL READ COMMITTED';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(openwop_seat.run_lock_key(run)) THEN
         RETURN 'busy';
     END IF;
-    DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
-    DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
-    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
     IF openwop_seat.era_now(run) OPERATOR(pg_catalog.=) 3 THEN
+        DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;
+        DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
+        DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
         RETURN 'era3';
     END IF;
+    -- Under the lock, with a fresh snapshot: no write to the run is in flight past its trigger, so a mark read
+    -- here says which rows the store holds (every row up to upto, translated, and no other).
+    SELECT openwop_seat_m.upto INTO v_upto FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) (run)::text;
+    IF FOUND THEN
+        -- a copy above the mark is never read (the greatest bigint's row, kept below the clamp of upto): replaced
+        DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text AND sequence OPERATOR(pg_catalog.>) v_upto;
+        BEGIN
+            WITH openwop_seat_l_new AS (
+                INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
+                SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l
+                WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text AND openwop_seat_l.sequence OPERATOR(pg_catalog.>) v_upto
+                RETURNING sequence)
+            SELECT pg_catalog.max(sequence) INTO v_max FROM openwop_seat_l_new;
+        EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
+            DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;
+            DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
+            INSERT INTO openwop_seat.events_v2_refused (run_id) VALUES (run);
+            RETURN 'refused';
+        END;
+        IF v_max IS NULL THEN
+            RETURN 'current';
+        END IF;
+        UPDATE openwop_seat.events_v2_runs SET upto = LEAST(v_max, 9223372036854775806), filled_at = pg_catalog.now()
+        WHERE run_id OPERATOR(pg_catalog.=) (run)::text;
+        RETURN 'extended';
+    END IF;
+    DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
+    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
     BEGIN
-        INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
-        SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text;
+        WITH openwop_seat_l_new AS (
+            INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
+            SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text
+            RETURNING sequence)
+        SELECT pg_catalog.max(sequence) INTO v_max FROM openwop_seat_l_new;
     EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
         INSERT INTO openwop_seat.events_v2_refused (run_id) VALUES (run);
         RETURN 'refused';
     END;
-    INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text);
+    INSERT INTO openwop_seat.events_v2_runs (run_id, upto)
+    VALUES ((run)::text, LEAST(COALESCE(v_max, (-9223372036854775807 - 1)), 9223372036854775806));
     RETURN 'filled';
 END
 $ow$;
 -- Callable by the role serve connects as (host.dsn, usually the host's role): it changes no answer, only its cost.
 GRANT EXECUTE ON FUNCTION openwop_seat.store_fill(text) TO PUBLIC;
 
--- Runs to fill: era-2 runs of the runs table neither filled nor refused; run ids only for a session whose
--- login role may read the runs table.
+-- Runs to fill: era-2 runs of the runs table neither filled nor refused, then filled runs with rows above their
+-- mark, least recently filled first; run ids only for a session whose login role may read the runs table.
 CREATE OR REPLACE FUNCTION openwop_seat.store_pending(n integer)
 RETURNS SETOF text LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $ow$
-    SELECT (openwop_seat_e."run_id")::text FROM "public"."runs" openwop_seat_e
-    WHERE pg_catalog.has_table_privilege(session_user, '"public"."runs"'::regclass, 'SELECT')
-      AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (openwop_seat_m.run_id)::text OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
-      AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_refused openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
-      AND NOT EXISTS (SELECT 1 FROM openwop_seat.run_era x WHERE x.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+    (SELECT (openwop_seat_e."run_id")::text FROM "public"."runs" openwop_seat_e
+     WHERE pg_catalog.has_table_privilege(session_user, '"public"."runs"'::regclass, 'SELECT')
+       AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_runs openwop_seat_m WHERE (openwop_seat_m.run_id)::text OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+       AND NOT EXISTS (SELECT 1 FROM openwop_seat.events_v2_refused openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+       AND NOT EXISTS (SELECT 1 FROM openwop_seat.run_era x WHERE x.run_id OPERATOR(pg_catalog.=) (openwop_seat_e."run_id")::text)
+     LIMIT n)
+    UNION ALL
+    (SELECT (openwop_seat_m.run_id)::text FROM openwop_seat.events_v2_runs openwop_seat_m
+     WHERE pg_catalog.has_table_privilege(session_user, '"public"."runs"'::regclass, 'SELECT')
+       AND EXISTS (SELECT 1 FROM "public"."events" openwop_seat_e WHERE openwop_seat_e."run_id" OPERATOR(pg_catalog.=) openwop_seat_m.run_id AND openwop_seat_e.sequence OPERATOR(pg_catalog.>) openwop_seat_m.upto)
+     ORDER BY openwop_seat_m.filled_at
+     LIMIT n)
     LIMIT n
 $ow$;
 GRANT EXECUTE ON FUNCTION openwop_seat.store_pending(integer) TO PUBLIC;
@@ -3477,7 +3552,7 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock_shared(openwop_seat.run_lock_key(run));
     IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-        INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((run)::text)
+        INSERT INTO openwop_seat.events_v2_runs (run_id, upto) VALUES ((run)::text, (-9223372036854775807 - 1))
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
     DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
@@ -3486,8 +3561,9 @@ END
 $ow$;
 REVOKE ALL ON FUNCTION openwop_seat.store_unmark(text) FROM PUBLIC;
 
--- Any write of an event row unmarks its run, old id and new. Also the runs table's trigger: run.started reads
--- the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
+-- Any write of an event row unmarks its run, old id and new, but for an append above the run's mark under READ
+-- COMMITTED (the store still holds exactly the rows up to the mark). Also the runs table's trigger: run.started
+-- reads the run's tenant (ADR 0007), so a runs row written or removed unmarks its run (the same column name).
 -- A row deleted or updated also loses its copy in the store, in the same transaction: a host that deletes a
 -- run's events (retention, erasure) leaves no translated copy of them behind. An insert (an append, the hot
 -- path) runs store_unmark's body here rather than a nested SECURITY DEFINER call (ADR 0020).
@@ -3500,13 +3576,21 @@ DECLARE
 BEGIN
     IF TG_OP = 'INSERT' THEN
         v_run := (NEW."run_id")::text;
-        IF v_run IS NOT NULL THEN  -- store_unmark(v_run), inlined
+        IF v_run IS NOT NULL THEN  -- store_unmark(v_run), inlined, but for an append above the mark
             PERFORM pg_advisory_xact_lock_shared(openwop_seat.run_lock_key(v_run));
             IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-                INSERT INTO openwop_seat.events_v2_runs (run_id) VALUES ((v_run)::text)
+                INSERT INTO openwop_seat.events_v2_runs (run_id, upto) VALUES ((v_run)::text, (-9223372036854775807 - 1))
                 ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
+                DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text;
+            ELSIF TG_RELID OPERATOR(pg_catalog.=) '"public"."events"'::regclass THEN
+                -- READ COMMITTED: this statement's snapshot is taken after the lock, so it sees the mark of any
+                -- fill committed meanwhile, and no fill can commit until this transaction ends. A row above the
+                -- mark leaves it true (the store holds the run's rows up to upto, and no other): the row is read
+                -- at read time until a fill copies it. A row at or below the mark removes it.
+                DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text AND upto OPERATOR(pg_catalog.>=) NEW.sequence;
+            ELSE  -- a runs row: run.started reads its tenant
+                DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text;
             END IF;
-            DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text;
             DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) v_run;
         END IF;
         RETURN NULL;
