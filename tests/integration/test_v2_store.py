@@ -94,8 +94,27 @@ def same(conn, run: str):
     (what the classifier substitutes for a level that names its run, ADR 0015 decision 7)."""
     stored, live = read(conn, "events_m2", run), read(conn, "events_m2_live", run)
     assert stored == live, run
-    assert read(conn, "events_m2_run(%s) AS events", run) == live, run
+    per_run = read(conn, "events_m2_run(%s) AS events", run)
+    if per_run != live and per_run[:2] == live[:2] == ("error", per_run[1]):
+        # A run with more than one refused row: which one a read names depends on the order PostgreSQL evaluates
+        # the rows in, its plan's; the read must still be refused, for a row the live translation refuses.
+        assert per_run[1:] in row_refusals(conn, run), (run, per_run)
+    else:
+        assert per_run == live, run
     return stored
+
+
+def row_refusals(conn, run: str) -> list:
+    """What the live translation says of each refused row of ``run`` alone: (sqlstate, message, detail)."""
+    found = []
+    for (seq,) in conn.execute("SELECT sequence FROM events WHERE run_id = %s ORDER BY sequence", (run,)).fetchall():
+        try:
+            with conn.transaction():
+                conn.execute("SELECT *, payload::text FROM openwop_seat.events_m2_live WHERE run_id = %s "
+                             "AND sequence = %s", (run, seq)).fetchall()
+        except psycopg.Error as e:
+            found.append((e.sqlstate, e.diag.message_primary, e.diag.message_detail))
+    return found
 
 
 def fill(conn, run: str) -> str:
