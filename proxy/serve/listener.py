@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -201,6 +202,10 @@ class SeatServer:
                 raise ListenError("metrics.listen", m, e) from None
         self._open_listen_sockets()
         self._open_unix_socket()
+        # What the seat has built by now (the artifacts, the classifiers, the parser's modules) lives as long as the
+        # process: out of the garbage collector's sight, so that a full collection walks only what sessions make.
+        gc.collect()
+        gc.freeze()
         if not self.paused:
             await self._serve()
         self._started = True
