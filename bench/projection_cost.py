@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import asyncpg
@@ -88,6 +89,15 @@ async def best(conn, sql: str, arg: str, repeat: int) -> float:
     return min(times)
 
 
+async def fill_pending(conn, n: int) -> Counter:
+    """store_fill for each run store_pending lists (one transaction each, READ COMMITTED: autocommit); the
+    outcomes counted."""
+    outcomes: Counter = Counter()
+    for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", n):
+        outcomes[await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"])] += 1
+    return outcomes
+
+
 async def measure(port: int, rows: int, repeat: int) -> list[dict]:
     conn = await asyncpg.connect(host="127.0.0.1", port=port, user="postgres", database="postgres")
     try:
@@ -119,9 +129,7 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
             await conn.execute(PAGES_FUNCTION.format(name=name, rel=rel))
         page = {"direct": await best(conn, "SELECT pg_temp.pages_direct($1)", pages, repeat),
                 "live": await best(conn, "SELECT pg_temp.pages_live($1)", pages, repeat)}
-        filled = 0
-        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):  # one transaction each
-            filled += await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"]) == "filled"
+        filled = (await fill_pending(conn, rows))["filled"]
         if filled != rows:
             raise RuntimeError(f"filled {filled} runs into the v2 store, not {rows}")
         await conn.execute("VACUUM ANALYZE")
@@ -150,9 +158,7 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
             active[name] = await best(conn, f"SELECT pg_temp.pages_{name}($1)", pages, repeat)
         # The incremental fill of those tails, against filling the same runs whole (their marks dropped first).
         start = time.perf_counter()
-        extended = 0
-        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):
-            extended += await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"]) == "extended"
+        extended = (await fill_pending(conn, rows))["extended"]
         fill_extended = time.perf_counter() - start
         if extended != rows:
             raise RuntimeError(f"extended {extended} runs' marks, not {rows}")
@@ -161,8 +167,7 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         active["per_run_extended"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
         await conn.execute("DELETE FROM openwop_seat.events_v2_runs")
         start = time.perf_counter()
-        for r in await conn.fetch("SELECT openwop_seat.store_pending($1) AS run", rows):
-            await conn.fetchval("SELECT openwop_seat.store_fill($1)", r["run"])
+        await fill_pending(conn, rows)
         fill_whole = time.perf_counter() - start
         active_rows = pages * (len(SHAPES) + TAIL)
         result.update({"active_rows_per_page": len(SHAPES) + TAIL, "tail": TAIL,

@@ -187,9 +187,9 @@ class ReadPath:
     """Per-session read-path state. `major` is 1 or 2 (raw sessions never get one).
 
     A seat holds one per translated connection, idle ones included (make bench's idle_memory): slots, and no
-    container made before it is needed. The FIFOs are lists (an empty one is 56 bytes, a deque 760 bytes however
-    empty): they are short (one entry per answer owed; the session bounds how many, ``Session._max_owed``), so
-    ``pop(0)`` moves few pointers."""
+    container made before it is needed. The FIFOs are :mod:`proxy.fifo` queues: lists while short (an empty one is
+    56 bytes, a deque 760 bytes however empty), deques once long (a client may pipeline up to
+    ``Session._max_owed`` answers)."""
 
     __slots__ = ("_names", "active", "classifier", "large_texts", "major", "on_refusal", "parse_seconds", "pending",
                  "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",

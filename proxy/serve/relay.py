@@ -160,8 +160,8 @@ class Relay:
         self.queries_sent = 0  # ANSWERED_FRONTEND messages relayed (counted only with count_answered)
         self.readies = 0  # ReadyForQuery messages seen, the one that ends authentication included
         self.transactions = 0  # transaction blocks ended: a ReadyForQuery back to idle from 'T' or 'E' (metrics)
-        # when each Query/Sync/FunctionCall went upstream, oldest first: a list (a deque is 760 bytes, idle or not),
-        # short as the read path's FIFOs are
+        # when each Query/Sync/FunctionCall went upstream, oldest first: a proxy.fifo queue (a list while short: a
+        # deque is 760 bytes, idle or not)
         self._raw_sent: list[float] | tuple = [] if reader is None else ()  # never used with a read path
         copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
         kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed

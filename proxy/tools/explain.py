@@ -56,9 +56,7 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
     if major == "raw":
         out("passthrough: a raw session is relayed as is; the seat does not classify its statements")
         return 0
-    # as a seat whose database has the v2 store of this [host] configuration (migrate installs it; ADR 0015)
-    store = config.host.store and config.host.era_column is None
-    classifier = Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+    classifier = _classifier(config, major)
     plan = classifier.classify(sql)
     refusal = ERRORS["statement_untranslatable"]
     if not plan.statements:
@@ -112,10 +110,16 @@ class _NothingPastTheNet(frozenset):
     relations = ()
 
 
+def _classifier(config: Config, major: int) -> Classifier:
+    """The classifier ``serve`` builds for ``major``, as a seat whose database has the v2 store of this [host]
+    configuration (migrate installs it; ADR 0015)."""
+    store = config.host.store and config.host.era_column is None
+    return Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+
+
 def _held_by_the_net(config: Config, major: int) -> Classifier:
     """The classifier ``serve`` gives a session of a role the net holds on a database with nothing past the net."""
-    store = config.host.store and config.host.era_column is None
-    classifier = Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+    classifier = _classifier(config, major)
     classifier.set_functions(_NothingPastTheNet())
     return classifier
 
