@@ -316,6 +316,7 @@ WHERE {gate(major)};"""
             # ADR 0015: the translation computed at read time for runs not in the v2 store, the store for the rest
             return f"""
 DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};
+DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};
 DROP VIEW IF EXISTS {store_sql.FILLED};
 DROP VIEW IF EXISTS {store_sql.MARKED};
 DROP VIEW IF EXISTS {SCHEMA}.events_m2;
@@ -330,6 +331,7 @@ REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
                              era2_payload_tail)}{
     store_sql.store_run_sql(host, columns, types[host.run_id_column], gate(2), in_force)}"""
         drop_run = (f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};\n"
+                    f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};\n"
                     f"DROP VIEW IF EXISTS {store_sql.FILLED};\nDROP VIEW IF EXISTS {store_sql.MARKED};\n"
                     if major == 2 else "")
         return f"""

@@ -66,7 +66,10 @@ RUNS = f"{SCHEMA}.events_v2_runs"
 REFUSED = f"{SCHEMA}.events_v2_refused"
 FILLED = f"{SCHEMA}.events_v2_filled"  # the store's rows of the filled runs (a view)
 MARKED = f"{SCHEMA}.events_v2_marked"  # the filled runs' ids (a view)
-RUN_FUNCTION = "events_m2_run"  # events_m2 for one run: what the classifier substitutes for a run's page
+RUN_FUNCTION = "events_m2_run"  # events_m2 for one run: what the classifier substitutes for a run's level
+# events_m2_run's live arm alone: the live translation of a run's rows above its mark (every row of a run not
+# marked); with events_v2_filled, the two arms the classifier merges for a run's page (ADR 0015, page plans)
+RUN_LIVE_FUNCTION = "events_m2_run_live"
 S, M, U = "openwop_seat_s", "openwop_seat_m", "openwop_seat_u"  # aliases inside events_m2
 # The union's own columns (never seen by a reader): the inputs of the translation above it.
 ERA3, CLEAN, STORED = "openwop_seat_era3", "openwop_seat_clean", "openwop_seat_stored"
@@ -183,12 +186,25 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
     body into the caller's query, so the caller's ``sequence > $2 ORDER BY sequence LIMIT $3`` reaches the
     index scans, and its plan is cached with the statement. Inlined, the body runs with the caller's rights:
     the two views and ``events_m2_live`` are readable by PUBLIC and show, like ``events_m2``, nothing to a role
-    without ``SELECT`` on the events table; everything is schema-qualified (no search_path of its own)."""
+    without ``SELECT`` on the events table; everything is schema-qualified (no search_path of its own).
+
+    ``events_m2_run_live(run)`` is the second arm alone. Inlined, each arm is a join (the store with the marks,
+    the host's rows with the era and payloads-clean tables), which PostgreSQL plans as a subquery of the union
+    without the caller's ``ORDER BY``: a page of a long run sorted every row of each arm from ``$2`` on. For a
+    page (``WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3``) the classifier therefore reads a
+    union of the two arms, ``events_v2_filled`` and ``events_m2_run_live(run)``, each with the page's own
+    ``WHERE``, ``ORDER BY`` and ``LIMIT``: each arm an index range read in order and cut at the limit, merged
+    in order (Merge Append), the level's own clauses above."""
     run = quote_ident(host.run_id_column)
     names = ", ".join(quote_ident(c.name) for c in columns)
     f_cols = ", ".join(f"f.{quote_ident(c.name)}" for c in columns)
     l_cols = ", ".join(f"l.{quote_ident(c.name)}" for c in columns)
     s_cols = ", ".join(f"{S}.{quote_ident(c.name)}" for c in columns)
+    live_arm = f"""
+SELECT {l_cols} FROM {SCHEMA}.events_m2_live l
+WHERE l.{run} {EQ} $1
+  AND l.sequence {GE} COALESCE((SELECT m.upto FROM {MARKED} m WHERE m.run_id {EQ} $1) OPERATOR(pg_catalog.+) 1,
+                               {LEAST_BIGINT})"""
     return f"""
 CREATE VIEW {FILLED} ({names}) AS
 SELECT {s_cols}
@@ -206,16 +222,20 @@ CREATE FUNCTION {SCHEMA}.{RUN_FUNCTION}(run {run_type})
 RETURNS SETOF {SCHEMA}.events_m2 LANGUAGE sql STABLE
 AS $ow$
 SELECT {f_cols} FROM {FILLED} f WHERE f.{run} {EQ} $1
-UNION ALL
-SELECT {l_cols} FROM {SCHEMA}.events_m2_live l
-WHERE l.{run} {EQ} $1
-  AND l.sequence {GE} COALESCE((SELECT m.upto FROM {MARKED} m WHERE m.run_id {EQ} $1) OPERATOR(pg_catalog.+) 1,
-                               {LEAST_BIGINT})
+UNION ALL{live_arm}
 $ow$;
 COMMENT ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) IS
     'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store''s rows of a filled run and '
     'the live translation of its rows above the mark, or the live translation of an unfilled run';
 GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_FUNCTION}({run_type}) TO PUBLIC;
+CREATE FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}(run {run_type})
+RETURNS SETOF {SCHEMA}.events_m2 LANGUAGE sql STABLE
+AS $ow${live_arm}
+$ow$;
+COMMENT ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) IS
+    'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
+    'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
+GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) TO PUBLIC;
 """
 
 

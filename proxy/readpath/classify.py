@@ -61,6 +61,8 @@ LOCK_VIEW = {2: "events_m2_lock", 1: "events_m1_lock"}
 KEYS_VIEW = "events_keys"  # the events table without type and payload (proxy/db/net_sql.py)
 DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (proxy/db/net_sql.py)
 RUN_FUNCTION = "events_m2_run"  # events_m2 for one run (proxy/db/store_sql.py, ADR 0015 decision 7)
+# A run's page reads the union of these two arms, each cut at the page's limit (proxy/db/store_sql.py, ADR 0015)
+RUN_LIVE_FUNCTION, FILLED_VIEW = "events_m2_run_live", "events_v2_filled"
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
@@ -141,7 +143,7 @@ class Classifier:
 
     def __init__(self, host: HostConfig, major: int, columns: tuple[str, ...] = (), *,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES,
-                 first_boot: bool = False, run_function: bool = False):
+                 first_boot: bool = False, run_function: bool = False, page_function: bool = False):
         if major not in VIEW:
             raise ValueError(f"Classifier: major must be 1 or 2, got {major!r}")
         self.host = host
@@ -182,6 +184,8 @@ class Classifier:
         self.first_boot = first_boot
         # The database has events_m2_run (the v2 store is installed): a major-2 level that names its run reads it
         self.run_function = run_function and major == 2
+        # The database has events_m2_run_live too: a run's page reads the store's and the live arm, each in order
+        self.page_function = page_function and self.run_function
 
     # -- public
 
@@ -561,7 +565,7 @@ class Classifier:
         role, or one that may SET ROLE to such a role): it refuses dynamic SQL whatever the database holds."""
         twin = Classifier(self.host, self.major, self.columns, cache_bytes=self.cache_bytes,
                           max_statement_bytes=self.max_statement_bytes, first_boot=self.first_boot,
-                          run_function=self.run_function)
+                          run_function=self.run_function, page_function=self.page_function)
         twin.strict = True  # set_functions gives it the watch's strict set
         twin.arbiters = self.arbiters
         return twin
@@ -679,7 +683,7 @@ class Classifier:
                     view.relname = LOCK_VIEW[self.major]
                     return view
                 if run_key is not None and run_key[0] is item:
-                    return self._run_relation(item, run_key[1])
+                    return self._run_relation(item, run_key[1], run_key[2])
                 if not translate:
                     # ADR 0009: the events table itself is never read in a translated session (the net refuses
                     # it); a level that reads neither type nor payload reads events_keys, a join-free view.
@@ -729,12 +733,13 @@ class Classifier:
         return changed
 
     def _run_key(self, level, items):
-        """(the events reference, the run's expression) when ``level`` reads one events reference of its FROM
+        """(the events reference, the run's expression, ``level`` when it is a page) when ``level`` reads one
+        events reference of its FROM
         and its WHERE holds, as a conjunct at the top, ``<that reference>.run_id = <a parameter or a constant>``
         (the host's page statement, ``WHERE run_id = $1 AND sequence > $2``): that reference may then read
         ``events_m2_run(<the expression>)``, events_m2 restricted to the run, which asks once per statement
         whether the run is in the v2 store (ADR 0015 decision 7). The level keeps its WHERE, so its answer is
-        the same. None otherwise."""
+        the same. None otherwise. A page: see ``_is_page``."""
         from pglast import ast, enums
 
         refs = []
@@ -783,14 +788,79 @@ class Classifier:
                     c.name[0].sval == "=":
                 for col, key in ((c.lexpr, c.rexpr), (c.rexpr, c.lexpr)):
                     if is_run_column(col) and is_key(key):
-                        return rv, key
+                        page = self.page_function and alone and self._is_page(level, conjuncts, c, is_key, name)
+                        return rv, key, level if page else None
         return None
 
-    def _run_relation(self, rv, key):
-        """``openwop_seat.events_m2_run(<key>) AS <the reference's name>`` in place of the events reference."""
+    @staticmethod
+    def _is_page(level, conjuncts, run_conjunct, is_key, name: str) -> bool:
+        """Is ``level`` a run's page, ``SELECT <columns> FROM events WHERE run_id = <key> AND sequence > <key>
+        ORDER BY sequence [ASC] LIMIT <key>`` and nothing else (the host's page statement)? Its rows are then the
+        first ``LIMIT`` rows in ``sequence`` order of the ones its ``WHERE`` keeps, and since ``sequence`` is unique
+        in a run, so are the first ``LIMIT`` of the union of any two arms that part the run's rows, each arm cut at
+        its own first ``LIMIT`` under the same ``WHERE`` and ``ORDER BY``. Only plain columns in its target list
+        (a set-returning function there would take rows past the limit), no ``DISTINCT``, grouping, window,
+        ``OFFSET``, ``WITH TIES``, ``WITH`` or locking."""
         from pglast import ast, enums
 
+        if level.op != enums.SetOperation.SETOP_NONE or level.distinctClause or level.groupClause or \
+                level.havingClause is not None or level.windowClause or level.lockingClause or \
+                level.withClause is not None or level.intoClause is not None or level.limitOffset is not None or \
+                level.limitCount is None or not is_key(level.limitCount) or \
+                level.limitOption != enums.LimitOption.LIMIT_OPTION_COUNT:
+            return False
+        if not level.targetList or not all(isinstance(t, ast.ResTarget) and isinstance(t.val, ast.ColumnRef)
+                                           for t in level.targetList):
+            return False
+
+        def is_sequence(n) -> bool:
+            if not isinstance(n, ast.ColumnRef) or not all(isinstance(f, ast.String) for f in n.fields):
+                return False
+            names = [f.sval for f in n.fields]
+            return names == ["sequence"] or names == [name, "sequence"]
+
+        if any(isinstance(n, ast.ColumnRef) and len(n.fields) > 2 for n in (run_conjunct.lexpr, run_conjunct.rexpr)):
+            return False  # public.events.run_id: left to events_m2_run, whose name _unqualify_columns knows
+        others = [c for c in conjuncts if c is not run_conjunct]
+        if len(others) != 1 or not isinstance(others[0], ast.A_Expr) or \
+                others[0].kind != enums.A_Expr_Kind.AEXPR_OP or len(others[0].name) != 1:
+            return False
+        after, op = others[0], others[0].name[0].sval
+        if not ((op == ">" and is_sequence(after.lexpr) and is_key(after.rexpr)) or
+                (op == "<" and is_sequence(after.rexpr) and is_key(after.lexpr))):
+            return False
+        if not level.sortClause or len(level.sortClause) != 1:
+            return False
+        (by,) = level.sortClause
+        return is_sequence(by.node) and by.useOp is None and \
+            by.sortby_dir in (enums.SortByDir.SORTBY_DEFAULT, enums.SortByDir.SORTBY_ASC) and \
+            by.sortby_nulls == enums.SortByNulls.SORTBY_NULLS_DEFAULT
+
+    def _run_relation(self, rv, key, page=None):
+        """``openwop_seat.events_m2_run(<key>) AS <the reference's name>`` in place of the events reference; for a
+        page (``_is_page``), the union of its two arms, each with the page's ``WHERE``, ``ORDER BY`` and ``LIMIT``:
+
+            ((SELECT * FROM openwop_seat.events_v2_filled AS <name> WHERE … ORDER BY … LIMIT …)
+             UNION ALL
+             (SELECT * FROM openwop_seat.events_m2_run_live(<key>) AS <name> WHERE … ORDER BY … LIMIT …)) AS <name>
+
+        so that each arm is an index range read in order and cut at the limit, merged in order below the level's
+        own clauses (ADR 0015, page plans); the arms' texts are printed from the level's before anything else
+        changes it (the search_path guard goes to the level's WHERE, above the union)."""
+        from pglast import ast, enums, parse_sql
+        from pglast.stream import RawStream
+
         alias = rv.alias if rv.alias is not None else ast.Alias(aliasname=rv.relname)
+        if page is not None:
+            name = _quote(alias.aliasname)
+            where, order = RawStream()(page.whereClause), RawStream()(page.sortClause[0])
+            limit = RawStream()(page.limitCount)
+            arm = "(SELECT * FROM {} AS " + name + f" WHERE {where} ORDER BY {order} LIMIT {limit})"
+            union = (arm.format(f"{SEAT_SCHEMA}.{FILLED_VIEW}") + " UNION ALL " +
+                     arm.format(f"{SEAT_SCHEMA}.{RUN_LIVE_FUNCTION}({RawStream()(key)})"))
+            sub = parse_sql(f"SELECT * FROM ({union}) AS {name}")[0].stmt.fromClause[0]
+            sub.alias = alias
+            return sub
         call = ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=RUN_FUNCTION)), args=(key,),
                             agg_within_group=False, agg_star=False, agg_distinct=False, func_variadic=False,
                             funcformat=enums.CoercionForm.COERCE_EXPLICIT_CALL)

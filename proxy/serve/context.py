@@ -466,6 +466,9 @@ async def load_read_context(config: Config):
             # the v2 store's per-run function (ADR 0015 decision 7): what a run's page reads, where migrate made it
             run_function = await conn.fetchval(
                 "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run') IS NOT NULL")
+            # and its live arm alone, what a run's page reads with the store's (ADR 0015, page plans)
+            page_function = await conn.fetchval(
+                "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run_live') IS NOT NULL")
     finally:
         await conn.close()
     if row is None:
@@ -477,7 +480,8 @@ async def load_read_context(config: Config):
                                  f"run openwop-seat migrate")
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
-                                     max_statement_bytes=config.max_statement_bytes, run_function=run_function)
+                                     max_statement_bytes=config.max_statement_bytes, run_function=run_function,
+                                     page_function=page_function)
                    for major in (1, 2)}
     events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:

@@ -27,7 +27,16 @@ from typing import Callable
 
 from proxy.config import Config
 from proxy.errors import ERRORS
-from proxy.readpath.classify import LOCK_VIEW, PASS, REFUSE, RUN_FUNCTION, TRANSLATE, VIEW, Classifier
+from proxy.readpath.classify import (
+    LOCK_VIEW,
+    PASS,
+    REFUSE,
+    RUN_FUNCTION,
+    RUN_LIVE_FUNCTION,
+    TRANSLATE,
+    VIEW,
+    Classifier,
+)
 
 _WHAT = {
     1: "major 1: for era-3 rows, type is mapped to its v1 name; payloads pass as stored",
@@ -72,9 +81,12 @@ def explain(config: Config, sql: str, major: int | str | None = None, out: Calla
             out(f"{head}passthrough: sent as written (it reads nothing of the events table)")
         elif st.action == TRANSLATE:
             per_run = f"openwop_seat.{RUN_FUNCTION}(" in st.sql
+            page = f"openwop_seat.{RUN_LIVE_FUNCTION}(" in st.sql
             out(f"{head}translated: the events table is read as openwop_seat.{VIEW[major]}"
                 + (f" (through {RUN_FUNCTION}, one run's rows of it: the v2 store's or the live translation's)"
-                   if per_run else ""))
+                   if per_run else "")
+                + (" (a run's page: the v2 store's rows and the live translation's above the run's mark, each read "
+                   "in order up to the page's limit)" if page else ""))
             if f"openwop_seat.{LOCK_VIEW[major]} " in st.sql:
                 out(f"  row lock: the locked rows are read through openwop_seat.{LOCK_VIEW[major]}, the same "
                     f"translation, which PostgreSQL locks through to the stored rows")
@@ -114,7 +126,8 @@ def _classifier(config: Config, major: int) -> Classifier:
     """The classifier ``serve`` builds for ``major``, as a seat whose database has the v2 store of this [host]
     configuration (migrate installs it; ADR 0015)."""
     store = config.host.store and config.host.era_column is None
-    return Classifier(config.host, major, run_function=store, max_statement_bytes=config.max_statement_bytes)
+    return Classifier(config.host, major, run_function=store, page_function=store,
+                      max_statement_bytes=config.max_statement_bytes)
 
 
 def _held_by_the_net(config: Config, major: int) -> Classifier:

@@ -71,7 +71,10 @@ def test_a_log_page_is_translated_and_what_it_sends_runs(pg, config):
     assert out.returncode == 0, out.stderr
     assert "translated: the events table is read as openwop_seat.events_m2" in out.stdout
     text = sent(out.stdout)
-    assert "FROM openwop_seat.events_m2_run($1) AS events" in text  # a page of one run: ADR 0015 decision 7
+    # a page of one run (ADR 0015 decision 7, page plans): the store's arm and the live arm, each up to the limit
+    assert "FROM openwop_seat.events_v2_filled AS events WHERE" in text, text
+    assert "FROM openwop_seat.events_m2_run_live($1) AS events WHERE" in text, text
+    assert "a run's page" in out.stdout, out.stdout
     run = f"explain-{uuid.uuid4().hex[:8]}"
     seed = (f"INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) VALUES "
             f"('{run}-1', '{run}', 1, 'run.started', '{{\"inputs\": {{}}}}', now())")

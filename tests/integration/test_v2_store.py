@@ -30,6 +30,7 @@ from proxy.artifacts.load import load_artifacts
 from proxy.config import Config, HostConfig
 from proxy.db.layout import STEPS
 from proxy.db.migrate import migrate as db_migrate
+from proxy.readpath.classify import Classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = load_artifacts()
@@ -254,6 +255,14 @@ def test_an_append_above_the_mark_that_the_reader_rule_refuses_refuses_the_run_a
         else:  # one that stops before it: events_m2_run may refuse it too when its plan sorts the arms' rows (as
             # for a run not filled, before this change), never answer another page
             assert per_run == live or per_run[:2] == ("error", "OW001"), (after, limit)
+        # the page form (ADR 0015, page plans): the same, and it reads the live arm's first row above the mark
+        # when the page ends in the store's range (the merge's look-ahead): refused there too, never another page
+        form = page_form().replace("$1", "%s").replace("$2", "%s").replace("$3", "%s")
+        paged = read_page(conn, form, (run, after, limit, run, run, after, limit, run, after, limit))
+        if after < 4 and after + limit > 3:
+            assert paged == live, (after, limit)
+        else:
+            assert paged == live or paged[:2] == ("error", "OW001"), (after, limit)
     assert fill(conn, run) == "refused" and not filled(conn, run) and refused(conn, run) and stored(conn, run) == 0
     assert same(conn, run)[:2] == ("error", "OW001")
     conn.execute("DELETE FROM events WHERE run_id = %s AND sequence = 4", (run,))  # the operator's repair
@@ -649,6 +658,80 @@ def test_the_page_statement_through_the_seat_reads_an_active_run_as_the_live_tra
         check(f"appended {seq}")
     assert fill(conn, run) == "extended"
     check("extended")
+
+
+# --- a run's page: the two arms, each in order up to the limit -------------------------------------------------
+
+HOST_PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC LIMIT $3"
+
+
+def page_form() -> str:
+    """The host's page statement as the classifier sends it for a major-2 session (ADR 0015, page plans)."""
+    text = Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(HOST_PAGE).text
+    assert "openwop_seat.events_v2_filled" in text and "openwop_seat.events_m2_run_live($1)" in text, text
+    return text
+
+
+def long_run(conn, length: int) -> str:
+    """An era-2 run of ``length`` rows (three shapes the reader rule maps), appended in one statement."""
+    run = f"store-run-{next(_names)}"
+    conn.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (run,))
+    conn.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+                 "SELECT %s || '-' || s, %s, s, "
+                 "(ARRAY['node.started', 'node.completed', 'memory.written'])[s %% 3 + 1], 'n1', "
+                 "(ARRAY['{}', '{\"outputs\": {\"text\": \"T\"}}', '{\"tags\": [\"a\"]}'])[s %% 3 + 1]::jsonb, "
+                 "'2026-01-01' FROM generate_series(1, %s) s", (run, run, length))
+    return run
+
+
+def test_a_page_of_a_long_run_reads_about_its_limit_from_each_arm_in_the_generic_plan(pg, db, conn):
+    """Issue 22: through events_m2_run, the cached generic plan of the page statement sorted each arm's rows from
+    $2 on (a 5-row page from the middle of a 3,000-row filled run read about 1,500 store rows). The page form reads
+    each arm in index order and stops at the limit: here at most LIMIT rows of the arm that gives the page and one
+    row (the merge's look-ahead) of the other, whatever the page's place in the run, filled or with rows above its
+    mark; and it pages the same rows as the live translation. Rows counted from EXPLAIN ANALYZE, not timed."""
+    run = long_run(conn, 3000)
+    assert fill(conn, run) == "filled" and upto(conn, run) == 3000
+    conn.execute("ANALYZE events")
+    conn.execute("ANALYZE openwop_seat.events_v2_store")
+    live = "SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    with psycopg.connect(pg.dsn(dbname=db), autocommit=True) as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        c.execute(f"PREPARE page(text, integer, bigint) AS {page_form()}")
+
+        def page(after: int, limit: int):
+            (plan,) = c.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page({quote(run)}, {after}, {limit})"
+                                ).fetchone()[0]
+            read: dict[str, int] = {}
+
+            def walk(node):
+                if "Relation Name" in node:
+                    read[node["Relation Name"]] = read.get(node["Relation Name"], 0) + \
+                        node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+                for child in node.get("Plans", ()):
+                    walk(child)
+
+            walk(plan["Plan"])
+            rows = c.execute(f"EXECUTE page({quote(run)}, {after}, {limit})").fetchall()
+            assert rows == conn.execute(live, (run, after, limit)).fetchall(), (after, limit)
+            return read, [r[2] for r in rows]
+
+        for after in (0, 1500, 2995):
+            read, seqs = page(after, 5)
+            assert seqs == list(range(after + 1, after + 6)), seqs
+            assert read.get("events_v2_store", 0) <= 5 and read.get("events", 0) == 0, (after, read)
+        for seq in range(3001, 3004):  # above the mark: kept, read live
+            append(conn, run, seq, "node.started", {}, "n1")
+        assert upto(conn, run) == 3000
+        for after, want in ((1500, range(1501, 1506)), (2998, range(2999, 3004)), (3000, range(3001, 3004))):
+            read, seqs = page(after, 5)
+            assert seqs == list(want), seqs
+            assert read.get("events_v2_store", 0) <= 5 and read.get("events", 0) <= 5 + 1, (after, read)
+            assert read.get("events_v2_store", 0) + read.get("events", 0) <= 5 + 1, (after, read)
+
+
+def quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 # --- serve fills it -----------------------------------------------------------------------------------------

@@ -56,3 +56,62 @@ def test_only_major_2_with_the_function_installed():
 def test_a_level_that_reads_no_translated_column_keeps_the_keys_view():
     text = rewritten("SELECT max(sequence) FROM events WHERE run_id = $1")
     assert RUN not in text and "openwop_seat.events_keys" in text, text
+
+
+# --- a run's page: the store's arm and the live arm, each cut at the page's limit (ADR 0015, page plans) -----
+
+PAGE_ARMS = ("openwop_seat.events_v2_filled AS {a} WHERE {w} ORDER BY {o} LIMIT {l})",
+             "openwop_seat.events_m2_run_live({k}) AS {a} WHERE {w} ORDER BY {o} LIMIT {l})")
+
+
+def paged(sql: str) -> str:
+    plan = Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(sql)
+    assert plan.refused is None, plan
+    return plan.text
+
+
+@pytest.mark.parametrize("sql, a, w, o, lim, k", [
+    ("SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC LIMIT $3",
+     "events", "run_id = $1 AND sequence > $2", "sequence ASC", "$3", "$1"),
+    ("SELECT * FROM events e WHERE $2 < e.sequence AND e.run_id = 'r1' ORDER BY e.sequence LIMIT 100",
+     "e", "$2 < e.sequence AND e.run_id = 'r1'", "e.sequence", "100", "'r1'"),
+    ("SELECT event_id, e.type FROM events AS e WHERE e.run_id = $1::text AND sequence > 0 ORDER BY sequence LIMIT $2",
+     "e", "e.run_id = CAST($1 AS text) AND sequence > 0", "sequence", "$2", "CAST($1 AS text)"),
+])
+def test_a_runs_page_reads_the_two_arms_each_with_the_pages_clauses(sql, a, w, o, lim, k):
+    text = paged(sql)
+    for arm in PAGE_ARMS:
+        assert arm.format(a=a, w=w, o=o, l=lim, k=k) in text, text
+    assert "UNION ALL" in text and f") AS {a} WHERE " in text and "events_m2_run(" not in text, text
+    assert text.endswith(f"ORDER BY {o} LIMIT {lim}"), text  # the level keeps its own clauses, above the union
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence DESC LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence NULLS FIRST LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3 OFFSET 1",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence FETCH FIRST 3 ROWS WITH TIES",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence",  # no limit
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 LIMIT $3",  # no order
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence, type LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 AND type <> 'x' ORDER BY sequence LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > node_id ORDER BY sequence LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 ORDER BY sequence LIMIT $3",
+    "SELECT DISTINCT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+    "SELECT *, generate_series(1, 2) FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+    "SELECT count(*) FROM events WHERE run_id = $1 AND sequence > $2 LIMIT $3",
+    "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT (SELECT 3)",
+    "SELECT * FROM events e JOIN runs r USING (run_id) WHERE e.run_id = $1 AND sequence > $2 "
+    "ORDER BY sequence LIMIT $3",
+    "SELECT * FROM public.events WHERE public.events.run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+])
+def test_other_levels_that_name_their_run_keep_the_per_run_function(sql):
+    text = paged(sql)
+    assert "events_m2_run_live" not in text and "events_v2_filled" not in text, text
+
+
+def test_the_page_form_only_with_its_function_installed():
+    sql = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC LIMIT $3"
+    assert "events_m2_run_live" not in rewritten(sql)  # run_function only: a database migrated before it
+    assert "events_m2_run_live" not in Classifier(HostConfig(), 2, page_function=True).classify(sql).text

@@ -3172,6 +3172,7 @@ GRANT EXECUTE ON FUNCTION openwop_seat.write_privilege(text) TO PUBLIC;
 
 
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run;
+DROP FUNCTION IF EXISTS openwop_seat.events_m2_run_live;
 DROP VIEW IF EXISTS openwop_seat.events_v2_filled;
 DROP VIEW IF EXISTS openwop_seat.events_v2_marked;
 DROP VIEW IF EXISTS openwop_seat.events_m2;
@@ -3298,6 +3299,18 @@ COMMENT ON FUNCTION openwop_seat.events_m2_run(text) IS
     'events_m2 for one run, inlined into the caller''s query (ADR 0015): the store''s rows of a filled run and '
     'the live translation of its rows above the mark, or the live translation of an unfilled run';
 GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run(text) TO PUBLIC;
+CREATE FUNCTION openwop_seat.events_m2_run_live(run text)
+RETURNS SETOF openwop_seat.events_m2 LANGUAGE sql STABLE
+AS $ow$
+SELECT l."event_id", l."run_id", l."sequence", l."type", l."node_id", l."payload", l."timestamp", l."causation_id" FROM openwop_seat.events_m2_live l
+WHERE l."run_id" OPERATOR(pg_catalog.=) $1
+  AND l.sequence OPERATOR(pg_catalog.>=) COALESCE((SELECT m.upto FROM openwop_seat.events_v2_marked m WHERE m.run_id OPERATOR(pg_catalog.=) $1) OPERATOR(pg_catalog.+) 1,
+                               (-9223372036854775807 - 1))
+$ow$;
+COMMENT ON FUNCTION openwop_seat.events_m2_run_live(text) IS
+    'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
+    'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
+GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run_live(text) TO PUBLIC;
 
 DROP VIEW IF EXISTS openwop_seat.events_m1;
 CREATE VIEW openwop_seat.events_m1 AS
