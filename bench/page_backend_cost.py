@@ -1,0 +1,102 @@
+"""What a major-2 page costs PostgreSQL: backend CPU per page, direct against the seat's statement and its parts.
+
+    .venv/bin/python -m bench.page_backend_cost [--pages 1000] [--rounds 3]
+
+Starts a throwaway cluster loaded as ``make bench`` loads it (``bench.seed``: the page runs, era-3 runs,
+projection runs and host-mix runs, the era-2 ones filled into the v2 store), then, in fresh sessions, runs the
+host's page statement (``SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100``)
+``--pages`` times over each class's runs, as a named prepared statement (as the seat sends it: plan once per
+session), in these forms:
+
+* ``direct``: the statement as the host sends it, on the host's table;
+* ``seat``: the statement as the seat's classifier rewrites it for a major-2 session on a database with the v2
+  store (the page form: the store's arm and the live arm, each in index order, ADR 0015);
+* ``store``: the same page of ``openwop_seat.events_v2_store`` itself (the floor of a filled run's page);
+* ``filled``: the page of ``events_v2_filled``, the store's arm (the store joined to its marks, and the gates);
+* ``live``: the page of ``events_m2_run_live(run)``, the live arm (empty for a filled run).
+
+The figure is the backend's CPU time (``/proc/<pid>/schedstat`` of the session's backend, Linux) per page, the
+median over ``--rounds`` interleaved rounds: PostgreSQL's own cost of each form, not skewed by what else runs on
+the machine, and what a page through the seat adds to the database beside the seat's own CPU (``make bench``
+prints that). Nothing here asserts a figure; docs/performance.md quotes a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import psycopg
+
+from proxy.config import HostConfig
+from proxy.readpath.classify import Classifier
+
+from . import seed, stack
+
+CLASSES = {"era 3": seed.ERA3_RUNS, "clean era 2": seed.PAGE_RUNS, "projection": seed.PROJECTION_RUNS,
+           "host mix": seed.HOST_MIX_RUNS}
+
+
+def forms() -> dict[str, str]:
+    seat = Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(seed.PAGE_SQL).text
+    page = " WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
+    return {"direct": seed.PAGE_SQL, "seat": seat,
+            "store": "SELECT * FROM openwop_seat.events_v2_store" + page,
+            "filled": "SELECT * FROM openwop_seat.events_v2_filled" + page,
+            "live": "SELECT * FROM openwop_seat.events_m2_run_live($1) AS events" + page}
+
+
+def backend_cpu_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as f:  # time on CPU, in ns
+        return int(f.read().split()[0])
+
+
+def per_page_us(dsn: str, sql: str, runs: range, pages: int) -> float:
+    """Backend CPU µs per page of ``sql`` (its ``$1`` the run, ``$2`` the sequence after), prepared once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pg = conn.pgconn
+        pg.prepare(b"page", sql.encode(), [25, 23])  # text run id, int4 sequence: as the host binds them
+        keys = [str(r).encode() for r in runs]
+        for i in range(20):  # past the custom plans: the cached generic plan, as a long session runs it
+            pg.exec_prepared(b"page", [keys[i % len(keys)], b"0"])
+        before = backend_cpu_ns(pg.backend_pid)
+        for i in range(pages):
+            result = pg.exec_prepared(b"page", [keys[i % len(keys)], b"0"])
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise RuntimeError(f"{sql!r}: {result.error_message.decode(errors='replace')}")
+        return (backend_cpu_ns(pg.backend_pid) - before) / pages / 1000
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.page_backend_cost", description=__doc__.split("\n")[0])
+    parser.add_argument("--pages", type=int, default=1000, help="pages per figure (default 1000)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, median kept (default 3)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
+    cluster = stack.start_cluster(10)
+    try:
+        pgbench = os.path.join(cluster.bin, "pgbench")
+        seed.load(cluster, pgbench if os.path.exists(pgbench) else shutil.which("pgbench") or pgbench, 1)
+        dsn = cluster.dsn()
+        figures: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for cls, runs in CLASSES.items():
+                for name, sql in forms().items():
+                    figures.setdefault((cls, name), []).append(per_page_us(dsn, sql, runs, args.pages))
+    finally:
+        cluster.stop()
+    names = list(forms())
+    print(f"backend CPU µs per 100-row page, median of {args.rounds} rounds of {args.pages} pages (generic plans)")
+    print(f"{'runs':<12}" + "".join(f"{n:>9}" for n in names) + f"{'seat-direct':>13}")
+    for cls in CLASSES:
+        row = [statistics.median(figures[cls, n]) for n in names]
+        print(f"{cls:<12}" + "".join(f"{v:>9.1f}" for v in row) + f"{row[1] - row[0]:>13.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
