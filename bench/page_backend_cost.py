@@ -28,7 +28,6 @@ import os
 import shutil
 import statistics
 import sys
-from pathlib import Path
 
 import psycopg
 
