@@ -18,8 +18,14 @@ class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{timestamp(record)} {record.levelname.lower()} {record.getMessage()}"
         fields = getattr(record, "fields", None)
-        if fields:
-            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        if fields:  # a list, not a generator, and _text_value's test inline: two lines a connect (issue 26)
+            parts = []
+            for k, v in fields.items():
+                text = v if type(v) is str else "" if v is None else str(v)
+                if not text or " " in text or '"' in text or "=" in text:
+                    text = orjson.dumps(text).decode()
+                parts.append(f"{k}={text}")
+            line += " " + " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -57,3 +57,18 @@ def test_the_seat_does_not_ask_where_a_line_was_logged_from():
         assert logging.getLogger("openwop_seat").handlers[0].format(record).endswith(" info session start")
     finally:
         logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+
+
+def test_text_fields_are_quoted_when_empty_or_holding_a_space_a_quote_or_an_equals_sign():
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
+    try:
+        logs.setup_logging("text", "info")
+        record = logging.getLogger("openwop_seat.test").makeRecord("openwop_seat.test", logging.INFO, "(unknown file)",
+                                                                   0, "session start", (), None)
+        record.fields = {"session": 7, "client": "127.0.0.1:5432", "application_name": "", "database": "my db",
+                         "user": 'a"b', "options": "-c x=1", "major": None, "tls": False, "ratio": 1.5}
+        line = logging.getLogger("openwop_seat").handlers[0].format(record)
+        assert line.endswith(' session start session=7 client=127.0.0.1:5432 application_name="" database="my db" '
+                             'user="a\\"b" options="-c x=1" major="" tls=False ratio=1.5')
+    finally:
+        logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
