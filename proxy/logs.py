@@ -8,10 +8,27 @@ from datetime import datetime, timezone
 
 import orjson
 
+# The last second a line was stamped in, and its text up to the seconds: the lines of one second (two a connect)
+# format only their milliseconds (datetime's conversion and isoformat were a tenth of a log line's time).
+_second: tuple[int, str] = (-1, "")
+
 
 def timestamp(record: logging.LogRecord) -> str:
-    """RFC 3339 with milliseconds and the zone offset, in UTC: ``2026-12-04T09:30:01.123+00:00``."""
-    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+    """RFC 3339 with milliseconds and the zone offset, in UTC: ``2026-12-04T09:30:01.123+00:00``. As
+    ``datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds")``: rounded to the
+    microsecond (half to even), then truncated to the millisecond."""
+    global _second
+    created = record.created
+    second = int(created)
+    micro = round((created - second) * 1e6)
+    if micro >= 1_000_000:
+        second += 1
+        micro -= 1_000_000
+    if second != _second[0] or created < 0:
+        if created < 0:  # never for a real line: datetime's own conversion
+            return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds")
+        _second = (second, datetime.fromtimestamp(second, timezone.utc).isoformat()[:19])
+    return f"{_second[1]}.{micro // 1000:03d}+00:00"
 
 
 class _TextFormatter(logging.Formatter):

@@ -13,7 +13,7 @@ import pytest
 
 from proxy.config import Config, ConfigError, parse_config
 from proxy.serve.pool import _LOGIN_STATUS, LOGIN_STATUS_KEPT, Pool, login_status
-from proxy.serve.scram import ScramServer, _decoded, scram_keys, scram_secret
+from proxy.serve.scram import ScramServer, _decoded, _Hmac, _hmac_for, scram_keys, scram_secret
 from proxy.wire.codec import ProtocolViolation
 
 
@@ -173,3 +173,13 @@ def test_a_verifier_is_decoded_once_and_a_password_in_plain_text_is_never_kept()
     assert scram_keys("pencil") is None and scram_keys("md5" + "0" * 32) is None
     assert _decoded.cache_info().currsize == before  # what is not a verifier is not remembered
     assert scram_keys("SCRAM-SHA-256$4096:bad") is None
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 32, 63, 64, 65, 200])
+def test_the_exchange_s_hmac_is_hmac_sha256(key_length):
+    key = bytes(range(256))[:key_length] if key_length <= 256 else b""
+    for message in (b"", b"n=,r=abc,r=abcdef,s=c2FsdA==,i=4096,c=biws,r=abcdef", bytes(1000)):
+        assert _Hmac(key).digest(message) == hmac.digest(key, message, "sha256")
+    mac = _hmac_for(key)
+    assert mac.digest(b"one") == hmac.digest(key, b"one", "sha256")
+    assert mac.digest(b"two") == hmac.digest(key, b"two", "sha256")  # the states it keeps are not worn by a use
