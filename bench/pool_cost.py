@@ -45,6 +45,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from harness import HOST_SCHEMA  # noqa: E402
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used so far, from /proc/PID/stat (fields 14 and 15)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def pgbench_connects(pgbench: str, port: int, script: Path, connects: int, clients: int) -> tuple[float, int]:
     """``connects`` pooled connects over ``clients`` clients: (connects/s including the connects, how many)."""
     per_client = max(connects // clients, 1)
@@ -130,23 +137,27 @@ def main(argv: list[str] | None = None) -> int:
             pgbench_connects(pgbench, proc.port, script, 100, args.clients)
         cpu_ms: dict[str, list[float]] = {name: [] for name in targets}
         rates: dict[str, list[float]] = {name: [] for name in targets}
+        user_ms: dict[str, list[float]] = {name: [] for name in targets}
         for round_no in range(args.rounds):
             order = list(targets) if round_no % 2 == 0 else list(reversed(targets))  # neither always first
             for name in order:
                 proc = targets[name]
-                before = stack.cpu_seconds(proc.pid)
+                user, system = cpu_split(proc.pid)
                 started = time.monotonic()
                 tps, n = pgbench_connects(pgbench, proc.port, script, args.connects, args.clients)
-                cpu = (stack.cpu_seconds(proc.pid) - before) / n * 1e6
-                cpu_ms[name].append(cpu)
+                user_after, system_after = cpu_split(proc.pid)
+                user, system = (user_after - user) / n * 1e6, (system_after - system) / n * 1e6
+                cpu_ms[name].append(user + system)
+                user_ms[name].append(user)
                 rates[name].append(tps)
-                print(f"round {round_no + 1}/{args.rounds}  {name:16} {tps:7,.0f} conn/s  {cpu:6.0f} ms CPU per "
-                      f"1,000 connects  ({n} connects, {time.monotonic() - started:.0f} s, load "
-                      f"{os.getloadavg()[0]:.1f})", flush=True)
+                print(f"round {round_no + 1}/{args.rounds}  {name:16} {tps:7,.0f} conn/s  {user + system:6.0f} ms CPU "
+                      f"per 1,000 connects ({user:.0f} user, {system:.0f} system)  ({n} connects, "
+                      f"{time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
         print(f"\nmedians over {args.rounds} rounds, {args.connects} connects each, {args.clients} client(s):")
         for name in targets:
             print(f"  {name:16} {statistics.median(rates[name]):7,.0f} conn/s  "
-                  f"{statistics.median(cpu_ms[name]):6.0f} ms CPU per 1,000 connects  "
+                  f"{statistics.median(cpu_ms[name]):6.0f} ms CPU per 1,000 connects (user "
+                  f"{statistics.median(user_ms[name]):.0f})  "
                   f"(CPU per round: {', '.join(f'{c:.0f}' for c in cpu_ms[name])})")
         return 0
     finally:
