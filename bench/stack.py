@@ -138,7 +138,9 @@ class Seat(_Process):
     name = "seat"
 
     def __init__(self, cluster: DevCluster, max_clients: int, pool_verifier: str | None = None,
-                 default_major: int | str = 2) -> None:
+                 default_major: int | str = 2, root: Path = ROOT, profile: Path | None = None) -> None:
+        # root: the checkout whose code runs (bench/pool_cost.py's A/B against another commit); profile: run it
+        # under cProfile, stats written there when it stops (python -m bench.pool_cost serve-profiled)
         super().__init__()
         config = self.dir / "openwop-seat.toml"
         sections = {
@@ -155,10 +157,21 @@ class Seat(_Process):
             users.write_text(f'"{cluster.superuser}" "{pool_verifier}"\n')
             sections["pool"] = {"enabled": True, "auth_file": str(users)}
         config.write_text(render_config(sections))
+        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+        if profile is not None:
+            command = [sys.executable, "-m", "bench.pool_cost", "serve-profiled", str(profile), str(config)]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root)
         self._wait_started()
+
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> None:
+        if sig != signal.SIGINT and self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        super().stop()
 
 
 class BareRelay(_Process):

@@ -8,18 +8,41 @@ from datetime import datetime, timezone
 
 import orjson
 
+# The last second a line was stamped in, and its text up to the seconds: the lines of one second (two a connect)
+# format only their milliseconds (datetime's conversion and isoformat were a tenth of a log line's time).
+_second: tuple[int, str] = (-1, "")
+
 
 def timestamp(record: logging.LogRecord) -> str:
-    """RFC 3339 with milliseconds and the zone offset, in UTC: ``2026-12-04T09:30:01.123+00:00``."""
-    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+    """RFC 3339 with milliseconds and the zone offset, in UTC: ``2026-12-04T09:30:01.123+00:00``. As
+    ``datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds")``: rounded to the
+    microsecond (half to even), then truncated to the millisecond."""
+    global _second
+    created = record.created
+    second = int(created)
+    micro = round((created - second) * 1e6)
+    if micro >= 1_000_000:
+        second += 1
+        micro -= 1_000_000
+    if second != _second[0] or created < 0:
+        if created < 0:  # never for a real line: datetime's own conversion
+            return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds")
+        _second = (second, datetime.fromtimestamp(second, timezone.utc).isoformat()[:19])
+    return f"{_second[1]}.{micro // 1000:03d}+00:00"
 
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{timestamp(record)} {record.levelname.lower()} {record.getMessage()}"
         fields = getattr(record, "fields", None)
-        if fields:
-            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        if fields:  # a list, not a generator, and _text_value's test inline: two lines a connect (issue 26)
+            parts = []
+            for k, v in fields.items():
+                text = v if type(v) is str else "" if v is None else str(v)
+                if not text or " " in text or '"' in text or "=" in text:
+                    text = orjson.dumps(text).decode()
+                parts.append(f"{k}={text}")
+            line += " " + " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

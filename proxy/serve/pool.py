@@ -506,3 +506,26 @@ class Pool:
 
 def seat_key_data(pid: int, key: bytes) -> bytes:
     return messages.message(b"K", struct.pack("!i", pid) + key)
+
+
+AUTH_OK = messages.message(b"R", struct.pack("!I", 0))
+READY_IDLE = messages.ready_for_query(b"I")
+# The middle of a hand-over's login, by the backend's ParameterStatus values (name, value pairs in order): a pool's
+# backends report the same values, so a hand-over finds its bytes made; a value that changed (the reset reported
+# it, or the last client's session did) is another key, so stale bytes are never sent.
+_LOGIN_STATUS: dict[tuple[tuple[str, str], ...], bytes] = {}
+LOGIN_STATUS_KEPT = 64  # distinct sets of values kept (a bound: application names and settings vary per pool)
+
+
+def login_status(params: dict[str, str]) -> bytes:
+    """AuthenticationOk and one ParameterStatus message per value of ``params``, encoded once per distinct set of
+    values (what a hand-over sends between the SCRAM exchange's last message and its BackendKeyData)."""
+    key = tuple(params.items())
+    found = _LOGIN_STATUS.get(key)
+    if found is None:
+        found = AUTH_OK + b"".join(messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
+                                   for name, value in key)
+        if len(_LOGIN_STATUS) >= LOGIN_STATUS_KEPT:
+            _LOGIN_STATUS.clear()
+        _LOGIN_STATUS[key] = found
+    return found

@@ -25,6 +25,7 @@ before the claim or be taken for the claim's answer.
 
 from __future__ import annotations
 
+import functools
 import struct
 from time import perf_counter
 from typing import Callable, NamedTuple
@@ -123,6 +124,22 @@ class Identity(NamedTuple):
 IDENTITY_PARAMETERS = {"application_name": "application_name", "session_authorization": "user"}
 
 
+@functools.lru_cache(maxsize=None)  # 16 kinds of session at most
+def _tables(read_path: bool, count_answered: bool, pooled: bool, hold_status: bool) -> tuple[bytes, ...]:
+    """A relay's verb tables, by what kind of session it is: the client's, then the server's raw, quiet and busy
+    ones (made once per kind, not per session: a pooled connect builds a relay each time)."""
+    copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
+    kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed
+    if read_path:
+        client = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied, hold=READ_FRONTEND | kept)
+    else:
+        client = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED, hold=kept)
+    held = frozenset(b"S") if hold_status else frozenset()
+    raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if not read_path else frozenset())
+    return (client, verbs(copy=raw_copied, hold=held), verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD | held),
+            verbs(copy=READ_BACKEND_SEEN, hold=ERROR_HELD | held))
+
+
 def _no_refusal_log(sqlstate: str, kind: str) -> None:
     pass
 
@@ -163,13 +180,12 @@ class Relay:
         # when each Query/Sync/FunctionCall went upstream, oldest first: a proxy.fifo queue (a list while short: a
         # deque is 760 bytes, idle or not)
         self._raw_sent: list[float] | tuple = [] if reader is None else ()  # never used with a read path
-        copied = FRONTEND_CAPTURE | (ANSWERED_FRONTEND if count_answered else frozenset())
-        kept = frozenset(b"X") if pooled else frozenset()  # a pooled session's Terminate: held, never relayed
-        if reader is None:
-            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied | RAW_COUNTED, hold=kept)
-        else:
+        if reader is not None:
             reader.attach(stats, on_refusal)
-            self._client_table = verbs(REFUSE, forward=FRONTEND_TYPES, copy=copied, hold=READ_FRONTEND | kept)
+        # With an identity to follow, or a read path (whose client_encoding is checked), ParameterStatus is held:
+        # nothing after a change that ends the session may go out.
+        self._client_table, self._raw_table, self._quiet_table, self._busy_table = _tables(
+            reader is not None, count_answered, pooled, identity is not None or reader is not None)
         self._count_answered = count_answered
         self.client_framer = Framer(self._client_table)
         # The server's stream: whole messages while authenticating and claiming (the offer may be edited and
@@ -177,13 +193,6 @@ class Relay:
         self.server_framer = Framer(HOLD_ALL)
         self._whole = True  # authenticating or claiming: the server's messages are read whole
         self.identity = identity
-        # With an identity to follow, or a read path (whose client_encoding is checked), ParameterStatus is held:
-        # nothing after a change that ends the session may go out.
-        held = frozenset(b"S") if identity is not None or reader is not None else frozenset()
-        raw_copied = BACKEND_CAPTURE | (frozenset(b"ZE") if reader is None else frozenset())
-        self._raw_table = verbs(copy=raw_copied, hold=held)
-        self._quiet_table = verbs(copy=QUIET_BACKEND_SEEN, hold=ERROR_HELD | held)
-        self._busy_table = verbs(copy=READ_BACKEND_SEEN, hold=ERROR_HELD | held)
         # the claim
         self._claim = claim
         self.awaiting_ready = claim is not None  # the client's messages are held until the claim is done

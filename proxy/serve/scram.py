@@ -9,6 +9,7 @@ returns and feeds it the bodies of the client's password messages ('p').
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -22,6 +23,9 @@ from proxy.wire.codec import ProtocolViolation
 SCRAM_ITERATIONS = 4096
 
 _VERIFIER = re.compile(r"SCRAM-SHA-256\$(\d+):([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+):([A-Za-z0-9+/=]+)")
+# gs2-header (no channel binding: "n" or "y", an optional authzid), then client-first-message-bare
+_CLIENT_FIRST = re.compile(r"([ny]),(?:a=[^,]*)?,(n=[^,]*,r=([!-+\--~]+)(?:,.*)?)")
+_SASL_START = messages.message(b"R", struct.pack("!I", 10) + b"SCRAM-SHA-256\x00\x00")
 
 
 def load_auth_file(path: str, key: str = "admin.auth_file") -> dict[str, str]:
@@ -48,6 +52,12 @@ def load_auth_file(path: str, key: str = "admin.auth_file") -> dict[str, str]:
 
 def scram_keys(secret: str) -> tuple[bytes, int, bytes, bytes] | None:
     """(salt, iterations, StoredKey, ServerKey) of a SCRAM-SHA-256 verifier, or None for another kind."""
+    # Only what looks like a verifier reaches the cache: never a password in plain text (admin.auth_file may hold one)
+    return _decoded(secret) if secret.startswith("SCRAM-SHA-256$") else None
+
+
+@functools.lru_cache(maxsize=256)  # a verifier is decoded once, not at every login (the users that log in are few)
+def _decoded(secret: str) -> tuple[bytes, int, bytes, bytes] | None:
     m = _VERIFIER.fullmatch(secret)
     if m is None:
         return None
@@ -72,6 +82,32 @@ def scram_secret(password: str, salt: bytes | None = None, iterations: int = SCR
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
 
 
+class _Hmac:
+    """HMAC-SHA-256 under one key (RFC 2104), its padded key's SHA-256 states made once: each MAC then copies two
+    states (hmac.digest with a digest name looks the algorithm up in OpenSSL at every call, a few µs each)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes):
+        if len(key) > 64:  # SHA-256's block size (StoredKey and ServerKey are 32 bytes)
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(64, b"\x00")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def digest(self, message: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+@functools.lru_cache(maxsize=512)  # the keys of the verifiers in use: two a user
+def _hmac_for(key: bytes) -> _Hmac:
+    return _Hmac(key)
+
+
 class ScramServer:
     """One SCRAM-SHA-256 exchange, the server's side, for the verifier ``secret`` (or a plain-text password; None: a
     user the seat has no secret for, whose exchange runs to the end and fails like a wrong password).
@@ -91,50 +127,54 @@ class ScramServer:
                 salted = hashlib.pbkdf2_hmac("sha256", secret.encode(), salt, iterations)
                 stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
                 server_key = hmac.digest(salted, b"Server Key", "sha256")
+            # keys made for this exchange only: not kept
+            self._stored_mac, self._server_mac = _Hmac(stored_key), _Hmac(server_key)
         else:
             salt, iterations, stored_key, server_key = keys
+            self._stored_mac, self._server_mac = _hmac_for(stored_key), _hmac_for(server_key)
         self._salt, self._iterations = salt, iterations
-        self._stored_key, self._server_key = stored_key, server_key
+        self._stored_key = stored_key
         self._client_first_bare = ""
-        self._gs2_header = ""
+        self._final_head = ""  # what the client-final-message must start with: c=<gs2-header in base64>,r=<nonce>
         self._server_first = ""
         self._nonce = ""
 
     @staticmethod
     def start() -> bytes:
-        return messages.message(b"R", struct.pack("!I", 10) + b"SCRAM-SHA-256\x00\x00")
+        return _SASL_START
 
     def client_first(self, body: bytes) -> bytes:
         mechanism, _, rest = body.partition(b"\x00")
         if mechanism != b"SCRAM-SHA-256" or len(rest) < 4:
             raise ProtocolViolation("expected SCRAM-SHA-256", sqlstate="28000")
         client_first = rest[4:4 + struct.unpack("!i", rest[:4])[0]].decode("utf-8", "replace")
-        m = re.fullmatch(r"([ny]),(?:a=[^,]*)?,(n=[^,]*,r=([!-+\--~]+)(?:,.*)?)", client_first)
+        m = _CLIENT_FIRST.fullmatch(client_first)
         if m is None:
             raise ProtocolViolation("malformed SCRAM client-first-message (channel binding is not offered)",
                                     sqlstate="28000")
-        self._gs2_header = client_first[:len(client_first) - len(m.group(2))]
+        gs2_header = client_first[:len(client_first) - len(m.group(2))]
         self._client_first_bare = m.group(2)
         self._nonce = m.group(3) + base64.b64encode(secrets.token_bytes(18)).decode()
+        self._final_head = f"c={base64.b64encode(gs2_header.encode()).decode()},r={self._nonce}"
         self._server_first = f"r={self._nonce},s={base64.b64encode(self._salt).decode()},i={self._iterations}"
         return messages.message(b"R", struct.pack("!I", 11) + self._server_first.encode())
 
     def client_final(self, body: bytes) -> bytes | None:
         client_final = body.decode("utf-8", "replace")
         without_proof, sep, proof = client_final.rpartition(",p=")
-        if (not sep or not self._nonce
-                or without_proof != f"c={base64.b64encode(self._gs2_header.encode()).decode()},r={self._nonce}"):
+        if not sep or not self._nonce or without_proof != self._final_head:
             return None
         auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         try:
             client_proof = base64.b64decode(proof, validate=True)
         except ValueError:
             return None
-        signature = hmac.digest(self._stored_key, auth_message, "sha256")
+        signature = self._stored_mac.digest(auth_message)
         if len(client_proof) != len(signature):
             return None
-        client_key = bytes(a ^ b for a, b in zip(client_proof, signature))
+        # ClientKey = ClientProof XOR ClientSignature, as one integer operation (not a byte at a time)
+        client_key = (int.from_bytes(client_proof, "big") ^ int.from_bytes(signature, "big")).to_bytes(32, "big")
         if not hmac.compare_digest(hashlib.sha256(client_key).digest(), self._stored_key):
             return None
-        verifier = base64.b64encode(hmac.digest(self._server_key, auth_message, "sha256")).decode()
+        verifier = base64.b64encode(self._server_mac.digest(auth_message)).decode()
         return messages.message(b"R", struct.pack("!I", 12) + f"v={verifier}".encode())

@@ -23,7 +23,7 @@ from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
-from proxy.serve.pool import PoolWaitTimeout, ServerConn
+from proxy.serve.pool import READY_IDLE, PoolWaitTimeout, ServerConn, login_status, seat_key_data
 from proxy.serve.relay import Claim, Ending, Identity, Relay
 from proxy.serve.scram import ScramServer
 from proxy.wire import messages
@@ -189,8 +189,11 @@ class Session:
 
     async def run(self) -> None:
         try:
-            await asyncio.wait_for(self._handshake(), self.config.startup_timeout)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: the handshake runs in this task (wait_for would make it a task of its own,
+            # with its futures and callbacks, at every connect)
+            async with asyncio.timeout(self.config.startup_timeout):
+                await self._handshake()
+        except TimeoutError:
             self._fail_client("08P01", "timeout waiting for the startup packet", reason="startup timeout")
         except ProtocolViolation as e:
             self._fail_client(e.sqlstate, e.message)
@@ -475,12 +478,8 @@ class Session:
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self.client.on_pause = Session._client_write_paused
         up.on_pause = Session._upstream_write_paused
-        login = [final, messages.message(b"R", struct.pack("!I", 0))]
-        login += [messages.message(b"S", name.encode() + b"\x00" + value.encode() + b"\x00")
-                  for name, value in conn.params.items()]
-        login += [messages.message(b"K", struct.pack("!i", self._seat_key[0]) + self._seat_key[1]),
-                  messages.ready_for_query()]
-        self.client.write(b"".join(login))
+        # AuthenticationOk and the ParameterStatus values: encoded once per set of values (pool.login_status)
+        self.client.write(b"".join((final, login_status(conn.params), seat_key_data(*self._seat_key), READY_IDLE)))
         up.sink = Session._from_upstream
         self.client.sink = Session._from_client
         if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now

@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 import logging
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 
 import orjson
+import pytest
 
 from proxy import logs
 
@@ -57,3 +58,31 @@ def test_the_seat_does_not_ask_where_a_line_was_logged_from():
         assert logging.getLogger("openwop_seat").handlers[0].format(record).endswith(" info session start")
     finally:
         logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+
+
+def test_text_fields_are_quoted_when_empty_or_holding_a_space_a_quote_or_an_equals_sign():
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
+    try:
+        logs.setup_logging("text", "info")
+        record = logging.getLogger("openwop_seat.test").makeRecord("openwop_seat.test", logging.INFO, "(unknown file)",
+                                                                   0, "session start", (), None)
+        record.fields = {"session": 7, "client": "127.0.0.1:5432", "application_name": "", "database": "my db",
+                         "user": 'a"b', "options": "-c x=1", "major": None, "tls": False, "ratio": 1.5}
+        line = logging.getLogger("openwop_seat").handlers[0].format(record)
+        assert line.endswith(' session start session=7 client=127.0.0.1:5432 application_name="" database="my db" '
+                             'user="a\\"b" options="-c x=1" major="" tls=False ratio=1.5')
+    finally:
+        logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+
+
+@pytest.mark.parametrize("created", [1796376601.123456, 1796376601.9996, 1796376601.9999995, 1796376601.9999996,
+                                     1796376601.0000004, 1796376601.0005, 1796376601.0015, 1796376602.0, 0.0,
+                                     *(1796376601 + i / 997 for i in range(997))])
+def test_a_stamp_is_datetime_s_to_the_millisecond_whatever_second_was_stamped_before(created):
+    record = logging.LogRecord("openwop_seat.test", logging.INFO, "(unknown file)", 0, "m", None, None)
+    for before in (created, created - 1, created + 1):  # the second kept from the line before: the same or not
+        record.created = before
+        logs.timestamp(record)
+        record.created = created
+        assert logs.timestamp(record) == datetime.fromtimestamp(created, timezone.utc).isoformat(
+            timespec="milliseconds")

@@ -1,5 +1,6 @@
 """Pooled server connections' pure parts (ADR 0016): the [pool] keys, the pool key, the SCRAM exchange at the seat
-(against a client written here from RFC 5802, with PostgreSQL's verifier format), the secrets a pool takes."""
+(against a client written here from RFC 5802, with PostgreSQL's verifier format), the secrets a pool takes, and the
+hand-over's login bytes."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import struct
 import pytest
 
 from proxy.config import Config, ConfigError, parse_config
-from proxy.serve.pool import Pool
-from proxy.serve.scram import ScramServer, scram_secret
+from proxy.serve.pool import _LOGIN_STATUS, LOGIN_STATUS_KEPT, Pool, login_status
+from proxy.serve.scram import ScramServer, _decoded, _Hmac, _hmac_for, scram_keys, scram_secret
 from proxy.wire.codec import ProtocolViolation
 
 
@@ -128,3 +129,57 @@ def test_scram_at_the_seat_refuses_another_mechanism_and_a_final_before_a_first(
     with pytest.raises(ProtocolViolation):
         server.client_first(b"SCRAM-SHA-256\x00" + struct.pack("!i", 9) + b"p=tls,,x")  # channel binding asked
     assert ScramServer(scram_secret("pencil")).client_final(b"c=biws,r=abc,p=AAAA") is None
+
+
+def _messages(data: bytes) -> list[tuple[bytes, bytes]]:
+    out = []
+    while data:
+        (length,) = struct.unpack("!I", data[1:5])
+        out.append((data[:1], data[5:1 + length]))
+        data = data[1 + length:]
+    return out
+
+
+def test_a_hand_over_login_holds_authentication_ok_and_every_parameter_status():
+    params = {"server_version": "16.1", "application_name": "pgbench", "TimeZone": "UTC"}
+    assert _messages(login_status(params)) == [
+        (b"R", struct.pack("!I", 0)), (b"S", b"server_version\x0016.1\x00"),
+        (b"S", b"application_name\x00pgbench\x00"), (b"S", b"TimeZone\x00UTC\x00")]
+
+
+def test_the_login_bytes_are_made_once_and_never_outlive_a_changed_parameter_status():
+    params = {"application_name": "a", "TimeZone": "UTC"}
+    first = login_status(params)
+    assert login_status(dict(params)) is first  # the same values: the bytes made for them, not made again
+    params["TimeZone"] = "Europe/Berlin"  # a ParameterStatus the reset or the last session reported
+    changed = login_status(params)
+    assert changed != first and (b"S", b"TimeZone\x00Europe/Berlin\x00") in _messages(changed)
+    params["application_name"] = "b"
+    assert (b"S", b"application_name\x00b\x00") in _messages(login_status(params))
+    del params["application_name"]  # one fewer (the dict a session leaves behind is its own)
+    assert _messages(login_status(params)) == [(b"R", struct.pack("!I", 0)), (b"S", b"TimeZone\x00Europe/Berlin\x00")]
+
+
+def test_the_login_bytes_kept_are_bounded():
+    for i in range(LOGIN_STATUS_KEPT * 3):
+        login_status({"application_name": f"app-{i}"})
+    assert len(_LOGIN_STATUS) <= LOGIN_STATUS_KEPT
+
+
+def test_a_verifier_is_decoded_once_and_a_password_in_plain_text_is_never_kept():
+    secret = scram_secret("pencil")
+    assert scram_keys(secret) is scram_keys(secret)  # decoded once: a hand-over does not decode it again
+    before = _decoded.cache_info().currsize
+    assert scram_keys("pencil") is None and scram_keys("md5" + "0" * 32) is None
+    assert _decoded.cache_info().currsize == before  # what is not a verifier is not remembered
+    assert scram_keys("SCRAM-SHA-256$4096:bad") is None
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 32, 63, 64, 65, 200])
+def test_the_exchange_s_hmac_is_hmac_sha256(key_length):
+    key = bytes(range(256))[:key_length] if key_length <= 256 else b""
+    for message in (b"", b"n=,r=abc,r=abcdef,s=c2FsdA==,i=4096,c=biws,r=abcdef", bytes(1000)):
+        assert _Hmac(key).digest(message) == hmac.digest(key, message, "sha256")
+    mac = _hmac_for(key)
+    assert mac.digest(b"one") == hmac.digest(key, b"one", "sha256")
+    assert mac.digest(b"two") == hmac.digest(key, b"two", "sha256")  # the states it keeps are not worn by a use
