@@ -35,22 +35,13 @@ from proxy.db.layout import CLAIM_SECRET_ENV
 from proxy.dev.devcluster import PostgresNotFound
 
 from . import report, seed, stack, workloads
+from .args import positive
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = (*report.THROUGHPUT, "latency", "idle_memory")
 GROUPS = {"connect": report.CONNECT,  # --only connect: both connect workloads
           "host_requests": ("host_requests_1", "host_requests_8"),
           "floor": report.FLOOR_WORKLOADS}  # --only floor: the workloads the bare relay runs (issue 27)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,17 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "in alternating rounds; print one table with the seat's ratios and the issue's goals, and "
                     "write every figure as JSON. Starts its own PostgreSQL, PgBouncer (installing the Debian "
                     "package when missing and running as root) and seat (one worker); stops them on exit.")
-    parser.add_argument("--rounds", type=_positive, default=3, help="rounds over all targets (default 3)")
-    parser.add_argument("--seconds", type=_positive, default=15,
+    parser.add_argument("--rounds", type=positive, default=3, help="rounds over all targets (default 3)")
+    parser.add_argument("--seconds", type=positive, default=15,
                         help="seconds per measurement of one workload against one target (default 15)")
     parser.add_argument("--only", action="append", choices=(*WORKLOADS, *GROUPS), metavar="WORKLOAD",
                         help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}, or connect (both "
                              f"connect workloads), host_requests (both), or floor (the workloads the floor, a "
                              f"bare uvloop relay, runs beside the others: {', '.join(report.FLOOR_WORKLOADS)}); the "
                              f"ratios of the others are written as null")
-    parser.add_argument("--idle-connections", type=_positive, default=1000,
+    parser.add_argument("--idle-connections", type=positive, default=1000,
                         help="idle client connections for the memory figure (default 1000)")
-    parser.add_argument("--scale", type=_positive, default=10, help="pgbench -i scale factor (default 10)")
+    parser.add_argument("--scale", type=positive, default=10, help="pgbench -i scale factor (default 10)")
     parser.add_argument("--out", type=Path, metavar="PATH",
                         help="results file (default bench/results/<YYYY-MM-DD>-<short commit>.json)")
     return parser

@@ -47,6 +47,9 @@ from proxy.db.claims import claim_async
 from proxy.db.migrate import migrate
 from proxy.dev.devcluster import DevCluster
 
+from .args import positive
+from .stack import backend_cpu_ns as cpu_ns
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import HOST_SCHEMA  # noqa: E402
 
@@ -114,12 +117,6 @@ BULK = ("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload,
 # The seat's row triggers on the events table that fire on INSERT (tgtype: bit 0 row, bit 2 insert).
 TRIGGERS = ("SELECT tgname FROM pg_trigger WHERE tgrelid = 'events'::regclass AND NOT tgisinternal "
             "AND tgname LIKE 'zz\\_openwop\\_seat\\_%' AND tgtype & 5 = 5 ORDER BY tgname")
-
-
-def cpu_ns(pid: int) -> int:
-    """Nanoseconds the process ``pid`` (a backend of the throwaway cluster, on this machine) has run on a CPU."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
 
 
 async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool,
@@ -196,8 +193,8 @@ async def measure(port: int, secret: str, rows: int, repeat: int, bulk: bool,
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.append_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=500, help="appends per run (default 500)")
-    parser.add_argument("--repeat", type=int, default=10, help="rounds, the best of them kept (default 10)")
+    parser.add_argument("--rows", type=positive, default=500, help="appends per run (default 500)")
+    parser.add_argument("--repeat", type=positive, default=10, help="rounds, the best of them kept (default 10)")
     parser.add_argument("--bulk", action="store_true", help="also one multi-row INSERT … SELECT of --rows rows")
     parser.add_argument("--store-fill", action="store_true",
                         help="also what filling each appended row into the v2 store would add, by stored type")

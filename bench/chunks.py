@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import seed, stack, workloads  # noqa: E402
+from bench.args import positive  # noqa: E402
 from proxy.db.layout import CLAIM_SECRET_ENV  # noqa: E402
 
 
@@ -68,8 +69,8 @@ def line(target: str, r: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chunks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=int, default=6, help="seconds per pgbench run (default 6)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds over both seats (default 5)")
+    parser.add_argument("--seconds", type=positive, default=6, help="seconds per pgbench run (default 6)")
+    parser.add_argument("--rounds", type=positive, default=5, help="rounds over both seats (default 5)")
     args = parser.parse_args(argv)
     os.environ.setdefault(CLAIM_SECRET_ENV, secrets.token_hex(16))
     cluster = None

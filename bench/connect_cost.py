@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench.args import positive  # noqa: E402
 from bench.seed import TURN, page_payload  # noqa: E402
+from bench.stack import backend_cpu_ns  # noqa: E402
 from harness import HOST_SCHEMA, render_config, wait_listening  # noqa: E402
 from proxy.dev.devcluster import DevCluster, free_port  # noqa: E402
 
@@ -51,11 +53,6 @@ def connects(dsn: str, n: int) -> list[float]:
             conn.execute("SELECT 1").fetchone()
         times.append((time.perf_counter() - t) * 1000)
     return times
-
-
-def backend_cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/schedstat") as f:  # time on CPU, in ns (Linux)
-        return int(f.read().split()[0])
 
 
 def first_statement_cpu(dsn: str, secret: str, salt: str, n: int) -> dict[str, float]:
@@ -92,8 +89,8 @@ def memory(dsn: str) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connects", type=int, default=200)
-    parser.add_argument("--claims", type=int, default=60, help="fresh backends per statement for the claim's time")
+    parser.add_argument("--connects", type=positive, default=200)
+    parser.add_argument("--claims", type=positive, default=60, help="fresh backends per statement for the claim's time")
     args = parser.parse_args()
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     tmp = Path(tempfile.mkdtemp(prefix="openwop-seat-connect-"))

@@ -35,6 +35,7 @@ from proxy.config import HostConfig
 from proxy.readpath.classify import Classifier
 
 from . import seed, stack
+from .args import positive
 
 CLASSES = {"era 3": seed.ERA3_RUNS, "clean era 2": seed.PAGE_RUNS, "projection": seed.PROJECTION_RUNS,
            "host mix": seed.HOST_MIX_RUNS}
@@ -49,11 +50,6 @@ def forms() -> dict[str, str]:
             "live": "SELECT * FROM openwop_seat.events_m2_run_live($1) AS events" + page}
 
 
-def backend_cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/schedstat") as f:  # time on CPU, in ns
-        return int(f.read().split()[0])
-
-
 def per_page_us(dsn: str, sql: str, runs: range, pages: int) -> float:
     """Backend CPU µs per page of ``sql`` (its ``$1`` the run, ``$2`` the sequence after), prepared once."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -62,18 +58,18 @@ def per_page_us(dsn: str, sql: str, runs: range, pages: int) -> float:
         keys = [str(r).encode() for r in runs]
         for i in range(20):  # past the custom plans: the cached generic plan, as a long session runs it
             pg.exec_prepared(b"page", [keys[i % len(keys)], b"0"])
-        before = backend_cpu_ns(pg.backend_pid)
+        before = stack.backend_cpu_ns(pg.backend_pid)
         for i in range(pages):
             result = pg.exec_prepared(b"page", [keys[i % len(keys)], b"0"])
             if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
                 raise RuntimeError(f"{sql!r}: {result.error_message.decode(errors='replace')}")
-        return (backend_cpu_ns(pg.backend_pid) - before) / pages / 1000
+        return (stack.backend_cpu_ns(pg.backend_pid) - before) / pages / 1000
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.page_backend_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--pages", type=int, default=1000, help="pages per figure (default 1000)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, median kept (default 3)")
+    parser.add_argument("--pages", type=positive, default=1000, help="pages per figure (default 1000)")
+    parser.add_argument("--rounds", type=positive, default=3, help="interleaved rounds, median kept (default 3)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = stack.start_cluster(10)

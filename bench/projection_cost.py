@@ -45,6 +45,8 @@ from proxy.db.migrate import migrate
 from proxy.dev.devcluster import DevCluster
 from proxy.errors import SeatException
 
+from .args import positive
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import HOST_SCHEMA  # noqa: E402
 
@@ -127,16 +129,19 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
                           ("store", "openwop_seat.events_m2"),
                           ("per_run", "openwop_seat.events_m2_run('r' || i) AS events")):
             await conn.execute(PAGES_FUNCTION.format(name=name, rel=rel))
-        page = {"direct": await best(conn, "SELECT pg_temp.pages_direct($1)", pages, repeat),
-                "live": await best(conn, "SELECT pg_temp.pages_live($1)", pages, repeat)}
+
+        async def pages_of(name: str) -> float:
+            """The best time of the page function ``name``, run once first (its plans cached, its buffers read)."""
+            await conn.fetchval(f"SELECT pg_temp.pages_{name}(10)")
+            return await best(conn, f"SELECT pg_temp.pages_{name}($1)", pages, repeat)
+
+        page = {"direct": await pages_of("direct"), "live": await pages_of("live")}
         filled = (await fill_pending(conn, rows))["filled"]
         if filled != rows:
             raise RuntimeError(f"filled {filled} runs into the v2 store, not {rows}")
         await conn.execute("VACUUM ANALYZE")
-        await conn.fetchval("SELECT pg_temp.pages_store(10)")
-        page["store"] = await best(conn, "SELECT pg_temp.pages_store($1)", pages, repeat)
-        await conn.fetchval("SELECT pg_temp.pages_per_run(10)")
-        page["per_run"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
+        page["store"] = await pages_of("store")
+        page["per_run"] = await pages_of("per_run")
         page_rows = pages * len(SHAPES)
         result = {"pages": pages, "rows_per_page": len(SHAPES),
                   **{f"page_{k}_us_per_row": v / page_rows * 1e6 for k, v in page.items()}}
@@ -152,10 +157,7 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         if marked != rows:
             raise RuntimeError(f"{rows - marked} runs lost their mark to an append above it")
         await conn.execute("VACUUM ANALYZE")
-        active = {}
-        for name in ("direct", "live", "store", "per_run"):
-            await conn.fetchval(f"SELECT pg_temp.pages_{name}(10)")
-            active[name] = await best(conn, f"SELECT pg_temp.pages_{name}($1)", pages, repeat)
+        active = {name: await pages_of(name) for name in ("direct", "live", "store", "per_run")}
         # The incremental fill of those tails, against filling the same runs whole (their marks dropped first).
         start = time.perf_counter()
         extended = (await fill_pending(conn, rows))["extended"]
@@ -163,8 +165,7 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
         if extended != rows:
             raise RuntimeError(f"extended {extended} runs' marks, not {rows}")
         await conn.execute("VACUUM ANALYZE")
-        await conn.fetchval("SELECT pg_temp.pages_per_run(10)")
-        active["per_run_extended"] = await best(conn, "SELECT pg_temp.pages_per_run($1)", pages, repeat)
+        active["per_run_extended"] = await pages_of("per_run")
         await conn.execute("DELETE FROM openwop_seat.events_v2_runs")
         start = time.perf_counter()
         await fill_pending(conn, rows)
@@ -182,8 +183,8 @@ async def measure(port: int, rows: int, repeat: int) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.projection_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=20000, help="rows of each type (default 20000)")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per figure, best kept (default 5)")
+    parser.add_argument("--rows", type=positive, default=20000, help="rows of each type (default 20000)")
+    parser.add_argument("--repeat", type=positive, default=5, help="runs per figure, best kept (default 5)")
     parser.add_argument("--declarations", help="a declarations file to install (default: none)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())

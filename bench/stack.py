@@ -196,6 +196,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def backend_cpu_ns(pid: int) -> int:
+    """Nanoseconds a process of this machine (a backend of the throwaway cluster) has run on a CPU, from
+    /proc/PID/schedstat: CPU time, not wall time, so other load on a shared machine does not count."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/status (VmRSS, in KiB)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

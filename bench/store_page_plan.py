@@ -34,6 +34,8 @@ from proxy.db.migrate import migrate
 from proxy.dev.devcluster import DevCluster
 from proxy.readpath.classify import Classifier
 
+from .args import count, positive
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import HOST_SCHEMA  # noqa: E402
 
@@ -132,11 +134,11 @@ async def run(port: int, args) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.store_page_plan", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=20, help="runs, all filled (default 20)")
-    parser.add_argument("--length", type=int, default=3000, help="rows of each run (default 3000)")
-    parser.add_argument("--tail", type=int, default=30, help="rows appended to the last run after its fill")
-    parser.add_argument("--limit", type=int, default=5, help="the page's LIMIT (default 5)")
-    parser.add_argument("--repeat", type=int, default=20, help="executions per figure, best kept (default 20)")
+    parser.add_argument("--runs", type=positive, default=20, help="runs, all filled (default 20)")
+    parser.add_argument("--length", type=positive, default=3000, help="rows of each run (default 3000)")
+    parser.add_argument("--tail", type=count, default=30, help="rows appended to the last run after its fill")
+    parser.add_argument("--limit", type=positive, default=5, help="the page's LIMIT (default 5)")
+    parser.add_argument("--repeat", type=positive, default=20, help="executions per figure, best kept (default 20)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = DevCluster(settings={"shared_buffers": "256MB"}).start()

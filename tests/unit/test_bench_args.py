@@ -1,0 +1,50 @@
+"""The probes' counts (rounds, pages, connects, …) are checked before anything starts: a value that is not a whole
+number of at least 1 (store_page_plan's --tail: 0) ends the probe with argparse's exit code 2 and a message naming
+the option, without starting a cluster."""
+
+import importlib
+import sys
+
+import pytest
+
+from bench.args import count, positive
+
+CASES = [  # (module, option): each probe's counts
+    ("bench.page_backend_cost", "--pages"), ("bench.page_backend_cost", "--rounds"),
+    ("bench.pool_cost", "--connects"), ("bench.pool_cost", "--rounds"), ("bench.pool_cost", "--clients"),
+    ("bench.store_page_plan", "--runs"), ("bench.store_page_plan", "--length"), ("bench.store_page_plan", "--limit"),
+    ("bench.store_page_plan", "--repeat"), ("bench.projection_cost", "--rows"), ("bench.projection_cost", "--repeat"),
+    ("bench.append_cost", "--rows"), ("bench.append_cost", "--repeat"), ("bench.chunks", "--seconds"),
+    ("bench.chunks", "--rounds"), ("bench.connect_cost", "--connects"), ("bench.connect_cost", "--claims"),
+]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "1.5", ""])
+@pytest.mark.parametrize("module,option", CASES)
+def test_a_bad_count_ends_the_probe_before_it_starts(module, option, value, monkeypatch, capsys):
+    main = importlib.import_module(module).main
+    started = []
+    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(sys, "argv", [module, option, value])
+    with pytest.raises(SystemExit) as ended:
+        main() if module == "bench.connect_cost" else main([option, value])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and ("must be at least 1" in err or "not an integer" in err), err
+    assert not started
+
+
+def test_the_tail_may_be_none_but_not_negative(monkeypatch, capsys):
+    from bench import store_page_plan
+
+    with pytest.raises(SystemExit) as ended:
+        store_page_plan.main(["--tail", "-1"])
+    assert ended.value.code == 2 and "must be at least 0: -1" in capsys.readouterr().err
+    assert count("0") == 0
+
+
+def test_the_types_themselves():
+    assert positive("7") == 7 and count("0") == 0
+    for bad in ("0", "-1", "x", " ", "3.0"):
+        with pytest.raises(Exception, match="must be at least 1|not an integer"):
+            positive(bad)
