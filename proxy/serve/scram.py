@@ -83,24 +83,18 @@ def scram_secret(password: str, salt: bytes | None = None, iterations: int = SCR
 
 
 class _Hmac:
-    """HMAC-SHA-256 under one key (RFC 2104), its padded key's SHA-256 states made once: each MAC then copies two
-    states (hmac.digest with a digest name looks the algorithm up in OpenSSL at every call, a few µs each)."""
+    """HMAC-SHA-256 under one key, the key's pads hashed once (the standard library's HMAC object, copied for each
+    MAC): hmac.digest with a digest name looks the algorithm up in OpenSSL and hashes the pads at every call."""
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_keyed",)
 
     def __init__(self, key: bytes):
-        if len(key) > 64:  # SHA-256's block size (StoredKey and ServerKey are 32 bytes)
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(64, b"\x00")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
 
     def digest(self, message: bytes) -> bytes:
-        inner = self._inner.copy()
-        inner.update(message)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()
+        mac = self._keyed.copy()
+        mac.update(message)
+        return mac.digest()
 
 
 @functools.lru_cache(maxsize=512)  # the keys of the verifiers in use: two a user
