@@ -773,3 +773,38 @@ def test_the_per_run_function_with_no_run_or_an_unknown_one_returns_nothing_and_
     with pytest.raises(psycopg.errors.UndefinedFunction):  # not a run id's type: PostgreSQL's own error
         conn.execute("SELECT * FROM openwop_seat.events_m2_run(42::bigint) e")
     assert filled(conn, run) and same(conn, run)[0] == "ok"
+
+
+def test_the_page_form_through_the_seat_with_odd_parameter_types_and_limits(start_seat, pg, conn, db):
+    """The page form (ADR 0015, page plans) repeats the level's WHERE and LIMIT in each arm, so the parameters'
+    types are inferred in the arms too: a hostile client's casts and values must give what the live translation
+    gives, and a bad LIMIT PostgreSQL's own error with the session usable after it."""
+    seat = start_seat(host={"dsn": pg.dsn(dbname=db), "store_fill_interval": 0})
+    run = new_run(conn, REFERENCE_HOST[:4])
+    fill(conn, run)
+    for seq in range(5, len(REFERENCE_HOST) + 1):  # rows above the mark: both arms give rows
+        append(conn, run, seq, *REFERENCE_HOST[seq - 1])
+    live = "SELECT * FROM openwop_seat.events_m2_live WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+    shapes = [  # (statement, its parameters' values, the live translation's (after, limit))
+        ("SELECT * FROM events WHERE run_id = %s AND sequence > %s::numeric ORDER BY sequence LIMIT %s::bigint",
+         (run, "3.5", 2), (3, 2)),
+        ("SELECT * FROM events WHERE run_id = %s::text AND sequence > %s::int8 ORDER BY sequence ASC LIMIT %s",
+         (run, 2, 10**6), (2, 10**6)),
+        ("SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s", (run, -5, 0), (-5, 0)),
+        ("SELECT * FROM events WHERE %s = run_id AND %s < sequence ORDER BY sequence LIMIT %s", (run, 1, 3), (1, 3)),
+        ("SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s::numeric",
+         (run, 0, "2.6"), (0, 3)),  # a numeric LIMIT is rounded, as PostgreSQL rounds it
+    ]
+    classifier = Classifier(HostConfig(), 2, run_function=True, page_function=True)
+    for sql, _, _ in shapes:  # each is sent in the page form
+        numbered = re.sub(r"%s", lambda m, n=itertools.count(1): f"${next(n)}", sql)
+        assert "openwop_seat.events_m2_run_live(" in classifier.classify(numbered).text, sql
+    with psycopg.connect(seat.url(dbname=db), autocommit=True, prepare_threshold=0) as c:
+        for sql, args, (after, limit) in shapes:
+            want = conn.execute(live, (run, after, limit)).fetchall()
+            for _ in range(7):  # past the server's switch to a cached generic plan
+                assert c.execute(sql, args).fetchall() == want, (sql, args)
+        with pytest.raises(psycopg.errors.InvalidRowCountInLimitClause):
+            c.execute("SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
+                      (run, 0, -1))
+        assert c.execute(shapes[0][0], shapes[0][1]).fetchall() == conn.execute(live, (run, 3, 2)).fetchall()
