@@ -131,6 +131,16 @@ def _guard_call(name: str):
                         args=(ast.A_Const(val=ast.String(sval=name)),), funcformat=0)
 
 
+def _guard_once(name: str):
+    """``(SELECT openwop_seat.events_named(name))``: the guard as a sub-select, which PostgreSQL evaluates once per
+    execution (an InitPlan) wherever the planner pushes it; a page's plain call is pushed into both arms of its
+    union and called in each (a PL/pgSQL call, about 5 µs of backend CPU)."""
+    from pglast import ast
+
+    return ast.SubLink(subLinkType=4, subselect=ast.SelectStmt(  # EXPR_SUBLINK
+        targetList=(ast.ResTarget(val=_guard_call(name)),), limitOption=0, op=0))
+
+
 def _and(where, guard):
     from pglast import ast
 
@@ -667,6 +677,7 @@ class Classifier:
 
         changed = False
         self._kept: set[int] = set()
+        self._paged: set[int] = set()  # the levels read as a page's union (_run_relation)
         unqualified: list[str] = []
         locks = _lock_targets(stmt)
 
@@ -717,7 +728,8 @@ class Classifier:
                 # An unqualified name is the host's table only where the session's search_path finds it there
                 # (issue 23: a schema per tenant, a temporary table of the same name): checked by PostgreSQL
                 # once per execution, and refused otherwise, never read from the host's table instead.
-                n.whereClause = _and(n.whereClause, _guard_call(unqualified[0]))
+                guard = _guard_once if id(n) in self._paged else _guard_call
+                n.whereClause = _and(n.whereClause, guard(unqualified[0]))
             unqualified.clear()
             if isinstance(n, ast.DeleteStmt) and self._is_events(n.relation) \
                     and not (n.returningClause is not None and n.returningClause.exprs) \
@@ -739,7 +751,7 @@ class Classifier:
         (the host's page statement, ``WHERE run_id = $1 AND sequence > $2``): that reference may then read
         ``events_m2_run(<the expression>)``, events_m2 restricted to the run, which asks once per statement
         whether the run is in the v2 store (ADR 0015 decision 7). The level keeps its WHERE, so its answer is
-        the same. None otherwise. A page: see ``_is_page``."""
+        the same (a page's arms take it over, ``_run_relation``). None otherwise. A page: see ``_is_page``."""
         from pglast import ast, enums
 
         refs = []
@@ -845,8 +857,9 @@ class Classifier:
              (SELECT * FROM openwop_seat.events_m2_run_live(<key>) AS <name> WHERE … ORDER BY … LIMIT …)) AS <name>
 
         so that each arm is an index range read in order and cut at the limit, merged in order below the level's
-        own clauses (ADR 0015, page plans); the arms' texts are printed from the level's before anything else
-        changes it (the search_path guard goes to the level's WHERE, above the union)."""
+        own ORDER BY and LIMIT (ADR 0015, page plans); the arms' texts are printed from the level's before
+        anything else changes it. The level's WHERE is then dropped (every row of either arm passes it) and the
+        search_path guard, if any, becomes the level's WHERE as a sub-select (``_guard_once``)."""
         from pglast import ast, enums, parse_sql
         from pglast.stream import RawStream
 
@@ -860,6 +873,10 @@ class Classifier:
                      arm.format(f"{SEAT_SCHEMA}.{RUN_LIVE_FUNCTION}({RawStream()(key)})"))
             sub = parse_sql(f"SELECT * FROM ({union}) AS {name}")[0].stmt.fromClause[0]
             sub.alias = alias
+            # Each arm keeps only rows of that WHERE (over the keys, the run and the sequence, which both arms
+            # read alike), so the level's own copy of it would only test every row of the merge again.
+            page.whereClause = None
+            self._paged.add(id(page))
             return sub
         call = ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=RUN_FUNCTION)), args=(key,),
                             agg_within_group=False, agg_star=False, agg_distinct=False, func_variadic=False,

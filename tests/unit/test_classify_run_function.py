@@ -82,8 +82,23 @@ def test_a_runs_page_reads_the_two_arms_each_with_the_pages_clauses(sql, a, w, o
     text = paged(sql)
     for arm in PAGE_ARMS:
         assert arm.format(a=a, w=w, o=o, l=lim, k=k) in text, text
-    assert "UNION ALL" in text and f") AS {a} WHERE " in text and "events_m2_run(" not in text, text
-    assert text.endswith(f"ORDER BY {o} LIMIT {lim}"), text  # the level keeps its own clauses, above the union
+    assert "UNION ALL" in text and "events_m2_run(" not in text, text
+    # above the union, the level's ORDER BY and LIMIT; its WHERE only the search_path guard, asked once (each arm
+    # has the page's WHERE already: the level's own copy would test every merged row again)
+    assert text.endswith(f") AS {a} WHERE (SELECT openwop_seat.events_named('events')) ORDER BY {o} LIMIT {lim}"), \
+        text
+
+
+def test_a_page_of_the_qualified_table_has_no_where_above_its_union():
+    text = paged("SELECT * FROM public.events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3")
+    for arm in PAGE_ARMS:
+        assert arm.format(a="events", w="run_id = $1 AND sequence > $2", o="sequence", l="$3", k="$1") in text, text
+    assert text.endswith(") AS events ORDER BY sequence LIMIT $3") and "events_named" not in text, text
+
+
+def test_a_guard_outside_a_page_stays_a_plain_call():
+    text = paged("SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence DESC LIMIT $3")
+    assert "AND openwop_seat.events_named('events')" in text and "(SELECT openwop_seat.events_named" not in text, text
 
 
 @pytest.mark.parametrize("sql", [
