@@ -16,8 +16,9 @@ the same rows and the same refusals as before). A page of a filled run reads one
 a direct read reads the host's table.
 
 Why it is never stale: a run is marked only with every row of the run up to the mark's ``upto`` in the store
-(and no other), and any change to what those rows read as removes the mark in the changing transaction
-(``store_unmark``):
+(and no other), and any change to what those rows read as removes the mark, and the run's rows in the store
+with it, in the changing transaction (``store_unmark``). So the store holds exactly the marked runs' rows up to
+their marks, and ``events_v2_filled`` (a page's store arm) reads it without a join to the marks:
 
 * every INSERT, UPDATE or DELETE of an event row unmarks its run (old and new run id), but for an INSERT above
   the mark under READ COMMITTED (an append to an active run): the store still holds exactly the rows up to
@@ -59,7 +60,7 @@ EQ = "OPERATOR(pg_catalog.=)"
 GE, LE, GT = "OPERATOR(pg_catalog.>=)", "OPERATOR(pg_catalog.<=)", "OPERATOR(pg_catalog.>)"
 LEAST_BIGINT = "(-9223372036854775807 - 1)"  # the upto of a run filled while it had no row
 # upto stays below the greatest bigint, so that upto + 1 (where the live rows of a filled run start) is one: a run
-# with a row at the greatest bigint keeps it read live (the store's copy of it is not read, events_v2_filled)
+# with a row at the greatest bigint keeps it read live (a fill never copies it: the store holds rows up to upto only)
 UPTO_MAX = "9223372036854775806"
 STORE = f"{SCHEMA}.events_v2_store"
 RUNS = f"{SCHEMA}.events_v2_runs"
@@ -208,7 +209,7 @@ WHERE l.{run} {EQ} $1
     return f"""
 CREATE VIEW {FILLED} ({names}) AS
 SELECT {s_cols}
-FROM {STORE} {S} JOIN {RUNS} {M} ON {M}.run_id {EQ} {S}.{run} AND {S}.sequence {LE} {M}.upto
+FROM {STORE} {S}
 WHERE {in_force} AND {may_read};
 COMMENT ON VIEW {FILLED} IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
@@ -287,13 +288,14 @@ BEGIN
     -- here says which rows the store holds (every row up to upto, translated, and no other).
     SELECT {M}.upto INTO v_upto FROM {RUNS} {M} WHERE {M}.run_id {EQ} (run)::{run_type};
     IF FOUND THEN
-        -- a copy above the mark is never read (the greatest bigint's row, kept below the clamp of upto): replaced
+        -- the store holds no row above the mark (an unmark deletes the run's rows); kept as a guard
         DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type} AND sequence {GT} v_upto;
         BEGIN
             WITH {live}_new AS (
                 INSERT INTO {STORE} ({col_list})
                 SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live}
                 WHERE {live}.{run} {EQ} (run)::{run_type} AND {live}.sequence {GT} v_upto
+                  AND {live}.sequence {LE} {UPTO_MAX}
                 RETURNING sequence)
             SELECT pg_catalog.max(sequence) INTO v_max FROM {live}_new;
         EXCEPTION WHEN {refusals} THEN
@@ -315,6 +317,7 @@ BEGIN
         WITH {live}_new AS (
             INSERT INTO {STORE} ({col_list})
             SELECT {l_cols} FROM {SCHEMA}.events_m2_live {live} WHERE {live}.{run} {EQ} (run)::{run_type}
+              AND {live}.sequence {LE} {UPTO_MAX}
             RETURNING sequence)
         SELECT pg_catalog.max(sequence) INTO v_max FROM {live}_new;
     EXCEPTION WHEN {refusals} THEN
@@ -351,7 +354,8 @@ AS $ow$
 $ow$;
 GRANT EXECUTE ON FUNCTION {SCHEMA}.store_pending(integer) TO PUBLIC;
 
--- A run leaves the store's marks (its rows are read at read time until it is filled again). Under READ
+-- A run leaves the store's marks, and its rows leave the store (the run is read at read time until it is filled
+-- again). Under READ
 -- COMMITTED the DELETE, after the run's lock, sees a fill that committed meanwhile; under REPEATABLE READ or
 -- SERIALIZABLE it would not, so the mark is upserted first: a fill committed after this transaction's
 -- snapshot is a conflict, and the writer gets a serialization failure and retries.
@@ -369,6 +373,7 @@ BEGIN
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
     DELETE FROM {RUNS} WHERE run_id {EQ} (run)::{run_type};  -- the key's own type: its index
+    DELETE FROM {STORE} WHERE {run} {EQ} (run)::{run_type};
     DELETE FROM {REFUSED} WHERE run_id {EQ} run;
 END
 $ow$;
@@ -395,14 +400,19 @@ BEGIN
                 INSERT INTO {RUNS} (run_id, upto) VALUES ((v_run)::{run_type}, {LEAST_BIGINT})
                 ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
                 DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
+                DELETE FROM {STORE} WHERE {run} {EQ} (v_run)::{run_type};
             ELSIF TG_RELID {EQ} {quote_literal(events)}::regclass THEN
                 -- READ COMMITTED: this statement's snapshot is taken after the lock, so it sees the mark of any
                 -- fill committed meanwhile, and no fill can commit until this transaction ends. A row above the
                 -- mark leaves it true (the store holds the run's rows up to upto, and no other): the row is read
                 -- at read time until a fill copies it. A row at or below the mark removes it.
                 DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type} AND upto {GE} NEW.sequence;
+                IF FOUND THEN
+                    DELETE FROM {STORE} WHERE {run} {EQ} (v_run)::{run_type};
+                END IF;
             ELSE  -- a runs row: run.started reads its tenant
                 DELETE FROM {RUNS} WHERE run_id {EQ} (v_run)::{run_type};
+                DELETE FROM {STORE} WHERE {run} {EQ} (v_run)::{run_type};
             END IF;
             DELETE FROM {REFUSED} WHERE run_id {EQ} v_run;
         END IF;

@@ -399,12 +399,90 @@ def test_deleting_a_runs_events_leaves_no_copy_in_the_store(conn, pg, db):
         w.execute("DELETE FROM events WHERE run_id = %s", (run,))
         w.rollback()
     assert stored(conn, run) == len(REFERENCE_HOST)  # rolled back with the delete
-    conn.execute("UPDATE events SET node_id = 'n9' WHERE run_id = %s AND sequence = 1", (run,))  # unmarked
-    assert not filled(conn, run) and stored(conn, run) == len(REFERENCE_HOST) - 1  # the updated row's copy went
+    # an unmark takes the run's rows out of the store with its mark (the store holds the marked runs' rows only)
+    conn.execute("UPDATE events SET node_id = 'n9' WHERE run_id = %s AND sequence = 1", (run,))
+    assert not filled(conn, run) and stored(conn, run) == 0
+    assert fill(conn, run) == "filled" and stored(conn, run) == len(REFERENCE_HOST)
     conn.execute("DELETE FROM events WHERE run_id = %s AND sequence <= 2", (run,))
-    assert stored(conn, run) == len(REFERENCE_HOST) - 2
+    assert not filled(conn, run) and stored(conn, run) == 0
+    assert fill(conn, run) == "filled" and stored(conn, run) == len(REFERENCE_HOST) - 2
     conn.execute("DELETE FROM events WHERE run_id = %s", (run,))
     assert stored(conn, run) == 0 and same(conn, run) == ("ok", [])
+
+
+# Every way a run leaves the store: the writer's statement, the isolation level it runs in.
+UNMARKS = [
+    ("UPDATE events SET payload = '{\"output\": {\"text\": \"changed\"}}' WHERE run_id = %(run)s AND sequence = 2",
+     "READ COMMITTED"),
+    ("DELETE FROM events WHERE run_id = %(run)s AND sequence = 3", "READ COMMITTED"),
+    ("INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) "
+     "VALUES (%(run)s || '-0', %(run)s, 0, 'node.started', '{}', '2026-01-01')", "READ COMMITTED"),  # below the mark
+    ("INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) "
+     "VALUES (%(run)s || '-9', %(run)s, 9, 'node.started', '{}', '2026-01-01')", "REPEATABLE READ"),
+    ("INSERT INTO events (event_id, run_id, sequence, type, payload, timestamp) "
+     "VALUES (%(run)s || '-9', %(run)s, 9, 'node.started', '{}', '2026-01-01')", "SERIALIZABLE"),
+    ("UPDATE runs SET tenant_id = 'globex' WHERE run_id = %(run)s", "READ COMMITTED"),
+    ("DELETE FROM runs WHERE run_id = %(run)s", "READ COMMITTED"),
+    ("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%(run)s, 3, 'test')", "READ COMMITTED"),
+]
+
+
+@pytest.mark.parametrize("change, level", UNMARKS)
+def test_every_unmark_takes_the_runs_rows_out_of_the_store_in_the_writers_transaction(conn, pg, db, change, level):
+    """The store holds exactly the marked runs' rows up to their marks (events_v2_filled reads it without a join
+    to the marks): a write that unmarks a run deletes its rows from the store in the same transaction. Until it
+    commits, other readers still read the filled run whole (mark and rows); after, neither; rolled back, both
+    stay. Then the run reads as the live translation, and fills again."""
+    run = new_run(conn, REFERENCE_HOST[:4])
+    assert fill(conn, run) == "filled" and stored(conn, run) == 4
+    for commit in (False, True):
+        with psycopg.connect(pg.dsn(dbname=db)) as w:
+            w.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            w.execute(change, {"run": run})
+            assert not filled(w, run) and stored(w, run) == 0, change
+            assert upto(conn, run) == 4 and stored(conn, run) == 4  # not committed: read as filled
+            w.commit() if commit else w.rollback()
+        if not commit:
+            assert upto(conn, run) == 4 and stored(conn, run) == 4, change
+    assert not filled(conn, run) and stored(conn, run) == 0, change
+    got = same(conn, run)
+    if "run_era" not in change:
+        assert fill(conn, run) == "filled" and stored(conn, run) == len(got[1]) and same(conn, run) == got
+
+
+def test_an_append_above_the_mark_under_read_committed_keeps_the_runs_rows(conn):
+    run = new_run(conn, REFERENCE_HOST[:3])
+    fill(conn, run)
+    before = store_xmins(conn, run)
+    append(conn, run, 4, *REFERENCE_HOST[3])
+    assert upto(conn, run) == 3 and store_xmins(conn, run) == before
+    assert fill(conn, run) == "extended" and stored(conn, run) == 4
+    assert {k: v for k, v in store_xmins(conn, run).items() if k <= 3} == before  # only the new row written
+
+
+def test_a_row_at_the_greatest_bigint_is_never_copied_into_the_store(pg):
+    """upto stays below the greatest bigint (so that the live arm starts at upto + 1): a fill leaves a row at
+    the greatest bigint out of the store, and the run reads it once, live, beside the stored rows."""
+    name = f"ow_store_big_{os.getpid()}"
+    pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
+    pg.psql(f"CREATE DATABASE {name}")
+    try:
+        pg.psql(HOST_SCHEMA.replace("sequence integer", "sequence bigint"), dbname=name)
+        asyncio.run(db_migrate(pg.dsn(dbname=name), Config(), ARTIFACTS, out=lambda _line: None))
+        with psycopg.connect(pg.dsn(dbname=name), autocommit=True) as c:
+            run = new_run(c, REFERENCE_HOST[:2])
+            append(c, run, 2**63 - 1, *REFERENCE_HOST[2])
+            assert fill(c, run) == "filled" and upto(c, run) == 2 and stored(c, run) == 2
+            got = same(c, run)
+            assert [r[2] for r in got[1]] == [1, 2, 2**63 - 1]
+            page = "SELECT * FROM openwop_seat.{} WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+            live = read_page(c, page.format("events_m2_live"), (run, 0, 10))
+            form = page_form()
+            keys = {"$1": run, "$2": 0, "$3": 10}
+            paged = read_page(c, re.sub(r"\$[123]", "%s", form), tuple(keys[k] for k in re.findall(r"\$[123]", form)))
+            assert paged == live and len(live[1]) == 3, paged
+    finally:
+        pg.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", check=False)
 
 
 def test_a_fill_committed_after_a_repeatable_read_writers_snapshot_makes_it_retry(conn, pg, db):

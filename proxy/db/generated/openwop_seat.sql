@@ -3275,7 +3275,7 @@ GRANT SELECT ON openwop_seat.events_m2 TO PUBLIC;
 
 CREATE VIEW openwop_seat.events_v2_filled ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id") AS
 SELECT openwop_seat_s."event_id", openwop_seat_s."run_id", openwop_seat_s."sequence", openwop_seat_s."type", openwop_seat_s."node_id", openwop_seat_s."payload", openwop_seat_s."timestamp", openwop_seat_s."causation_id"
-FROM openwop_seat.events_v2_store openwop_seat_s JOIN openwop_seat.events_v2_runs openwop_seat_m ON openwop_seat_m.run_id OPERATOR(pg_catalog.=) openwop_seat_s."run_id" AND openwop_seat_s.sequence OPERATOR(pg_catalog.<=) openwop_seat_m.upto
+FROM openwop_seat.events_v2_store openwop_seat_s
 WHERE (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_trigger openwop_seat_m_t WHERE openwop_seat_m_t.tgrelid OPERATOR(pg_catalog.=) '"public"."events"'::regclass AND openwop_seat_m_t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['zz_openwop_seat_store', 'zz_openwop_seat_store_truncate']::name[]) AND openwop_seat_m_t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::"char"[])) AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT CASE WHEN EXISTS (SELECT FROM openwop_seat.claims openwop_seat_net WHERE openwop_seat_net.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND openwop_seat_net.major OPERATOR(pg_catalog.=) 1::pg_catalog.int2) THEN openwop_seat.net_view(2::pg_catalog.int2) ELSE true END);
 COMMENT ON VIEW openwop_seat.events_v2_filled IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
@@ -3487,13 +3487,14 @@ BEGIN
     -- here says which rows the store holds (every row up to upto, translated, and no other).
     SELECT openwop_seat_m.upto INTO v_upto FROM openwop_seat.events_v2_runs openwop_seat_m WHERE openwop_seat_m.run_id OPERATOR(pg_catalog.=) (run)::text;
     IF FOUND THEN
-        -- a copy above the mark is never read (the greatest bigint's row, kept below the clamp of upto): replaced
+        -- the store holds no row above the mark (an unmark deletes the run's rows); kept as a guard
         DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text AND sequence OPERATOR(pg_catalog.>) v_upto;
         BEGIN
             WITH openwop_seat_l_new AS (
                 INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
                 SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l
                 WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text AND openwop_seat_l.sequence OPERATOR(pg_catalog.>) v_upto
+                  AND openwop_seat_l.sequence OPERATOR(pg_catalog.<=) 9223372036854775806
                 RETURNING sequence)
             SELECT pg_catalog.max(sequence) INTO v_max FROM openwop_seat_l_new;
         EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
@@ -3515,6 +3516,7 @@ BEGIN
         WITH openwop_seat_l_new AS (
             INSERT INTO openwop_seat.events_v2_store ("event_id", "run_id", "sequence", "type", "node_id", "payload", "timestamp", "causation_id")
             SELECT openwop_seat_l."event_id", openwop_seat_l."run_id", openwop_seat_l."sequence", openwop_seat_l."type", openwop_seat_l."node_id", openwop_seat_l."payload", openwop_seat_l."timestamp", openwop_seat_l."causation_id" FROM openwop_seat.events_m2_live openwop_seat_l WHERE openwop_seat_l."run_id" OPERATOR(pg_catalog.=) (run)::text
+              AND openwop_seat_l.sequence OPERATOR(pg_catalog.<=) 9223372036854775806
             RETURNING sequence)
         SELECT pg_catalog.max(sequence) INTO v_max FROM openwop_seat_l_new;
     EXCEPTION WHEN SQLSTATE 'OW001' OR SQLSTATE 'OW002' OR SQLSTATE 'OW003' THEN
@@ -3551,7 +3553,8 @@ AS $ow$
 $ow$;
 GRANT EXECUTE ON FUNCTION openwop_seat.store_pending(integer) TO PUBLIC;
 
--- A run leaves the store's marks (its rows are read at read time until it is filled again). Under READ
+-- A run leaves the store's marks, and its rows leave the store (the run is read at read time until it is filled
+-- again). Under READ
 -- COMMITTED the DELETE, after the run's lock, sees a fill that committed meanwhile; under REPEATABLE READ or
 -- SERIALIZABLE it would not, so the mark is upserted first: a fill committed after this transaction's
 -- snapshot is a conflict, and the writer gets a serialization failure and retries.
@@ -3569,6 +3572,7 @@ BEGIN
         ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
     END IF;
     DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (run)::text;  -- the key's own type: its index
+    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (run)::text;
     DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) run;
 END
 $ow$;
@@ -3595,14 +3599,19 @@ BEGIN
                 INSERT INTO openwop_seat.events_v2_runs (run_id, upto) VALUES ((v_run)::text, (-9223372036854775807 - 1))
                 ON CONFLICT (run_id) DO UPDATE SET filled_at = EXCLUDED.filled_at;
                 DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text;
+                DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (v_run)::text;
             ELSIF TG_RELID OPERATOR(pg_catalog.=) '"public"."events"'::regclass THEN
                 -- READ COMMITTED: this statement's snapshot is taken after the lock, so it sees the mark of any
                 -- fill committed meanwhile, and no fill can commit until this transaction ends. A row above the
                 -- mark leaves it true (the store holds the run's rows up to upto, and no other): the row is read
                 -- at read time until a fill copies it. A row at or below the mark removes it.
                 DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text AND upto OPERATOR(pg_catalog.>=) NEW.sequence;
+                IF FOUND THEN
+                    DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (v_run)::text;
+                END IF;
             ELSE  -- a runs row: run.started reads its tenant
                 DELETE FROM openwop_seat.events_v2_runs WHERE run_id OPERATOR(pg_catalog.=) (v_run)::text;
+                DELETE FROM openwop_seat.events_v2_store WHERE "run_id" OPERATOR(pg_catalog.=) (v_run)::text;
             END IF;
             DELETE FROM openwop_seat.events_v2_refused WHERE run_id OPERATOR(pg_catalog.=) v_run;
         END IF;
