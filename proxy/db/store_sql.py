@@ -189,8 +189,9 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
     the two views and ``events_m2_live`` are readable by PUBLIC and show, like ``events_m2``, nothing to a role
     without ``SELECT`` on the events table; everything is schema-qualified (no search_path of its own).
 
-    ``events_m2_run_live(run)`` is the second arm alone. Inlined, each arm is a join (the store with the marks,
-    the host's rows with the era and payloads-clean tables), which PostgreSQL plans as a subquery of the union
+    ``events_m2_run_live(run)`` is the second arm alone. Inlined, the live arm is a join (the host's rows with
+    the era and payloads-clean tables; the store's arm, ``events_v2_filled``, reads the store alone, which holds
+    only the marked runs' rows up to their marks), which PostgreSQL plans as a subquery of the union
     without the caller's ``ORDER BY``: a page of a long run sorted every row of each arm from ``$2`` on. For a
     page (``WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3``) the classifier therefore reads a
     union of the two arms, ``events_v2_filled`` and ``events_m2_run_live(run)``, each with the page's own
