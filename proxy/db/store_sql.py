@@ -174,7 +174,7 @@ GRANT SELECT ON {SCHEMA}.events_m2 TO PUBLIC;
 """
 
 
-def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) -> str:
+def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str, marks_read: str) -> str:
     """``events_m2_run(run)``: ``events_m2``'s rows of one run, for a query level that names the run by a
     parameter or a constant (the host's page statement, ``WHERE run_id = $1``; the classifier substitutes it,
     ADR 0015 decision 7).
@@ -196,7 +196,11 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str) ->
     page (``WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3``) the classifier therefore reads a
     union of the two arms, ``events_v2_filled`` and ``events_m2_run_live(run)``, each with the page's own
     ``WHERE``, ``ORDER BY`` and ``LIMIT``: each arm an index range read in order and cut at the limit, merged
-    in order (Merge Append), the level's own clauses above."""
+    in order (Merge Append), the level's own clauses above.
+
+    ``may_read``: the gate of the store's rows (the reader's ``SELECT`` on the events table, and the net's: ADR
+    0019); ``marks_read``: the marks' (the reader's privilege only: marks are run ids and sequence numbers, not
+    event rows, and the live arm that reads them is behind the net's gate already; one InitPlan less a page)."""
     run = quote_ident(host.run_id_column)
     names = ", ".join(quote_ident(c.name) for c in columns)
     f_cols = ", ".join(f"f.{quote_ident(c.name)}" for c in columns)
@@ -216,7 +220,7 @@ COMMENT ON VIEW {FILLED} IS
     'the v2 store''s rows of the filled runs (ADR 0015): what events_m2 reads for them; read by events_m2_run';
 GRANT SELECT ON {FILLED} TO PUBLIC;
 CREATE VIEW {MARKED} AS
-SELECT {M}.run_id, {M}.upto FROM {RUNS} {M} WHERE {in_force} AND {may_read};
+SELECT {M}.run_id, {M}.upto FROM {RUNS} {M} WHERE {in_force} AND {marks_read};
 COMMENT ON VIEW {MARKED} IS 'the runs events_m2 reads from the v2 store (ADR 0015); read by events_m2_run';
 GRANT SELECT ON {MARKED} TO PUBLIC;
 GRANT SELECT ON {SCHEMA}.events_m2_live TO PUBLIC;

@@ -638,6 +638,23 @@ def test_the_store_is_not_readable_by_the_host_role_and_pending_names_no_run_to_
         assert c.execute("SELECT count(*) FROM openwop_seat.store_pending(100)").fetchone()[0] == 0
 
 
+def test_the_marks_and_the_filled_rows_show_nothing_to_a_role_without_select_on_the_events_table(conn):
+    """events_v2_marked and events_v2_filled are readable by PUBLIC (the per-run function is inlined into the reader's
+    query): both are gated by the reader's SELECT on the events table (the marks by nothing else: run ids and
+    sequence numbers, not rows; the net's gate is the store rows' and the live arm's)."""
+    run = new_run(conn, REFERENCE_HOST[:3])
+    assert fill(conn, run) == "filled"
+    conn.execute("DO $$ BEGIN CREATE ROLE store_nobody NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    conn.execute("DO $$ BEGIN CREATE ROLE store_reader NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    conn.execute("GRANT SELECT ON events TO store_reader")
+    counts = "SELECT (SELECT count(*) FROM openwop_seat.events_v2_marked WHERE run_id = %s), " \
+             "(SELECT count(*) FROM openwop_seat.events_v2_filled WHERE run_id = %s)"
+    for role, expected in (("store_nobody", (0, 0)), ("store_reader", (1, 3))):
+        with conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {role}")
+            assert conn.execute(counts, (run, run)).fetchone() == expected, role
+
+
 # --- a run's page: events_m2_run --------------------------------------------------------------------------
 
 
