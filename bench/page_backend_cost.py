@@ -6,7 +6,8 @@ Starts a throwaway cluster loaded as ``make bench`` loads it (``bench.seed``: th
 projection runs and host-mix runs, the era-2 ones filled into the v2 store), then, in fresh sessions, runs the
 host's page statement (``SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100``)
 ``--pages`` times over each class's runs, as a named prepared statement (as the seat sends it: plan once per
-session), in these forms:
+session; each form's generic plan, forced: left to choose, PostgreSQL keeps custom plans for some arms alone),
+in these forms:
 
 * ``direct``: the statement as the host sends it, on the host's table;
 * ``seat``: the statement as the seat's classifier rewrites it for a major-2 session on a database with the v2
@@ -54,9 +55,13 @@ def per_page_us(dsn: str, sql: str, runs: range, pages: int) -> float:
     """Backend CPU µs per page of ``sql`` (its ``$1`` the run, ``$2`` the sequence after), prepared once."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         pg = conn.pgconn
+        # The generic plan for every form, as a long session runs the seat's statement (PostgreSQL's own choice
+        # for it). Left to choose, PostgreSQL keeps custom plans for an arm alone (a run absent from the store is
+        # cheaper planned for its key), and the figure would hold a planning per page.
+        pg.exec_(b"SET plan_cache_mode = force_generic_plan")
         pg.prepare(b"page", sql.encode(), [25, 23])  # text run id, int4 sequence: as the host binds them
         keys = [str(r).encode() for r in runs]
-        for i in range(20):  # past the custom plans: the cached generic plan, as a long session runs it
+        for i in range(20):
             pg.exec_prepared(b"page", [keys[i % len(keys)], b"0"])
         before = stack.backend_cpu_ns(pg.backend_pid)
         for i in range(pages):
