@@ -377,7 +377,7 @@ class Session:
                            count_answered=True, identity=identity, on_refusal=self._log_refusal,
                            pooled=self.pool_conn is not None,
                            key_data=self._seat_key_data if self.pool_conn is not None else None)
-        if log.isEnabledFor(INFO):
+        if self.server.config.log_connections and log.isEnabledFor(INFO):
             event(log, INFO, "session start", self._log_fields(protocol=startup.version_text))
         try:
             self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), Session._upstream_lost, self)
@@ -473,7 +473,7 @@ class Session:
         relay.adopt(conn.params, conn.pid, conn.backend_key)
         self._readies = relay.readies
         self._seat_key = pool.issue_cancel_key(self, len(conn.backend_key or b"1234"))
-        if log.isEnabledFor(INFO):
+        if self.server.config.log_connections and log.isEnabledFor(INFO):
             event(log, INFO, "session start", self._log_fields(protocol=startup.version_text, pooled_backend=conn.pid))
         up = self.upstream = conn.peer
         up.owner = self
@@ -914,7 +914,7 @@ class Session:
         self.client.close()
         if self.major is not None:  # a session that got past startup
             self.server.open_sessions -= 1
-            if log.isEnabledFor(INFO):
+            if self.server.config.log_disconnections and log.isEnabledFor(INFO):
                 event(log, INFO, "session end", self._log_fields(
                     reason=reason, duration_s=round(time.monotonic() - self.started, 3),
                     bytes_in=self.bytes_in, bytes_out=self.bytes_out))
