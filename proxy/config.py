@@ -200,6 +200,9 @@ class Config:
     host: HostConfig = field(default_factory=HostConfig)
     log_format: str = "text"
     log_level: str = "info"
+    # PgBouncer's log_connections and log_disconnections: the "session start" and "session end" lines
+    log_connections: bool = True
+    log_disconnections: bool = True
     source: str | None = None  # the file it was read from
     overrides: tuple[tuple[str, str], ...] = ()  # command-line overrides, re-applied by a reload
 
@@ -473,11 +476,15 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if kwargs.get("unix_socket_dir") and workers > 1:
         errors.add("proxy.unix_socket_dir: needs proxy.workers = 1 (one process owns the socket file)")
 
-    log = _section(errors, data.get("log", {}), "log", {"format", "level"})
+    log = _section(errors, data.get("log", {}), "log", {"format", "level", "connections", "disconnections"})
     if "format" in log:
         put(kwargs, "log_format", _choice, log["format"], "log.format", LOG_FORMATS)
     if "level" in log:
         put(kwargs, "log_level", _choice, log["level"], "log.level", LOG_LEVELS)
+    if "connections" in log:
+        put(kwargs, "log_connections", _bool, log["connections"], "log.connections")
+    if "disconnections" in log:
+        put(kwargs, "log_disconnections", _bool, log["disconnections"], "log.disconnections")
     errors.raise_any()
     return Config(**kwargs)
 
@@ -629,7 +636,8 @@ _SECTIONED = {"tls": "tls", "host": "host", "pool": "pool"}
 _TOP = {"metrics_listen": "metrics.listen", "database_user_labels": "metrics.database_user_labels",
         "admin_listen": "admin.listen", "admin_unix_socket": "admin.unix_socket",
         "admin_users": "admin.users", "admin_auth_file": "admin.auth_file", "admin_auth": "admin.auth",
-        "log_format": "log.format", "log_level": "log.level"}
+        "log_format": "log.format", "log_level": "log.level", "log_connections": "log.connections",
+        "log_disconnections": "log.disconnections"}
 
 
 def config_keys(config: Config) -> dict[str, object]:

@@ -20,6 +20,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from proxy.errors import BY_SQLSTATE, CODES
+from proxy.logs import event
 from proxy.readpath import encoding
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.peer import Peer, UpstreamUnavailable, open_upstream
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
 TIMED_MASK = 7
 
 log = logging.getLogger("openwop_seat.session")
+# The session's own lines (two a connect, one a refusal) go through logs.event, their fields built only when the
+# level is logged (issue 26).
+INFO = logging.INFO
 
 _session_ids = itertools.count(1)
 
@@ -373,7 +377,8 @@ class Session:
                            count_answered=True, identity=identity, on_refusal=self._log_refusal,
                            pooled=self.pool_conn is not None,
                            key_data=self._seat_key_data if self.pool_conn is not None else None)
-        log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text)})
+        if self.server.config.log_connections and log.isEnabledFor(INFO):
+            event(log, INFO, "session start", self._log_fields(protocol=startup.version_text))
         try:
             self.upstream = await open_upstream(self.server, asyncio.get_running_loop(), Session._upstream_lost, self)
         except BaseException:
@@ -468,8 +473,8 @@ class Session:
         relay.adopt(conn.params, conn.pid, conn.backend_key)
         self._readies = relay.readies
         self._seat_key = pool.issue_cancel_key(self, len(conn.backend_key or b"1234"))
-        log.info("session start", extra={"fields": self._log_fields(protocol=startup.version_text,
-                                                                    pooled_backend=conn.pid)})
+        if self.server.config.log_connections and log.isEnabledFor(INFO):
+            event(log, INFO, "session start", self._log_fields(protocol=startup.version_text, pooled_backend=conn.pid))
         up = self.upstream = conn.peer
         up.owner = self
         up.on_lost = Session._upstream_lost
@@ -909,9 +914,10 @@ class Session:
         self.client.close()
         if self.major is not None:  # a session that got past startup
             self.server.open_sessions -= 1
-            log.info("session end", extra={"fields": self._log_fields(
-                reason=reason, duration_s=round(time.monotonic() - self.started, 3),
-                bytes_in=self.bytes_in, bytes_out=self.bytes_out)})
+            if self.server.config.log_disconnections and log.isEnabledFor(INFO):
+                event(log, INFO, "session end", self._log_fields(
+                    reason=reason, duration_s=round(time.monotonic() - self.started, 3),
+                    bytes_in=self.bytes_in, bytes_out=self.bytes_out))
         self.server.stats.bytes_in += self.bytes_in
         self.server.stats.bytes_out += self.bytes_out
         if self.raw_simple or self.raw_extended:
@@ -937,10 +943,12 @@ class Session:
 
     def _log_refusal(self, sqlstate: str, kind: str) -> None:
         """One line per OpenWOP refusal (never the statement's text or its parameters)."""
+        if not log.isEnabledFor(INFO):
+            return
         fields = self._log_fields(code=BY_SQLSTATE[sqlstate].code, sqlstate=sqlstate)
         if kind:
             fields["kind"] = kind
-        log.info("refusal", extra={"fields": fields})
+        event(log, INFO, "refusal", fields)
 
     def _log_fields(self, **more) -> dict:
         fields = {

@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, HostPort
 from proxy.errors import ListenError
+from proxy.logs import set_process_fields
 from proxy.serve.metrics import PROMETHEUS_TEXT, serve_http
 
 log = logging.getLogger("openwop_seat.supervisor")
@@ -65,22 +66,9 @@ STABLE_AFTER = 10.0  # a worker that ran this long resets the restart backoff
 # ------------------------------------------------------------------ the worker's side
 
 
-class _WorkerFields(logging.Filter):
-    """Adds the worker id and pid to every log line of a worker process."""
-
-    def __init__(self, worker: int):
-        super().__init__()
-        self.worker = worker
-        self.pid = os.getpid()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.fields = {**(getattr(record, "fields", None) or {}), "worker": self.worker, "pid": self.pid}
-        return True
-
-
 def install_worker_log_fields(worker: int) -> None:
-    for handler in logging.getLogger("openwop_seat").handlers:
-        handler.addFilter(_WorkerFields(worker))
+    """Adds the worker id and pid to every log line of a worker process (after the line's own fields)."""
+    set_process_fields({"worker": worker, "pid": os.getpid()})
 
 
 def attach_worker(server, fd: int) -> asyncio.Task:

@@ -608,3 +608,71 @@ def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket
     quiet(pooled)
     with connect(pooled) as nxt:
         assert backend(nxt) == pid
+
+
+# --- log.connections, log.disconnections: the two lines a connect logs (issue 26) ------------------------------
+
+START = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 info session start session=(\d+) "
+                   r"client=127\.0\.0\.1:\d+ user=scram_user database=postgres application_name=(\S+) major=2 "
+                   r"tls=False protocol=3\.0( pooled_backend=\d+)?$")
+END = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 info session end session=(\d+) "
+                 r"client=127\.0\.0\.1:\d+ user=scram_user database=postgres application_name=(\S+) major=2 "
+                 r'tls=False reason=(?:"[^"]*"|\S+) duration_s=\d+(?:\.\d+)? bytes_in=\d+ bytes_out=\d+$')
+
+
+def test_connection_lines_follow_log_connections_and_log_disconnections(start_seat, verifiers, tmp_path):
+    """Off: no session start or end line, pooled or not; a reload turns them on for the sessions after it, with the
+    lines the seat always wrote (a first connect's, then a hand-over's with pooled_backend); each switch alone."""
+    import signal
+
+    auth = tmp_path / "userlist.txt"
+    auth.write_text(f'"scram_user" "{verifiers["scram_user"]}"\n')
+    pool = {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 600}
+    seat = start_seat(log={"connections": False, "disconnections": False}, extra={"pool": pool})
+    base = seat.config_path.read_text()
+
+    def two_connects(app: str) -> str:
+        """A connect on a new backend (application_name is in the pool's key: a pool of its own), then a hand-over
+        of that backend; the log lines they wrote (a session's end line is written before its backend's reset)."""
+        before = len(seat.log())
+        for _ in range(2):
+            with connect(seat, application_name=app) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+            quiet(seat)
+        return seat.log()[before:]
+
+    def reload(connections: bool, disconnections: bool) -> None:
+        text = re.sub(r"^connections = false$", f"connections = {str(connections).lower()}", base, flags=re.M)
+        text = re.sub(r"^disconnections = false$", f"disconnections = {str(disconnections).lower()}", text,
+                      flags=re.M)
+        assert text.count("connections = ") == 2 and text != base or not (connections or disconnections), text
+        seat.config_path.write_text(text)
+        before = len(seat.log())
+        seat.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "reloaded" not in seat.log()[before:]:
+            assert time.monotonic() < deadline and "reload rejected" not in seat.log()[before:], seat.log()[before:]
+            time.sleep(0.05)
+        assert "log.connections" in seat.log()[before:] or "log.disconnections" in seat.log()[before:]
+
+    off = two_connects("logs-off")
+    assert "session start" not in off and "session end" not in off, off
+    assert "logs-off" not in seat.log()
+
+    reload(True, True)
+    on = [line for line in two_connects("logs-on").splitlines() if " session " in line]
+    starts = [START.match(line) for line in on if " session start " in line]
+    ends = [END.match(line) for line in on if " session end " in line]
+    assert len(starts) == 2 and len(ends) == 2 and all(starts) and all(ends), on
+    assert [m.group(2) for m in starts + ends] == ["logs-on"] * 4
+    assert starts[0].group(3) is None and starts[1].group(3) is not None, on  # a new backend, then a hand-over
+    assert sorted(m.group(1) for m in starts) == sorted(m.group(1) for m in ends)
+
+    reload(False, True)
+    only_ends = [line for line in two_connects("ends-only").splitlines() if " session " in line]
+    assert len(only_ends) == 2 and all(END.match(line) for line in only_ends), only_ends
+
+    reload(True, False)
+    only_starts = [line for line in two_connects("starts-only").splitlines() if " session " in line]
+    assert len(only_starts) == 2 and all(START.match(line) for line in only_starts), only_starts
+    assert seat.alive()

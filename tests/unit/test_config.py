@@ -315,3 +315,27 @@ def test_config_json_redacted_and_names_the_secrets_source(tmp_path):
     bare = subprocess.run([sys.executable, "-m", "proxy", "config", "--config", str(path), "--json"],
                           capture_output=True, text=True, cwd=ROOT, env=env)
     assert json.loads(bare.stdout)["claim_secret"] is None
+
+
+# --- log.connections, log.disconnections (PgBouncer's log_connections, log_disconnections) -----------------------
+
+def test_connection_lines_are_logged_by_default():
+    c = parse_config({})
+    assert c.log_connections is True and c.log_disconnections is True
+    c = parse_config({"log": {"connections": False, "disconnections": True}})
+    assert c.log_connections is False and c.log_disconnections is True
+    c = parse_config({"log": {"disconnections": False}})
+    assert c.log_connections is True and c.log_disconnections is False
+    assert "log.connections" not in RESTART_KEYS.values() and "log.disconnections" not in RESTART_KEYS.values()
+
+
+@pytest.mark.parametrize("key", ["connections", "disconnections"])
+@pytest.mark.parametrize("bad", ["yes", 1, 0, "true", None])
+def test_connection_log_switches_are_booleans(key, bad):
+    if bad is None:
+        with pytest.raises(ConfigError, match=f"unknown key log.{key}s"):
+            parse_config({"log": {f"{key}s": True}})
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_config({"log": {key: bad}})
+    assert str(e.value) == f"log.{key}: expected true or false, got {bad!r}"

@@ -86,3 +86,197 @@ def test_a_stamp_is_datetime_s_to_the_millisecond_whatever_second_was_stamped_be
         record.created = created
         assert logs.timestamp(record) == datetime.fromtimestamp(created, timezone.utc).isoformat(
             timespec="milliseconds")
+
+
+# --- logs.event: the session's lines (two a connect, issue 26) without a LogRecord, the same text ----------------
+
+FIELDS = [
+    {"session": 12345, "client": "127.0.0.1:54321", "user": "postgres", "database": "postgres",
+     "application_name": "pgbench", "major": 2, "tls": False, "protocol": "3.0", "pooled_backend": 4567},
+    {"session": 7, "client": "[local]", "user": 'a"b', "database": "my db", "application_name": "", "major": None,
+     "tls": True, "reason": "client closed", "duration_s": 0.003, "bytes_in": 0, "bytes_out": 1 << 40},
+    {"session": 8, "client": "::1:5", "user": "é ü", "database": "a=b", "application_name": "x\ny\t\\",
+     "major": "raw", "tls": False, "code": "OW001", "sqlstate": "0A000", "kind": "write", "ratio": 1.5e-07,
+     "nan": float("nan"), "path": __import__("pathlib").PurePosixPath("/x y")},
+    {},
+]
+
+
+@pytest.fixture
+def seat_logging(monkeypatch):
+    """The seat's set-up (setup_logging) writing to a StringIO; the LogRecord's source, thread and process put back
+    afterwards for pytest's own records."""
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
+    out = io.StringIO()
+
+    def setup(fmt: str, level: str = "info") -> io.StringIO:
+        logs.setup_logging(fmt, level)
+        logging.getLogger("openwop_seat").handlers[0].setStream(out)
+        return out
+
+    yield setup
+    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+    logs.set_process_fields(None)
+    root = logging.getLogger("openwop_seat")
+    root.handlers[:] = []
+    root.propagate = True
+    logs._handler = logs._root = None
+
+
+def _both(out: io.StringIO, monkeypatch, created: float, logger: logging.Logger, level: int, msg: str,
+          fields: dict) -> tuple[str, str]:
+    """(the line of logger.log, the line of logs.event) for the same event at the same time."""
+    monkeypatch.setattr(logs.time, "time", lambda: created)  # LogRecord's time too
+    out.seek(0)
+    out.truncate()
+    logger.log(level, msg, extra={"fields": dict(fields)})
+    by_log = out.getvalue()
+    out.seek(0)
+    out.truncate()
+    logs.event(logger, level, msg, dict(fields))
+    return by_log, out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("fields", FIELDS)
+@pytest.mark.parametrize("worker", [None, 3])
+def test_event_writes_the_line_logger_log_writes(seat_logging, monkeypatch, fmt, fields, worker):
+    out = seat_logging(fmt)
+    if worker is not None:  # a worker process's lines end with its id and pid
+        from proxy.serve.supervisor import install_worker_log_fields
+
+        install_worker_log_fields(worker)
+    logger = logging.getLogger("openwop_seat.session")
+    for created in (1796376601.123456, 1796376601.9996, 1796376602.0):
+        for level, msg in ((logging.INFO, "session start"), (logging.WARNING, "privileged role")):
+            by_log, by_event = _both(out, monkeypatch, created, logger, level, msg, fields)
+            assert by_event == by_log and by_log.endswith("\n")
+            if worker is not None:
+                assert (f" worker={worker} pid=" in by_log) if fmt == "text" else f'"worker":{worker},"pid":' in by_log
+
+
+def test_event_lines_are_today_s_lines(seat_logging, monkeypatch):
+    """The exact text of a pooled connect's two lines, as the seat wrote them before logs.event."""
+    out = seat_logging("text")
+    logger = logging.getLogger("openwop_seat.session")
+    monkeypatch.setattr(logs.time, "time", lambda: 1796376601.123456)
+    logs.event(logger, logging.INFO, "session start", dict(FIELDS[0]))
+    logs.event(logger, logging.INFO, "session end", dict(FIELDS[1]))
+    assert out.getvalue() == (
+        "2026-12-04T09:30:01.123+00:00 info session start session=12345 client=127.0.0.1:54321 user=postgres "
+        "database=postgres application_name=pgbench major=2 tls=False protocol=3.0 pooled_backend=4567\n"
+        '2026-12-04T09:30:01.123+00:00 info session end session=7 client=[local] user="a\\"b" database="my db" '
+        'application_name="" major="" tls=True reason="client closed" duration_s=0.003 bytes_in=0 '
+        "bytes_out=1099511627776\n")
+    out.seek(0)
+    out.truncate()
+    seat_logging("json")
+    logs.event(logger, logging.INFO, "session start", dict(FIELDS[0]))
+    assert out.getvalue() == (
+        '{"ts":"2026-12-04T09:30:01.123+00:00","level":"info","logger":"openwop_seat.session","msg":"session start",'
+        '"session":12345,"client":"127.0.0.1:54321","user":"postgres","database":"postgres",'
+        '"application_name":"pgbench","major":2,"tls":false,"protocol":"3.0","pooled_backend":4567}\n')
+
+
+def test_a_worker_s_fields_come_last_and_replace_a_line_s_own(seat_logging, monkeypatch):
+    """As the handler filter they replace did: {**fields, "worker": …, "pid": …}."""
+    import os
+
+    from proxy.serve.supervisor import install_worker_log_fields
+
+    out = seat_logging("text")
+    install_worker_log_fields(2)
+    logs.event(logging.getLogger("openwop_seat.session"), logging.INFO, "m", {"pid": 1, "session": 5})
+    logging.getLogger("openwop_seat.listener").info("no fields")
+    first, second = out.getvalue().splitlines()
+    assert first.endswith(f" info m pid={os.getpid()} session=5 worker=2")
+    assert second.endswith(f" info no fields worker=2 pid={os.getpid()}")
+
+
+def test_event_below_the_level_writes_nothing(seat_logging):
+    out = seat_logging("text", "warning")
+    logs.event(logging.getLogger("openwop_seat.session"), logging.INFO, "session start", {"session": 1})
+    assert out.getvalue() == ""
+    logs.event(logging.getLogger("openwop_seat.session"), logging.WARNING, "pooled login refused", {"session": 1})
+    assert out.getvalue().endswith(" warning pooled login refused session=1\n")
+
+
+class _Keep(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("where", ["logger handler", "root handler", "logger filter", "root filter",
+                                   "handler filter", "formatter", "handler level", "disabled", "not set up"])
+def test_any_other_set_up_gets_logger_log(seat_logging, where):
+    """A handler or a filter added anywhere on the way (caplog's, an operator's dictConfig): the record goes through
+    logging as before, fields and all."""
+    out = seat_logging("text")
+    logger = logging.getLogger("openwop_seat.session")
+    root = logging.getLogger("openwop_seat")
+    handler = root.handlers[0]
+    keep = _Keep()
+    seen: list[logging.LogRecord] = []
+
+    def note(record):
+        seen.append(record)
+        return True
+
+    undo = []
+    if where == "logger handler":
+        logger.addHandler(keep)
+        undo.append(lambda: logger.removeHandler(keep))
+    elif where == "root handler":
+        root.addHandler(keep)
+    elif where == "logger filter":
+        logger.addFilter(note)
+        undo.append(lambda: logger.removeFilter(note))
+    elif where == "root filter":
+        root.addFilter(note)
+        undo.append(lambda: root.removeFilter(note))
+    elif where == "handler filter":
+        handler.addFilter(note)
+    elif where == "formatter":
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s %(fields)s"))
+    elif where == "handler level":
+        handler.setLevel(logging.WARNING)
+    elif where == "disabled":
+        logger.disabled = True
+        undo.append(lambda: setattr(logger, "disabled", False))
+    elif where == "not set up":
+        logs._handler = None
+    try:
+        logs.event(logger, logging.INFO, "session start", {"session": 9})
+    finally:
+        for u in undo:
+            u()
+    if where in ("logger handler", "root handler"):
+        assert [r.fields for r in keep.records] == [{"session": 9}]
+    if where in ("logger filter", "handler filter"):
+        assert [r.fields for r in seen] == [{"session": 9}]
+    if where == "root filter":  # logging consults only the filters of the logger a line is logged on
+        assert seen == []
+    if where == "formatter":
+        assert out.getvalue() == "INFO session start {'session': 9}\n"
+    elif where in ("handler level", "disabled"):
+        assert out.getvalue() == ""
+    else:
+        assert out.getvalue().endswith(" info session start session=9\n")
+
+
+def test_a_line_that_cannot_be_written_is_logging_s_error(seat_logging, capsys):
+    """As StreamHandler.emit: handleError reports it on stderr (the record's message and fields), the seat goes on."""
+    seat_logging("text")
+
+    class Broken(io.StringIO):
+        def write(self, s):
+            raise OSError(28, "No space left on device")
+
+    logging.getLogger("openwop_seat").handlers[0].setStream(Broken())
+    logs.event(logging.getLogger("openwop_seat.session"), logging.INFO, "session end", {"session": 4})
+    err = capsys.readouterr().err
+    assert "--- Logging error ---" in err and "No space left on device" in err and "session end" in err
