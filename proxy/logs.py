@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -55,8 +56,8 @@ def _text_line(ts: str, level: str, name: str, msg: str, fields: dict | None) ->
         parts = []
         for k, v in fields.items():
             text = v if type(v) is str else "" if v is None else str(v)
-            if not text or " " in text or '"' in text or "=" in text:
-                text = orjson.dumps(text).decode()
+            if not text or " " in text or '"' in text or "=" in text or not text.isprintable():
+                text = _quoted(text)
             parts.append(f"{k}={text}")
         line += " " + " ".join(parts)
     return line
@@ -73,9 +74,18 @@ def _json_line(ts: str, level: str, name: str, msg: str, fields: dict | None, ex
     return orjson.dumps(entry, default=str).decode()
 
 
+def _quoted(text: str) -> str:
+    """A field's value as a JSON string, every character outside printable ASCII escaped: a value the client chose
+    (application_name, a user name) can never end the line or start a forged one (a newline, a carriage return,
+    U+2028, an escape sequence for a terminal). A printable value keeps its characters, as before."""
+    return orjson.dumps(text).decode() if text.isprintable() else json.dumps(text)
+
+
 def _text_value(value: object) -> str:
     text = "" if value is None else str(value)
-    return text if text and " " not in text and '"' not in text and "=" not in text else orjson.dumps(text).decode()
+    if text and " " not in text and '"' not in text and "=" not in text and text.isprintable():
+        return text
+    return _quoted(text)
 
 
 class _TextFormatter(logging.Formatter):

@@ -75,6 +75,27 @@ def test_text_fields_are_quoted_when_empty_or_holding_a_space_a_quote_or_an_equa
         logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
 
 
+@pytest.mark.parametrize("value, shown", [
+    ("evil\n2026-12-05T00:00:00.000+00:00 info session start session=1", '"evil\\n2026-12-05T00:00:00.000+00:00'),
+    ("a\rb", '"a\\rb"'), ("a\tb", '"a\\tb"'), ("x\u2028y", '"x\\u2028y"'), ("bell\x07", '"bell\\u0007"'),
+    ("\x1b[2J", '"\\u001b[2J"'), ("caf\u00e9", "caf\u00e9"), ("caf\u00e9 au lait", '"caf\u00e9 au lait"'),
+])
+@pytest.mark.parametrize("via", ["format", "event"])
+def test_a_text_field_the_client_chose_can_never_break_or_forge_a_line(seat_logging, value, shown, via):
+    """application_name and the user name come from the client's startup packet: a value with a line break (or any
+    character that is not printable) is quoted with it escaped, so the line stays one line; printable values are
+    written as before."""
+    logger = logging.getLogger("openwop_seat.test")
+    out = seat_logging("text")
+    if via == "event":
+        logs.event(logger, logging.INFO, "session start", {"session": 1, "application_name": value})
+    else:
+        logger.info("session start", extra={"fields": {"session": 1, "application_name": value}})
+    written = out.getvalue()
+    assert written.count("\n") == 1 and "\r" not in written and "\u2028" not in written, written
+    assert f" application_name={shown}" in written, written
+
+
 @pytest.mark.parametrize("created", [1796376601.123456, 1796376601.9996, 1796376601.9999995, 1796376601.9999996,
                                      1796376601.0000004, 1796376601.0005, 1796376601.0015, 1796376602.0, 0.0,
                                      *(1796376601 + i / 997 for i in range(997))])
