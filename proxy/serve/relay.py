@@ -77,6 +77,11 @@ QUIET_BACKEND_SEEN = BACKEND_CAPTURE | frozenset(b"T")
 ERROR_HELD = frozenset(b"E")
 
 SLICE = 32 * 1024  # a read path frames a chunk this many bytes at a time (Relay._sliced)
+# The server's chunks while the read path is quiet: only a few message kinds are shown (one object each), the rest
+# goes on as spans, and a chunk that holds none comes back as itself. A page's answer (a 100-row page is about
+# 40 KB) is framed whole, with no copy; a flood of small shown messages (ReadyForQuery answers to pipelined
+# Syncs) still makes at most QUIET_SLICE / 6 objects at once (about 1 MB).
+QUIET_SLICE = 64 * 1024
 _CLAIM_SQL = CLAIM_SQL.encode()
 _CHALLENGE_SQL = CHALLENGE_SQL.encode()
 _CLAIM_ONCE_SQL = CLAIM_ONCE_SQL.encode()
@@ -294,7 +299,7 @@ class Relay:
         256 KiB, some 50,000 pipelined Syncs) is framed a slice at a time, so that only one slice's objects are alive
         at once. What comes out is the same, in one write; an ending stops it at the message that caused it."""
         out = []
-        for i in range(0, len(data), SLICE):
+        for i in range(0, len(data), SLICE):  # SLICE steps in every mode: a quiet chunk over QUIET_SLICE too
             part = feed(data[i:i + SLICE])
             out.append(part[0] if isinstance(part, tuple) else part)
             if self.ending is not None:
@@ -419,7 +424,9 @@ class Relay:
     def from_server(self, data: bytes) -> tuple[bytes, bytes]:
         if self.ending is not None:
             return b"", b""
-        if len(data) > SLICE and self.reader is not None and not self._whole:
+        reader = self.reader
+        if reader is not None and not self._whole and \
+                len(data) > (QUIET_SLICE if reader.active == 0 and reader.quiet else SLICE):
             return self._sliced(self.from_server, data), b""
         self.bytes_out += len(data)
         if self._whole:

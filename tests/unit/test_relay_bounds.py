@@ -4,12 +4,12 @@ same result as whole."""
 from __future__ import annotations
 
 import pytest
-from test_relay import LOGIN, READY, RESULT, msg, server, status
+from test_relay import LOGIN, READY, RESULT, msg, row, server, status
 
 from proxy.config import HostConfig
 from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import POISON_SQL, ReadPath
-from proxy.serve.relay import SLICE, Relay
+from proxy.serve.relay import QUIET_SLICE, SLICE, Relay
 from proxy.stats import Stats
 
 # each test runs once per framer implementation (ADR 0018; tests/unit/conftest.py)
@@ -129,3 +129,37 @@ def test_raw_sessions_are_not_checked():
     r = relay(False)
     stream = status("client_encoding", "SJIS") + READY
     assert r.from_server(stream) == (stream, b"") and r.ending is None
+
+
+def page_answer(rows: int, width: int) -> bytes:
+    """A page's answer as the server sends it after Parse/Bind/Describe/Execute/Sync of a quiet group."""
+    return (msg(b"1") + msg(b"2") + msg(b"T", b"\x00\x01c\x00" + bytes(18))
+            + b"".join(row(b"x" * width) for _ in range(rows)) + msg(b"C", b"SELECT %d\x00" % rows) + READY)
+
+
+def test_a_quiet_servers_page_up_to_quiet_slice_goes_on_as_the_chunk_itself():
+    """A quiet read path shows only a few kinds of message: a page's answer (about 40 KB for 100 rows) is framed whole
+    and goes on as the very chunk received, not copied into slices and joined again."""
+    r = relay(True)
+    r.from_client(msg(b"P", b"\0SELECT 1\0\0\0") + msg(b"B", b"\0\0\0\0\0\0\0") + msg(b"D", b"P\0")
+                  + msg(b"E", b"\0\0\0\0\0") + msg(b"S"))
+    assert r.reader.quiet and r.reader.active == 0
+    answer = page_answer(100, 400)
+    assert SLICE < len(answer) <= QUIET_SLICE
+    to_client, to_server = r.from_server(answer)
+    assert to_client is answer and to_server == b""
+    assert r.owed == 0 and r.ending is None
+
+
+def test_a_quiet_chunk_over_quiet_slice_and_a_flood_of_answers_are_still_framed_in_slices():
+    """Past QUIET_SLICE a quiet chunk is framed a slice at a time as before (the objects of a flood of small shown
+    messages bounded), with the same bytes out as framed whole."""
+    for answers, groups in ((page_answer(300, 400), 1), (READY * 40_000, 40_000)):
+        assert len(answers) > QUIET_SLICE
+        r, whole = relay(True), relay(True)
+        for each in (r, whole):
+            each.from_client((msg(b"P", b"\0SELECT 1\0\0\0") + msg(b"B", b"\0\0\0\0\0\0\0")
+                              + msg(b"E", b"\0\0\0\0\0") + msg(b"S")) if groups == 1 else msg(b"S") * groups)
+        out = r.from_server(answers)[0]
+        pieces = b"".join(whole.from_server(answers[i:i + 1000])[0] for i in range(0, len(answers), 1000))
+        assert out == pieces == answers and r.owed == whole.owed == 0
