@@ -213,7 +213,7 @@ class ReadPath:
         self.active = 0  # pending entries whose answers the seat must inspect
         self.refusals: list[str] | tuple = ()  # a list from the first refusal
         # Plan once per session: rewritten text (+ parameter types) -> the server-side statement holding it.
-        self.prepared: dict[bytes, str] = {}
+        self.prepared: dict[tuple[str, bytes], str] = {}  # (rewritten text, parameter types) -> name
         self.preparing: list[list] = []  # [key, name, ReadyForQuery index that ends its group, failed]
         self.unnamed: str | None = None  # the prepared statement the client's unnamed statement stands for
         # The transaction status of the last ReadyForQuery ('I' idle, 'T' in a block, 'E' failed), and whether the
@@ -441,19 +441,22 @@ class ReadPath:
         if name:
             return messages.message(b"P", name.encode() + b"\x00" + text.encode("utf-8", "surrogateescape")
                                     + b"\x00" + tail)
-        key = text.encode("utf-8", "surrogateescape") + b"\x00" + tail
+        # Keyed on the rewritten text (the classifier's own string, whose hash is kept) and the parameter types:
+        # a page's repeated Parse finds its statement without encoding and hashing the text again.
+        key = (text, tail)
         prepared = self.prepared.get(key)
         if prepared is not None:
             self.unnamed = prepared
             return messages.message(b"P", b"\x00\x00\x00\x00")  # an empty unnamed statement: ParseComplete
+        statement = text.encode("utf-8", "surrogateescape") + b"\x00" + tail
         if len(self.prepared) + len(self.preparing) >= MAX_PREPARED:
-            return messages.message(b"P", b"\x00" + key)
+            return messages.message(b"P", b"\x00" + statement)
         self._names += 1
         prepared = f"{PREPARED_PREFIX}{self._names}"
         # trusted once the ReadyForQuery of this group (after those already owed) came without an error
         self.preparing.append([key, prepared, self.readies + len(self.quiet_sent) + 1, False])
         self.unnamed = prepared
-        return messages.message(b"P", prepared.encode() + b"\x00" + key)
+        return messages.message(b"P", prepared.encode() + b"\x00" + statement)
 
     def _forget_prepared(self) -> None:
         self.prepared.clear()
