@@ -52,7 +52,7 @@ def _text_line(ts: str, level: str, name: str, msg: str, fields: dict | None) ->
     line = f"{ts} {level} {msg}"
     if _process_fields is not None:
         fields = {**(fields or {}), **_process_fields}
-    if fields:  # a list, not a generator, and _text_value's test inline: two lines a connect (issue 26)
+    if fields:  # a list, not a generator, and the quoting test inline: two lines a connect (issue 26)
         parts = []
         for k, v in fields.items():
             text = v if type(v) is str else "" if v is None else str(v)
@@ -79,13 +79,6 @@ def _quoted(text: str) -> str:
     (application_name, a user name) can never end the line or start a forged one (a newline, a carriage return,
     U+2028, an escape sequence for a terminal). A printable value keeps its characters, as before."""
     return orjson.dumps(text).decode() if text.isprintable() else json.dumps(text)
-
-
-def _text_value(value: object) -> str:
-    text = "" if value is None else str(value)
-    if text and " " not in text and '"' not in text and "=" not in text and text.isprintable():
-        return text
-    return _quoted(text)
 
 
 class _TextFormatter(logging.Formatter):

@@ -57,7 +57,6 @@ SYSTEM_PREFIX = "openwop_seat_sys_"
 E, X, C = "openwop_seat_e", "openwop_seat_x", "openwop_seat_c"  # aliases inside the views
 
 
-
 def net_gate(major: int) -> str:
     """The gate of a translated relation of ``major`` (ADR 0019): true in a session of that major, a raw or an
     unclaimed one; net_view refuses a session of the other major. Evaluated once per statement (an InitPlan). Only
@@ -68,6 +67,7 @@ def net_gate(major: int) -> str:
     return (f"(SELECT CASE WHEN EXISTS (SELECT FROM {SCHEMA}.claims openwop_seat_net WHERE openwop_seat_net.pid "
             f"{EQ} pg_catalog.pg_backend_pid() AND openwop_seat_net.major {EQ} {3 - major}::pg_catalog.int2) "
             f"THEN {SCHEMA}.net_view({major}::pg_catalog.int2) ELSE true END)")
+
 
 @dataclass(frozen=True)
 class Column:

@@ -135,10 +135,11 @@ def _guard_once(name: str):
     """``(SELECT openwop_seat.events_named(name))``: the guard as a sub-select, which PostgreSQL evaluates once per
     execution (an InitPlan) wherever the planner pushes it; a page's plain call is pushed into both arms of its
     union and called in each (a PL/pgSQL call, about 5 µs of backend CPU)."""
-    from pglast import ast
+    from pglast import ast, enums
 
-    return ast.SubLink(subLinkType=4, subselect=ast.SelectStmt(  # EXPR_SUBLINK
-        targetList=(ast.ResTarget(val=_guard_call(name)),), limitOption=0, op=0))
+    return ast.SubLink(subLinkType=enums.SubLinkType.EXPR_SUBLINK, subselect=ast.SelectStmt(
+        targetList=(ast.ResTarget(val=_guard_call(name)),), limitOption=enums.LimitOption.LIMIT_OPTION_DEFAULT,
+        op=enums.SetOperation.SETOP_NONE))
 
 
 def _and(where, guard):
