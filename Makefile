@@ -8,7 +8,7 @@ NODE   := tests/node
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py proxy/wire/_cframer.c deploy/constraints.txt
+$(VENV)/.installed: pyproject.toml setup.py proxy/wire/_cframer.c proxy/readpath/_cquiet.c deploy/constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "openwop-seat needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -51,7 +51,7 @@ from proxy import fifo
 from proxy.errors import BY_SQLSTATE, CODES, SeatException
 from proxy.readpath import encoding
 from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
-from proxy.wire import messages
+from proxy.wire import framer, messages
 from proxy.wire.codec import ProtocolViolation
 from proxy.wire.types import (
     BIND,
@@ -161,6 +161,21 @@ class Entry:
 
 # Extended-protocol messages of a quiet group, by type byte: the FIFO entry each one owes.
 _QUIET_KINDS = {PARSE: "P", BIND: "B", EXECUTE: "E", CLOSE: "C"}
+
+# The compiled quiet bookkeeping (_cquiet.c, ADR 0018's second addendum): ReadPath._quiet_client's Bind, Describe,
+# Execute and Sync, and the relay's join of a chunk's parts, in C. Taken with the compiled framer
+# (OPENWOP_SEAT_FRAMER chooses both); None where it is not built or the pure-Python framer is chosen, and the relay
+# then calls on_client for every message as it did.
+try:
+    from proxy.readpath import _cquiet
+except ImportError:  # not built: see setup.py
+    _cquiet = None
+    QUIET_MISSING = "the compiled quiet read path (proxy/readpath/_cquiet.c) is not built"
+else:
+    _cquiet.init(Portal)
+    QUIET_MISSING = ""
+QUIET_RUN = _cquiet.quiet_run if _cquiet is not None and framer.IMPLEMENTATION == "c" else None
+JOIN_PARTS = _cquiet.join_parts if QUIET_RUN is not None else None
 
 
 def leak_of(body: bytes, events: EventColumns, major: int) -> str:

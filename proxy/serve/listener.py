@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from proxy.config import RESTART_KEYS, Config, changed_keys, load_config, missing_claim_secret
 from proxy.errors import ListenError, describe
+from proxy.readpath import read_path
 from proxy.readpath.read_path import ReadPath
 from proxy.serve.context import (
     RELATION_CHECK_SECONDS,
@@ -218,9 +219,12 @@ class SeatServer:
             "client_tls": self.client_ssl_context is not None,
             "upstream_sslmode": self.config.tls.upstream_sslmode,
             "framer": framer.IMPLEMENTATION,  # "c", the compiled core, or "python" (ADR 0018)
+            "quiet_read_path": "c" if read_path.QUIET_RUN is not None else "python",  # ADR 0018, second addendum
             **({"paused": True} if self.paused else {})}})
         if framer.IMPLEMENTATION_NOTE:
             log.warning("the pure-Python framer relays this seat's sessions: %s", framer.IMPLEMENTATION_NOTE)
+        elif read_path.QUIET_MISSING:
+            log.warning("the quiet read path's bookkeeping runs in Python: %s", read_path.QUIET_MISSING)
 
     def _open_listen_sockets(self) -> None:
         """Bind and listen on proxy.listen (every address it resolves to, as asyncio's create_server does).

@@ -42,7 +42,7 @@ from proxy.db.layout import (
 )
 from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
-from proxy.readpath.read_path import ANALYSE_OFF_LOOP, ReadPath, ReadPathError
+from proxy.readpath.read_path import ANALYSE_OFF_LOOP, JOIN_PARTS, QUIET_RUN, ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
 from proxy.wire.codec import FRONTEND_TYPES, ProtocolViolation
@@ -338,11 +338,25 @@ class Relay:
     def _client_read(self, items: list, chunk: bytes | None = None) -> bytes:
         """A read path: each held message is rewritten by it (or goes on as it was). ``chunk``: the chunk the items
         were framed from, when it holds whole messages only; if the read path replaces none of them it goes on as
-        itself (no message re-encoded, no join: ADR 0004's one pass, issue 27)."""
+        itself (no message re-encoded, no join: ADR 0004's one pass, issue 27). Where it is built, QUIET_RUN does
+        the quiet Binds, Describes, Executes and Syncs (and the spans between them) in C, and hands back at the
+        first message it leaves to on_client."""
         reader = self.reader
         out: list = []  # bytes to send, and held items that go on as they were
-        replaced = False
-        for n, item in enumerate(items):
+        replaced = stopped = False
+        quiet_run = QUIET_RUN
+        n, count = 0, len(items)
+        while n < count:
+            if quiet_run is not None:
+                n, fast_replaced, answered = quiet_run(reader, items, n, out, self._count_answered)
+                if fast_replaced:
+                    replaced = True
+                if answered:
+                    self.queries_sent += answered
+                if n == count:
+                    break
+            item = items[n]
+            n += 1
             kind = item[0]
             if kind == SPAN:
                 out.append(item[1])
@@ -357,7 +371,8 @@ class Relay:
                 sql = reader.analysis_needed(t, body)
                 if sql is not None:  # parsed off the event loop first: it and what follows wait (analysed())
                     self.analysis = sql
-                    self._deferred = items[n:]
+                    self._deferred = items[n - 1:]
+                    stopped = True
                     break
             if self._count_answered and (t == QUERY or t == SYNC or t == FUNCTION_CALL):
                 self.queries_sent += 1
@@ -366,15 +381,17 @@ class Relay:
             except ProtocolViolation as e:
                 # the messages before it are forwarded, as PostgreSQL processes them before failing
                 self._client_violation(e)
+                stopped = True
                 break
             if replacement is None:
                 out.append(item)  # as it was: encoded below, unless the whole chunk goes on
             else:
                 replaced = True
                 out.append(replacement)
-        else:
-            if chunk is not None and not replaced:
-                return chunk
+        if not stopped and chunk is not None and not replaced:
+            return chunk
+        if JOIN_PARTS is not None:
+            return JOIN_PARTS(out)
         out = [part if part.__class__ is bytes else messages.message(bytes([part[1]]), part[2]) for part in out]
         return out[0] if len(out) == 1 else b"".join(out)
 

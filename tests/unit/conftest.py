@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from framers import IMPLEMENTATIONS, framer_class
+from framers import IMPLEMENTATIONS, framer_class, quiet_core
 
 # Modules whose tests drive a framer, directly or through the relay: each runs against both implementations.
 BOTH_FRAMERS = {"test_framer", "test_codec", "test_relay", "test_relay_bounds", "test_read_path_sansio",
@@ -25,6 +25,10 @@ def each_framer(request, framer_impl, monkeypatch):
     import proxy.serve.relay
 
     monkeypatch.setattr(proxy.serve.relay, "Framer", cls)
+    # the relay's quiet bookkeeping follows the framer, as OPENWOP_SEAT_FRAMER chooses both in the seat
+    quiet_run, join_parts = quiet_core(framer_impl)
+    monkeypatch.setattr(proxy.serve.relay, "QUIET_RUN", quiet_run)
+    monkeypatch.setattr(proxy.serve.relay, "JOIN_PARTS", join_parts)
     if hasattr(request.module, "Framer"):
         monkeypatch.setattr(request.module, "Framer", cls)
     yield cls

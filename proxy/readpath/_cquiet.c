@@ -1,0 +1,540 @@
+/* The quiet read path's bookkeeping of Bind, Describe, Execute and Sync in C (ADR 0018, second addendum).
+ *
+ * ReadPath._quiet_client (read_path.py) is the definition: quiet_run does for these four message kinds exactly
+ * what it does (the same portals, unnamed-statement rewrites, metrics keys and quiet FIFOs), and
+ * tests/unit/test_quiet_differential.py runs both over the same messages and compares everything. What it does not
+ * handle it leaves untouched and returns where it stopped: Parse and Query (they need the classifier), Close,
+ * FunctionCall, COPY traffic, Terminate, a message whose body is malformed (Python raises the session's protocol
+ * violation from that message, with its own words), and any message while the read path is not quiet.
+ *
+ * join_parts builds the chunk to send from the relay's parts (bytes, and held items that go on as they were) in
+ * one allocation, instead of encoding each held item in Python and joining.
+ *
+ * No I/O: sans-IO like the rest of the read path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define SPAN 0
+#define HOLD 2
+#define BIND 'B'
+#define DESCRIBE 'D'
+#define EXECUTE 'E'
+#define SYNC 'S'
+
+static PyObject *S_skipping, *S_pending, *S_statements, *S_portals, *S_unnamed, *S_quiet_group, *S_quiet_sent;
+static PyObject *S_statement_counts, *S_statement, *S_cls, *S_append;
+static PyObject *K_B, *K_E, *K_DS, *K_DP, *K_passthrough, *K_extended;
+static PyObject *PerfCounter;  /* time.perf_counter */
+static PyObject *Portal;       /* proxy.readpath.read_path.Portal, given by init() */
+static PyObject *Grown;        /* proxy.fifo.grown */
+static Py_ssize_t Long = -1;   /* proxy.fifo.LONG */
+
+/* The offset of the first NUL in buf[from:len], or -1 (Python's bytes.index raises ValueError there). */
+static inline Py_ssize_t
+nul_at(const char *buf, Py_ssize_t from, Py_ssize_t len)
+{
+    if (from > len)
+        return -1;
+    const char *p = memchr(buf + from, 0, (size_t)(len - from));
+    return p == NULL ? -1 : p - buf;
+}
+
+/* A name as str (UTF-8, strict), or NULL with no exception set when it is not UTF-8 (Python raises there). */
+static PyObject *
+name_of(const char *buf, Py_ssize_t start, Py_ssize_t end)
+{
+    PyObject *s = PyUnicode_DecodeUTF8(buf + start, end - start, "strict");
+    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return s;
+}
+
+/* A message's header at w: its type byte and its int32 length (the body's and its own 4 bytes). */
+static inline void
+put_header(unsigned char *w, int type, Py_ssize_t body)
+{
+    unsigned long n = (unsigned long)(body + 4);
+    w[0] = (unsigned char)type;
+    w[1] = (unsigned char)(n >> 24);
+    w[2] = (unsigned char)(n >> 16);
+    w[3] = (unsigned char)(n >> 8);
+    w[4] = (unsigned char)n;
+}
+
+/* A typed message: type byte, int32 length (including itself), then the parts. */
+static PyObject *
+message3(char type, const char *a, Py_ssize_t alen, const char *b, Py_ssize_t blen, const char *c, Py_ssize_t clen)
+{
+    Py_ssize_t body = alen + blen + clen;
+    if (body > 0x7FFFFFFF - 4) {
+        PyErr_SetString(PyExc_OverflowError, "message too long");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 5 + body);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    put_header(p, type, body);
+    memcpy(p + 5, a, (size_t)alen);
+    memcpy(p + 5 + alen, b, (size_t)blen);
+    memcpy(p + 5 + alen + blen, c, (size_t)clen);
+    return out;
+}
+
+/* The quiet state of one call: the reader's attributes, read once (none of them is replaced by these messages but
+ * quiet_sent, which is re-read after it grows). */
+typedef struct {
+    PyObject *reader;
+    PyObject *statements;  /* dict */
+    PyObject *portals;     /* dict */
+    PyObject *unnamed;     /* str or None */
+    PyObject *group;       /* list */
+    PyObject *counts;      /* a dict (a Counter) */
+} Quiet;
+
+static void
+quiet_release(Quiet *q)
+{
+    Py_CLEAR(q->statements);
+    Py_CLEAR(q->portals);
+    Py_CLEAR(q->unnamed);
+    Py_CLEAR(q->group);
+    Py_CLEAR(q->counts);
+}
+
+/* 1: loaded; 0: a state this code does not follow (the caller stops); -1: error. */
+static int
+quiet_load(Quiet *q, PyObject *reader)
+{
+    q->reader = reader;
+    PyObject *v = PyObject_GetAttr(reader, S_skipping);
+    if (v == NULL)
+        return -1;
+    int skipping = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (skipping != 0)
+        return skipping < 0 ? -1 : 0;
+    v = PyObject_GetAttr(reader, S_pending);
+    if (v == NULL)
+        return -1;
+    Py_ssize_t owed = PyObject_Length(v);
+    Py_DECREF(v);
+    if (owed != 0)
+        return owed < 0 ? -1 : 0;
+    if ((q->statements = PyObject_GetAttr(reader, S_statements)) == NULL ||
+        (q->portals = PyObject_GetAttr(reader, S_portals)) == NULL ||
+        (q->unnamed = PyObject_GetAttr(reader, S_unnamed)) == NULL ||
+        (q->group = PyObject_GetAttr(reader, S_quiet_group)) == NULL ||
+        (q->counts = PyObject_GetAttr(reader, S_statement_counts)) == NULL)
+        return -1;
+    if (!PyDict_CheckExact(q->statements) || !PyDict_CheckExact(q->portals) || !PyList_CheckExact(q->group) ||
+        !PyDict_Check(q->counts) || (q->unnamed != Py_None && !PyUnicode_CheckExact(q->unnamed)))
+        return 0;
+    return 1;
+}
+
+/* statement_counts[cls, "extended"] += 1, as Counter does it (a missing key counts from 0). */
+static int
+count_execute(Quiet *q, PyObject *cls)
+{
+    PyObject *key = PyTuple_Pack(2, cls, K_extended);
+    if (key == NULL)
+        return -1;
+    PyObject *now = PyDict_GetItemWithError(q->counts, key);
+    PyObject *next;
+    if (now == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        next = PyLong_FromLong(1);
+    } else {
+        PyObject *one = PyLong_FromLong(1);
+        next = one == NULL ? NULL : PyNumber_Add(now, one);
+        Py_XDECREF(one);
+    }
+    int rc = next == NULL ? -1 : PyDict_SetItem(q->counts, key, next);
+    Py_XDECREF(next);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The message with the plan-once statement standing for the unnamed one: head, its name, tail (a new reference). */
+static PyObject *
+naming_unnamed(Quiet *q, char type, const char *head, Py_ssize_t hlen, const char *tail, Py_ssize_t tlen)
+{
+    Py_ssize_t nlen;
+    const char *name = PyUnicode_AsUTF8AndSize(q->unnamed, &nlen);
+    return name == NULL ? NULL : message3(type, head, hlen, name, nlen, tail, tlen);
+}
+
+/* The quiet group's next kind; on error the replacement made for the message is dropped. 1 done, -1 error. */
+static int
+group_append(Quiet *q, PyObject *kind, PyObject **replacement)
+{
+    if (PyList_Append(q->group, kind) < 0) {
+        Py_CLEAR(*replacement);
+        return -1;
+    }
+    return 1;
+}
+
+/* Bind. *replacement: a new reference, or NULL when the message goes on as it was. 1 done, 0 stop, -1 error. */
+static int
+on_bind(Quiet *q, const char *b, Py_ssize_t len, PyObject **replacement)
+{
+    Py_ssize_t portal_end = nul_at(b, 0, len);
+    if (portal_end < 0)
+        return 0;
+    Py_ssize_t stmt_end = nul_at(b, portal_end + 1, len);
+    if (stmt_end < 0)
+        return 0;
+    PyObject *st = NULL;  /* borrowed */
+    if (PyDict_GET_SIZE(q->statements)) {
+        if (Portal == NULL)  /* init() not called: Python does it */
+            return 0;
+        PyObject *stmt = name_of(b, portal_end + 1, stmt_end);
+        if (stmt == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        st = PyDict_GetItemWithError(q->statements, stmt);
+        Py_DECREF(stmt);
+        if (st == NULL && PyErr_Occurred())
+            return -1;
+    }
+    if (st != NULL || PyDict_GET_SIZE(q->portals)) {
+        PyObject *portal = name_of(b, 0, portal_end);
+        if (portal == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        int rc;
+        if (st != NULL) {
+            Py_INCREF(st);  /* held across the call into Python (the Portal dataclass's __init__) */
+            PyObject *p = PyObject_CallOneArg(Portal, st);
+            Py_DECREF(st);
+            rc = p == NULL ? -1 : PyDict_SetItem(q->portals, portal, p);
+            Py_XDECREF(p);
+        } else {
+            rc = PyDict_DelItem(q->portals, portal);
+            if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();
+                rc = 0;
+            }
+        }
+        Py_DECREF(portal);
+        if (rc < 0)
+            return -1;
+    }
+    *replacement = NULL;
+    if (stmt_end == portal_end + 1 && q->unnamed != Py_None &&
+        (*replacement = naming_unnamed(q, BIND, b, portal_end + 1, b + stmt_end, len - stmt_end)) == NULL)
+        return -1;
+    return group_append(q, K_B, replacement);
+}
+
+static int
+on_execute(Quiet *q, const char *b, Py_ssize_t len)
+{
+    Py_ssize_t end = nul_at(b, 0, len);
+    if (end < 0)
+        return 0;
+    PyObject *cls = K_passthrough;  /* borrowed */
+    PyObject *owned = NULL;
+    if (PyDict_GET_SIZE(q->portals)) {
+        PyObject *name = name_of(b, 0, end);
+        if (name == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        PyObject *portal = PyDict_GetItemWithError(q->portals, name);
+        Py_DECREF(name);
+        if (portal == NULL && PyErr_Occurred())
+            return -1;
+        if (portal != NULL) {
+            Py_INCREF(portal);
+            PyObject *st = PyObject_GetAttr(portal, S_statement);
+            Py_DECREF(portal);
+            if (st == NULL)
+                return -1;
+            if (st != Py_None) {
+                owned = PyObject_GetAttr(st, S_cls);
+                if (owned == NULL) {
+                    Py_DECREF(st);
+                    return -1;
+                }
+                cls = owned;
+            }
+            Py_DECREF(st);
+        }
+    }
+    int rc = count_execute(q, cls);
+    Py_XDECREF(owned);
+    if (rc < 0 || PyList_Append(q->group, K_E) < 0)
+        return -1;
+    return 1;
+}
+
+static int
+on_describe(Quiet *q, const char *b, Py_ssize_t len, PyObject **replacement)
+{
+    *replacement = NULL;
+    int statement = len > 0 && b[0] == 'S';
+    if (statement && len == 2 && b[1] == 0 && q->unnamed != Py_None &&
+        (*replacement = naming_unnamed(q, DESCRIBE, "S", 1, "", 1)) == NULL)
+        return -1;
+    return group_append(q, statement ? K_DS : K_DP, replacement);
+}
+
+static int
+on_sync(Quiet *q)
+{
+    PyObject *sent = PyObject_GetAttr(q->reader, S_quiet_sent);
+    if (sent == NULL)
+        return -1;
+    PyObject *now = PyObject_CallNoArgs(PerfCounter);
+    int rc = -1;
+    if (now != NULL) {
+        if (PyList_CheckExact(sent))
+            rc = PyList_Append(sent, now);
+        else {
+            PyObject *r = PyObject_CallMethodOneArg(sent, S_append, now);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(now);
+    }
+    if (rc == 0) {
+        Py_ssize_t n = PyObject_Length(sent);
+        if (n < 0)
+            rc = -1;
+        else if (n > Long) {
+            PyObject *grown = PyObject_CallOneArg(Grown, sent);
+            rc = grown == NULL ? -1 : PyObject_SetAttr(q->reader, S_quiet_sent, grown);
+            Py_XDECREF(grown);
+        }
+    }
+    Py_DECREF(sent);
+    if (rc < 0)
+        return -1;
+    return PyList_SetSlice(q->group, 0, PyList_GET_SIZE(q->group), NULL) < 0 ? -1 : 1;
+}
+
+/* quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)
+ *
+ * From items[start], while the read path is quiet: a span's bytes and each Bind, Describe, Execute and Sync (held
+ * items) are accounted for as ReadPath.on_client does, and appended to out (the item itself when it goes on as it
+ * was, else its replacement). Returns the index of the first item not handled (len(items) when all were), whether
+ * a message was replaced, and how many Syncs were counted for the relay's answered-statements count (when
+ * count_answered). Nothing of the item at the stop index has been done. */
+static PyObject *
+quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "quiet_run(reader, items, start, out, count_answered)");
+        return NULL;
+    }
+    PyObject *reader = args[0], *items = args[1], *out = args[3];
+    if (!PyList_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "quiet_run: out is a list");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(items))  /* not the framer's list: Python does it */
+        return Py_BuildValue("(nOn)", i, Py_False, (Py_ssize_t)0);
+    int count_answered = PyObject_IsTrue(args[4]);
+    if (count_answered < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    int replaced = 0;
+    Py_ssize_t answered = 0;
+    Quiet q = {0};
+    int loaded = 0;  /* the reader's state is read once, at the first held item */
+    for (; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2)
+            break;
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (kind == -1 && PyErr_Occurred())
+            goto error;
+        if (kind == SPAN) {
+            PyObject *span = PyTuple_GET_ITEM(item, 1);
+            if (!PyBytes_CheckExact(span))
+                break;
+            if (PyList_Append(out, span) < 0)
+                goto error;
+            continue;
+        }
+        if (kind != HOLD || PyTuple_GET_SIZE(item) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 2)))
+            break;
+        long t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+        if (t == -1 && PyErr_Occurred())
+            goto error;
+        if (t != BIND && t != DESCRIBE && t != EXECUTE && t != SYNC)
+            break;
+        if (!loaded) {
+            int rc = quiet_load(&q, reader);
+            if (rc < 0)
+                goto error;
+            if (rc == 0)
+                break;
+            loaded = 1;
+        }
+        PyObject *body = PyTuple_GET_ITEM(item, 2);
+        const char *b = PyBytes_AS_STRING(body);
+        Py_ssize_t len = PyBytes_GET_SIZE(body);
+        PyObject *replacement = NULL;
+        int rc;
+        if (t == BIND)
+            rc = on_bind(&q, b, len, &replacement);
+        else if (t == DESCRIBE)
+            rc = on_describe(&q, b, len, &replacement);
+        else if (t == EXECUTE)
+            rc = on_execute(&q, b, len);
+        else {
+            rc = on_sync(&q);
+            if (rc > 0 && count_answered)
+                answered++;
+        }
+        if (rc < 0)
+            goto error;
+        if (rc == 0)
+            break;
+        if (replacement != NULL) {
+            replaced = 1;
+            rc = PyList_Append(out, replacement);
+            Py_DECREF(replacement);
+        } else
+            rc = PyList_Append(out, item);
+        if (rc < 0)
+            goto error;
+    }
+    quiet_release(&q);
+    return Py_BuildValue("(nNn)", i, PyBool_FromLong(replaced), answered);
+error:
+    quiet_release(&q);
+    return NULL;
+}
+
+/* join_parts(parts) -> bytes: each part is bytes, or a held item (kind, type, body) encoded as a message. */
+static PyObject *
+join_parts(PyObject *module, PyObject *parts)
+{
+    if (!PyList_CheckExact(parts)) {
+        PyErr_SetString(PyExc_TypeError, "join_parts: a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(parts), total = 0;
+    if (n == 1 && PyBytes_CheckExact(PyList_GET_ITEM(parts, 0))) {
+        PyObject *only = PyList_GET_ITEM(parts, 0);
+        Py_INCREF(only);
+        return only;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(parts, i);
+        if (PyBytes_CheckExact(p))
+            total += PyBytes_GET_SIZE(p);
+        else if (PyTuple_CheckExact(p) && PyTuple_GET_SIZE(p) == 3 && PyBytes_CheckExact(PyTuple_GET_ITEM(p, 2)))
+            total += 5 + PyBytes_GET_SIZE(PyTuple_GET_ITEM(p, 2));
+        else {
+            PyErr_SetString(PyExc_TypeError, "join_parts: a part is bytes or a held item (kind, type, body)");
+            return NULL;
+        }
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(parts, i);
+        if (PyBytes_CheckExact(p)) {
+            memcpy(w, PyBytes_AS_STRING(p), (size_t)PyBytes_GET_SIZE(p));
+            w += PyBytes_GET_SIZE(p);
+            continue;
+        }
+        long t = PyLong_AsLong(PyTuple_GET_ITEM(p, 1));
+        if ((t == -1 && PyErr_Occurred()) || t < 0 || t > 255) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "join_parts: a message type is a byte");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *body = PyTuple_GET_ITEM(p, 2);
+        Py_ssize_t len = PyBytes_GET_SIZE(body);
+        if (len > 0x7FFFFFFF - 4) {
+            PyErr_SetString(PyExc_OverflowError, "message too long");
+            Py_DECREF(out);
+            return NULL;
+        }
+        put_header(w, (int)t, len);
+        memcpy(w + 5, PyBytes_AS_STRING(body), (size_t)len);
+        w += 5 + len;
+    }
+    return out;
+}
+
+/* init(portal_class): the Portal class quiet_run makes for a Bind of a statement it follows. */
+static PyObject *
+init(PyObject *module, PyObject *portal)
+{
+    Py_INCREF(portal);
+    Py_XSETREF(Portal, portal);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cquiet_methods[] = {
+    {"quiet_run", (PyCFunction)(void (*)(void))quiet_run, METH_FASTCALL,
+     "quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)"},
+    {"join_parts", (PyCFunction)join_parts, METH_O, "join_parts(parts) -> bytes"},
+    {"init", (PyCFunction)init, METH_O, "init(portal_class)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef cquiet_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "proxy.readpath._cquiet",
+    .m_doc = "The quiet read path's Bind/Describe/Execute/Sync bookkeeping in C (ADR 0018, second addendum).",
+    .m_size = -1,
+    .m_methods = cquiet_methods,
+};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC
+PyInit__cquiet(void)
+{
+    INTERN(S_skipping, "skipping");
+    INTERN(S_pending, "pending");
+    INTERN(S_statements, "statements");
+    INTERN(S_portals, "portals");
+    INTERN(S_unnamed, "unnamed");
+    INTERN(S_quiet_group, "quiet_group");
+    INTERN(S_quiet_sent, "quiet_sent");
+    INTERN(S_statement_counts, "statement_counts");
+    INTERN(S_statement, "statement");
+    INTERN(S_cls, "cls");
+    INTERN(S_append, "append");
+    INTERN(K_B, "B");
+    INTERN(K_E, "E");
+    INTERN(K_DS, "DS");
+    INTERN(K_DP, "DP");
+    INTERN(K_passthrough, "passthrough");
+    INTERN(K_extended, "extended");
+    PyObject *time = PyImport_ImportModule("time");
+    if (time == NULL)
+        return NULL;
+    PerfCounter = PyObject_GetAttrString(time, "perf_counter");
+    Py_DECREF(time);
+    PyObject *fifo = PyImport_ImportModule("proxy.fifo");
+    if (PerfCounter == NULL || fifo == NULL)
+        return NULL;
+    Grown = PyObject_GetAttrString(fifo, "grown");
+    PyObject *lng = PyObject_GetAttrString(fifo, "LONG");
+    Py_DECREF(fifo);
+    if (Grown == NULL || lng == NULL)
+        return NULL;
+    Long = PyLong_AsSsize_t(lng);
+    Py_DECREF(lng);
+    if (Long == -1 && PyErr_Occurred())
+        return NULL;
+    return PyModule_Create(&cquiet_module);
+}

@@ -1,0 +1,172 @@
+"""The compiled quiet bookkeeping (proxy/readpath/_cquiet.c) against its definition, ReadPath.on_client called for
+every message (ADR 0018, second addendum): the same random client streams, cut at random chunk boundaries, with
+server answers between chunks, go through two relays, one per implementation. Both must send the same bytes, end
+the same way, and leave the same read-path state: statements, portals, the unnamed statement, the quiet FIFOs, the
+plan-once names, the statement metrics and the FIFO of owed answers."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+from framers import framer_class, quiet_core
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import proxy.serve.relay as relay_module
+from proxy.config import HostConfig
+from proxy.readpath.classify import Classifier
+from proxy.readpath.read_path import ReadPath
+from proxy.serve.relay import Relay
+from proxy.stats import Stats
+
+PAGE = b"SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
+REFUSED = b"SELECT * FROM events TABLESAMPLE SYSTEM (1)"
+PARAMS = b"\x00\x02\x00\x00\x00\x00\x00\x02\x00\x00\x00\x01a\x00\x00\x00\x010\x00\x00"  # 2 text values, no formats
+
+
+def msg(t: bytes, body: bytes = b"") -> bytes:
+    return t + struct.pack("!I", len(body) + 4) + body
+
+
+LOGIN = msg(b"R", struct.pack("!I", 0)) + msg(b"K", struct.pack("!I", 4242) + b"key!") + msg(b"Z", b"I")
+READY = msg(b"Z", b"I")
+ANSWERS = (READY, msg(b"1") + msg(b"2") + msg(b"n") + msg(b"C", b"SELECT 0\x00") + READY, msg(b"Z", b"T"),
+           msg(b"E", b"SERROR\x00C42P01\x00Mno\x00\x00") + READY, b"")
+
+# Client messages: the kinds the compiled code handles, well formed and not, and those it leaves to on_client.
+NAMES = (b"", b"s1", b"s2", b"\xff\xfe")
+CLIENT = (
+    *(msg(b"P", name + b"\x00" + sql + b"\x00\x00\x00") for name in NAMES[:3] for sql in (PAGE, b"SELECT 1", REFUSED)),
+    msg(b"P", b"\x00DISCARD ALL\x00\x00\x00"),
+    *(msg(b"B", portal + b"\x00" + stmt + b"\x00" + PARAMS) for portal in (b"", b"p1") for stmt in NAMES),
+    msg(b"B", b"\xff\x00s1\x00" + PARAMS), msg(b"B", b"p1"), msg(b"B", b"p1\x00s1"), msg(b"B"),
+    msg(b"D", b"S\x00"), msg(b"D", b"Ss1\x00"), msg(b"D", b"P\x00"), msg(b"D", b"Pp1\x00"), msg(b"D"),
+    msg(b"D", b"S"), msg(b"D", b"S\x00\x00"),
+    msg(b"E", b"\x00\x00\x00\x00\x00"), msg(b"E", b"p1\x00\x00\x00\x00\x00"), msg(b"E", b"\xff\x00\x00\x00\x00\x00"),
+    msg(b"E", b"p1"), msg(b"E"),
+    msg(b"S"), msg(b"S"), msg(b"S"), msg(b"H"),
+    msg(b"C", b"Ss1\x00"), msg(b"C", b"Pp1\x00"), msg(b"C", b"S\x00"),
+    msg(b"Q", b"SELECT 1\x00"), msg(b"Q", PAGE.replace(b"$1", b"'r'").replace(b"$2", b"0") + b"\x00"),
+)
+
+
+@contextlib.contextmanager
+def core(name: str):
+    saved = relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS
+    relay_module.Framer = framer_class(name)
+    relay_module.QUIET_RUN, relay_module.JOIN_PARTS = quiet_core(name)
+    try:
+        yield
+    finally:
+        relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS = saved
+
+
+def state(r: Relay) -> dict:
+    rp = r.reader
+
+    def statement(s):
+        return None if s is None else (s.plan.text, s.cls)
+
+    return {
+        "statements": {k: statement(v) for k, v in rp.statements.items()},
+        "portals": {k: statement(v.statement) for k, v in rp.portals.items()},
+        "unnamed": rp.unnamed, "quiet_group": list(rp.quiet_group), "quiet_sent": len(rp.quiet_sent),
+        "quiet_sent_kind": type(rp.quiet_sent).__name__, "counts": dict(rp.statement_counts),
+        "prepared": dict(rp.prepared), "preparing": [list(p) for p in rp.preparing],
+        "pending": [(e.kind, e.name, e.watched, e.local) for e in rp.pending], "active": rp.active,
+        "skipping": rp.skipping, "tx": rp.tx_status, "readies": rp.readies, "refusals": list(rp.refusals),
+        "queries_sent": r.queries_sent, "bytes_in": r.bytes_in, "owed": r.owed,
+        "ending": r.ending,
+    }
+
+
+def run(name: str, chunks: list[bytes], answers: list[bytes]) -> list:
+    with core(name):
+        r = Relay(Stats(), reader=ReadPath(Classifier(HostConfig(), 2), 2, None), count_answered=True)
+        r.from_server(LOGIN)
+        steps = []
+        for chunk, answer in zip(chunks, answers):
+            sent = r.from_client(chunk)
+            back = r.from_server(answer) if answer else None
+            steps.append((sent, back, state(r)))
+            if r.ending is not None:
+                break
+        return steps
+
+
+def same(stream: bytes, cuts: list[int], answer_picks: list[int]) -> None:
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(stream)}), len(stream)]
+    chunks = [stream[a:b] for a, b in zip(bounds, bounds[1:])] or [b""]
+    answers = [ANSWERS[answer_picks[i % len(answer_picks)] % len(ANSWERS)] for i in range(len(chunks))]
+    python = run("python", chunks, answers)
+    compiled = run("c", chunks, answers)
+    assert compiled == python
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(CLIENT), max_size=40), st.lists(st.integers(min_value=0, max_value=4000), max_size=6),
+       st.lists(st.integers(min_value=0, max_value=20), min_size=1, max_size=6))
+def test_random_streams_give_the_same_bytes_and_state(messages, cuts, answer_picks):
+    same(b"".join(messages), cuts, answer_picks)
+
+
+def page() -> bytes:
+    return (msg(b"P", b"\x00" + PAGE + b"\x00\x00\x00") + msg(b"B", b"\x00\x00" + PARAMS) + msg(b"D", b"P\x00")
+            + msg(b"E", b"\x00\x00\x00\x00\x00") + msg(b"S"))
+
+
+def test_pages_with_plan_once_give_the_same_bytes_and_state():
+    """The host's page, again and again (plan once: the Bind and Describe name the prepared statement), whole and
+    cut in every place of the second page, with a ReadyForQuery after each."""
+    stream = page() * 3
+    same(stream, [len(page()), 2 * len(page())], [0])
+    for cut in range(len(page()), 2 * len(page())):
+        same(stream, [cut], [4, 0])
+
+
+class CountingReadPath(ReadPath):
+    __slots__ = ("calls",)
+
+    def on_client(self, t: int, body: bytes):
+        self.calls.append(chr(t))
+        return super().on_client(t, body)
+
+
+def test_the_compiled_core_leaves_only_the_parse_to_on_client():
+    """What the compiled code takes over is really taken: of a page's five messages only the Parse reaches
+    on_client (the pure-Python core calls it for all five)."""
+    for name, calls in (("python", ["P", "B", "D", "E", "S"] * 3), ("c", ["P"] * 3)):
+        with core(name):
+            reader = CountingReadPath(Classifier(HostConfig(), 2), 2, None)
+            reader.calls = []
+            r = Relay(Stats(), reader=reader, count_answered=True)
+            r.from_server(LOGIN)
+            for _ in range(3):
+                out = r.from_client(page())
+                assert out.startswith(b"P") and r.from_server(ANSWERS[1]) == (ANSWERS[1], b"")
+            assert reader.calls == calls, name
+            assert reader.statement_counts[("event_read", "extended")] == 3 and r.queries_sent == 3
+            assert reader.prepared and reader.unnamed is not None  # plan once: the Bind named the statement
+
+
+def test_a_portal_bound_again_to_a_statement_not_followed_is_forgotten_in_both():
+    """Bind drops the portal's statement when the new one is passthrough: the Execute that follows counts as
+    passthrough, not as the event read the portal held before (named and unnamed portals)."""
+    for portal, stmt in ((b"", b""), (b"p1", b"s1")):
+        bind = msg(b"B", portal + b"\x00" + stmt + b"\x00" + PARAMS)
+        execute = msg(b"E", portal + b"\x00\x00\x00\x00\x00") + msg(b"S")
+        stream = (msg(b"P", stmt + b"\x00" + PAGE + b"\x00\x00\x00") + bind + execute
+                  + msg(b"P", stmt + b"\x00SELECT 1\x00\x00\x00") + bind + execute)
+        python = run("python", [stream], [b""])
+        assert python[-1][2]["counts"] == {("event_read", "extended"): 1, ("passthrough", "extended"): 1}
+        assert run("c", [stream], [b""]) == python
+
+
+def test_a_malformed_bind_ends_the_session_in_both_with_the_same_words():
+    """A statement name that is not UTF-8 while statements are followed: on_client's ProtocolViolation, from the
+    compiled core too (it hands the message back untouched)."""
+    stream = msg(b"P", b"s1\x00" + PAGE + b"\x00\x00\x00") + msg(b"B", b"\x00\xff\x00" + PARAMS) + msg(b"S")
+    python = run("python", [stream], [b""])
+    assert python[-1][2]["ending"] is not None and "08P01" == python[-1][2]["ending"].sqlstate
+    assert run("c", [stream], [b""]) == python
