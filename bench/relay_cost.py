@@ -18,6 +18,7 @@ import sys
 import time
 
 from proxy.config import HostConfig
+from proxy.readpath import read_path
 from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import EventColumns, ReadPath
 from proxy.serve.relay import Relay
@@ -128,7 +129,8 @@ def session_bytes(n: int = 1_000) -> float:
 
 def main() -> None:
     which = getattr(framer, "IMPLEMENTATION", "python (before ADR 0018)")
-    print(f"framer: {which}; Python {sys.version.split()[0]}")
+    quiet = "c" if getattr(read_path, "QUIET_RUN", None) is not None else "python"  # ADR 0018, second addendum
+    print(f"framer: {which}; quiet read path: {quiet}; Python {sys.version.split()[0]}")
     for name in WORKLOADS:
         n = 2_000 if name == "page" else 20_000
         print(f"{name:10} {per_transaction(name, n):7.2f} µs per transaction")

@@ -19,8 +19,9 @@ log = logging.getLogger("openwop_seat")
 SERVE_ENVIRONMENT = f"""environment:
   {CONFIG_ENV:<26} the configuration file, when --config is not given
   OPENWOP_SEAT_CLAIM_SECRET  the claim secret, when [host] claim_secret_file is not set
-  OPENWOP_SEAT_FRAMER        c or python: the compiled framer (the default where it is built) or the
-                             pure-Python one (ADR 0018); the "listening" log line names the one in use"""
+  OPENWOP_SEAT_FRAMER        c or python: the compiled core, the framer and the quiet read path (the
+                             default where it is built), or the pure-Python one (ADR 0018); the
+                             "listening" log line names the one in use"""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,7 @@ statement the server did not keep cannot be mistaken for one it did.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -174,6 +175,10 @@ except ImportError:  # not built: see setup.py
 else:
     _cquiet.init(Portal)
     QUIET_MISSING = ""
+if _cquiet is None and framer.IMPLEMENTATION == "c" and \
+        os.environ.get(framer.IMPLEMENTATION_ENV, "").strip().lower() == "c":
+    raise ImportError(f"{framer.IMPLEMENTATION_ENV}=c, but {QUIET_MISSING}; run make setup (it needs a C compiler "
+                      "and Python's headers), or unset it for the pure-Python core")
 QUIET_RUN = _cquiet.quiet_run if _cquiet is not None and framer.IMPLEMENTATION == "c" else None
 JOIN_PARTS = _cquiet.join_parts if QUIET_RUN is not None else None
 

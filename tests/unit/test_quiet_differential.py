@@ -7,7 +7,10 @@ plan-once names, the statement metrics and the FIFO of owed answers."""
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
+import subprocess
+import sys
 
 from framers import framer_class, quiet_core
 from hypothesis import given, settings
@@ -111,6 +114,23 @@ def test_random_streams_give_the_same_bytes_and_state(messages, cuts, answer_pic
     same(b"".join(messages), cuts, answer_picks)
 
 
+# What a hostile client could send instead: Binds, Describes, Executes, Syncs and Flushes with any body at all (names
+# with and without their NULs, not UTF-8, empty), among the page's own messages.
+ANY_BODY = st.builds(lambda t, body: msg(t, body), st.sampled_from((b"B", b"D", b"E", b"S", b"H")),
+                     st.one_of(st.binary(max_size=24),
+                               st.builds(lambda a, b, c: a + b"\x00" + b + b"\x00" + c,
+                                         st.sampled_from((b"", b"p1", b"\xff")), st.sampled_from(NAMES),
+                                         st.binary(max_size=8))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(CLIENT), ANY_BODY), max_size=30),
+       st.lists(st.integers(min_value=0, max_value=3000), max_size=5),
+       st.lists(st.integers(min_value=0, max_value=20), min_size=1, max_size=5))
+def test_any_bodies_give_the_same_bytes_state_and_ending(messages, cuts, answer_picks):
+    same(b"".join(messages), cuts, answer_picks)
+
+
 def page() -> bytes:
     return (msg(b"P", b"\x00" + PAGE + b"\x00\x00\x00") + msg(b"B", b"\x00\x00" + PARAMS) + msg(b"D", b"P\x00")
             + msg(b"E", b"\x00\x00\x00\x00\x00") + msg(b"S"))
@@ -170,3 +190,27 @@ def test_a_malformed_bind_ends_the_session_in_both_with_the_same_words():
     python = run("python", [stream], [b""])
     assert python[-1][2]["ending"] is not None and "08P01" == python[-1][2]["ending"].sqlstate
     assert run("c", [stream], [b""]) == python
+
+
+def quiet_selected(value: str | None, built: bool = True) -> subprocess.CompletedProcess:
+    """What a fresh process takes as the quiet read path with OPENWOP_SEAT_FRAMER at ``value``; ``built=False``
+    imports it as if _cquiet.c had not been built."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENWOP_SEAT_FRAMER"}
+    if value is not None:
+        env["OPENWOP_SEAT_FRAMER"] = value
+    hide = "" if built else "import sys; sys.modules['proxy.readpath._cquiet'] = None; "
+    return subprocess.run([sys.executable, "-c", hide + "from proxy.readpath import read_path as r; "
+                           "print(r.QUIET_RUN is not None, r.JOIN_PARTS is not None, r.QUIET_MISSING or '-')"],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_quiet_read_path_follows_the_framers_choice():
+    """Compiled by default and with OPENWOP_SEAT_FRAMER=c, pure Python with =python; not built, the seat runs the
+    pure-Python one and says why, unless =c asked for the compiled core, which then refuses to start."""
+    assert quiet_selected(None).stdout.split() == ["True", "True", "-"]
+    assert quiet_selected("c").stdout.split() == ["True", "True", "-"]
+    assert quiet_selected("python").stdout.split() == ["False", "False", "-"]
+    missing = quiet_selected(None, built=False)
+    assert missing.stdout.startswith("False False the compiled quiet read path (proxy/readpath/_cquiet.c) is not built")
+    refused = quiet_selected("c", built=False)
+    assert refused.returncode != 0 and "OPENWOP_SEAT_FRAMER=c, but the compiled quiet read path" in refused.stderr
