@@ -181,6 +181,29 @@ group_append(Quiet *q, PyObject *kind, PyObject **replacement)
     return 1;
 }
 
+/* portals[portal] = Portal(st), unless the portal held there already has st (a page's repeated Bind). 0 or -1. */
+static int
+keep_portal(Quiet *q, PyObject *portal, PyObject *st)
+{
+    PyObject *held = PyDict_GetItemWithError(q->portals, portal);
+    if (held == NULL && PyErr_Occurred())
+        return -1;
+    if (held != NULL) {
+        PyObject *was = PyObject_GetAttr(held, S_statement);
+        if (was == NULL)
+            return -1;
+        Py_DECREF(was);
+        if (was == st)
+            return 0;
+    }
+    Py_INCREF(st);  /* held across the call into Python (the Portal dataclass's __init__) */
+    PyObject *p = PyObject_CallOneArg(Portal, st);
+    Py_DECREF(st);
+    int rc = p == NULL ? -1 : PyDict_SetItem(q->portals, portal, p);
+    Py_XDECREF(p);
+    return rc;
+}
+
 /* Bind. *replacement: a new reference, or NULL when the message goes on as it was. 1 done, 0 stop, -1 error. */
 static int
 on_bind(Quiet *q, const char *b, Py_ssize_t len, PyObject **replacement)
@@ -209,11 +232,7 @@ on_bind(Quiet *q, const char *b, Py_ssize_t len, PyObject **replacement)
             return PyErr_Occurred() ? -1 : 0;
         int rc;
         if (st != NULL) {
-            Py_INCREF(st);  /* held across the call into Python (the Portal dataclass's __init__) */
-            PyObject *p = PyObject_CallOneArg(Portal, st);
-            Py_DECREF(st);
-            rc = p == NULL ? -1 : PyDict_SetItem(q->portals, portal, p);
-            Py_XDECREF(p);
+            rc = keep_portal(q, portal, st);
         } else {
             rc = PyDict_DelItem(q->portals, portal);
             if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {

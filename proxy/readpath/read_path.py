@@ -160,6 +160,9 @@ class Entry:
     t0: float = 0.0  # for 'S', 'Q', 'F': when it was sent (statement latency)
 
 
+# An empty unnamed Parse: what the client's repeated Parse of a plan-once statement becomes (its ParseComplete).
+_EMPTY_UNNAMED_PARSE = messages.message(b"P", b"\x00\x00\x00\x00")
+
 # Extended-protocol messages of a quiet group, by type byte: the FIFO entry each one owes.
 _QUIET_KINDS = {PARSE: "P", BIND: "B", EXECUTE: "E", CLOSE: "C"}
 
@@ -397,7 +400,9 @@ class ReadPath:
                 if self.statements:
                     self.statements.pop(name, None)
             else:
-                self.statements[name] = Statement(plan, cls=cls)
+                old = self.statements.get(name)
+                if old is None or old.plan is not plan or old.cls != cls:  # a page's repeated Parse keeps its own
+                    self.statements[name] = Statement(plan, cls=cls)
             if not name:
                 self.unnamed = None
             if (self.prepared or self.preparing) and _forgets_prepared(sql):
@@ -410,7 +415,10 @@ class ReadPath:
             stmt = body[portal_end + 1:stmt_end]
             st = self.statements.get(stmt.decode()) if self.statements else None
             if st is not None:
-                self.portals[body[:portal_end].decode()] = Portal(st)
+                portal = body[:portal_end].decode()
+                held = self.portals.get(portal)
+                if held is None or held.statement is not st:  # a page's repeated Bind keeps its portal
+                    self.portals[portal] = Portal(st)
             elif self.portals:
                 self.portals.pop(body[:portal_end].decode(), None)
             if not stmt and self.unnamed is not None:
@@ -467,7 +475,7 @@ class ReadPath:
         prepared = self.prepared.get(key)
         if prepared is not None:
             self.unnamed = prepared
-            return messages.message(b"P", b"\x00\x00\x00\x00")  # an empty unnamed statement: ParseComplete
+            return _EMPTY_UNNAMED_PARSE  # an empty unnamed statement: ParseComplete
         statement = text.encode("utf-8", "surrogateescape") + b"\x00" + tail
         if len(self.prepared) + len(self.preparing) >= MAX_PREPARED:
             return messages.message(b"P", b"\x00" + statement)
@@ -587,7 +595,7 @@ class ReadPath:
             # an empty unnamed statement stands in; what the client sends until its Sync is dropped
             self._push(Entry("P", name, refusal=plan.refused, local=True), watch=True)
             self.skipping = True
-            return messages.message(b"P", b"\x00\x00\x00\x00")
+            return _EMPTY_UNNAMED_PARSE
         if plan.refused is not None:
             self._push(Entry("P", name, refusal=plan.refused), watch=True)
             return messages.message(b"P", name.encode() + b"\x00" + POISON_SQL.encode() + b"\x00\x00\x00")

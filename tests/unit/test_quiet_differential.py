@@ -24,6 +24,7 @@ from proxy.serve.relay import Relay
 from proxy.stats import Stats
 
 PAGE = b"SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
+TYPES = b"SELECT type FROM events WHERE run_id = $1"  # another translated statement: another plan
 REFUSED = b"SELECT * FROM events TABLESAMPLE SYSTEM (1)"
 PARAMS = b"\x00\x02\x00\x00\x00\x00\x00\x02\x00\x00\x00\x01a\x00\x00\x00\x010\x00\x00"  # 2 text values, no formats
 
@@ -40,7 +41,8 @@ ANSWERS = (READY, msg(b"1") + msg(b"2") + msg(b"n") + msg(b"C", b"SELECT 0\x00")
 # Client messages: the kinds the compiled code handles, well formed and not, and those it leaves to on_client.
 NAMES = (b"", b"s1", b"s2", b"\xff\xfe")
 CLIENT = (
-    *(msg(b"P", name + b"\x00" + sql + b"\x00\x00\x00") for name in NAMES[:3] for sql in (PAGE, b"SELECT 1", REFUSED)),
+    *(msg(b"P", name + b"\x00" + sql + b"\x00\x00\x00") for name in NAMES[:3]
+      for sql in (PAGE, TYPES, b"SELECT 1", REFUSED)),
     msg(b"P", b"\x00DISCARD ALL\x00\x00\x00"),
     *(msg(b"B", portal + b"\x00" + stmt + b"\x00" + PARAMS) for portal in (b"", b"p1") for stmt in NAMES),
     msg(b"B", b"\xff\x00s1\x00" + PARAMS), msg(b"B", b"p1"), msg(b"B", b"p1\x00s1"), msg(b"B"),
@@ -181,6 +183,31 @@ def test_a_portal_bound_again_to_a_statement_not_followed_is_forgotten_in_both()
         python = run("python", [stream], [b""])
         assert python[-1][2]["counts"] == {("event_read", "extended"): 1, ("passthrough", "extended"): 1}
         assert run("c", [stream], [b""]) == python
+
+
+def test_a_portal_bound_again_to_another_followed_statement_holds_the_new_one():
+    """A page's repeated Bind keeps its portal, but a Bind of the same portal to another statement replaces it."""
+    for portal in (b"", b"p1"):
+        stream = (msg(b"P", b"s1\x00" + PAGE + b"\x00\x00\x00") + msg(b"P", b"s2\x00" + TYPES + b"\x00\x00\x00")
+                  + msg(b"B", portal + b"\x00s1\x00" + PARAMS) + msg(b"B", portal + b"\x00s1\x00" + PARAMS)
+                  + msg(b"B", portal + b"\x00s2\x00" + PARAMS) + msg(b"S"))
+        python = run("python", [stream], [b""])
+        state = python[-1][2]
+        assert state["portals"][portal.decode()] == state["statements"]["s2"] != state["statements"]["s1"]
+        assert run("c", [stream], [b""]) == python
+
+
+def test_a_statement_parsed_again_with_another_text_holds_the_new_plan():
+    """A page's repeated Parse keeps its statement, but a Parse of the same name with another text replaces it (both
+    cores run the Parse in Python: this holds the definition itself)."""
+    for name in (b"", b"s1"):
+        def parse(sql: bytes) -> bytes:
+            return msg(b"P", name + b"\x00" + sql + b"\x00\x00\x00") + msg(b"S")
+
+        for core_name in ("python", "c"):
+            again = run(core_name, [parse(PAGE) + parse(PAGE) + parse(TYPES)], [b""])[-1][2]["statements"]
+            alone = run(core_name, [parse(TYPES)], [b""])[-1][2]["statements"]
+            assert again == alone and again[name.decode()][1] == "event_read"
 
 
 def test_a_malformed_bind_ends_the_session_in_both_with_the_same_words():
