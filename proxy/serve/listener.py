@@ -113,6 +113,8 @@ class SeatServer:
 
         self.pool = Pool(self)  # pooled server connections ([pool], ADR 0016): used while pool.enabled
         self.peers = None  # with workers > 1: the other workers, through the supervisor (supervisor.PeerLink)
+        # Set once the link to the supervisor is up: a worker listens before it (a cancel may come in between).
+        self.peers_linked = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         # The writer rule as the last runtime check found it (ADR 0006): "" in force, else why not.  While it is
         # not, new sessions on the host database are refused. (At first boot no check runs: writer_rule_broken.)

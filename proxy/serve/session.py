@@ -10,6 +10,7 @@ seat stops reading from the other side until it drains. Timers (the claim's, the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -265,6 +266,14 @@ class Session:
         # it came. Any other key goes on as it came: PostgreSQL checks it (a seat key of a session that ended
         # matches no backend there).
         mapped = pool.cancel_target(packet.pid, packet.key)
+        if mapped is None and self.config.pool.enabled and self.config.workers > 1 and not server.peers_linked.is_set():
+            # A worker listens before its link to the supervisor is up: a cancel that comes in between waits for it
+            # (as long as an ask of the others may take), not forwarded as it came while another worker holds the
+            # session. Once up, it is not waited for again (a drain without a supervisor forwards at once).
+            from proxy.serve.supervisor import PEER_CANCEL_SECONDS
+
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.peers_linked.wait(), PEER_CANCEL_SECONDS)
         if mapped is None and server.peers is not None and self.config.pool.enabled:
             if await server.peers.cancel(packet.pid, packet.key):
                 pool.cancel_results["routed"] += 1

@@ -94,6 +94,7 @@ async def _worker_link(server, sock: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     link = Link(reader, writer, answer)
     server.peers = PeerLink(link)
+    server.peers_linked.set()
     try:
         await link.closed
     finally:
