@@ -63,10 +63,14 @@ def test_listen_notify(seat):
     assert 'Asynchronous notification "psql_chan" with payload "hi"' in out
 
 
-def test_sigint_cancels_pg_sleep(seat):
-    proc = subprocess.Popen(["psql", "-X", "-At", "-d", seat.dsn(), "-c", "SELECT pg_sleep(30)"],
+def test_sigint_cancels_pg_sleep(seat, pg):
+    proc = subprocess.Popen(["psql", "-X", "-At", "-d", seat.dsn(), "-c", "SELECT pg_sleep(30.5)"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.7)  # let the query start
+    deadline = time.monotonic() + 20  # until the statement runs: a SIGINT before it would cancel nothing
+    while pg.psql("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30.5)' "
+                  "AND wait_event = 'PgSleep'").strip() != "1":
+        assert time.monotonic() < deadline and proc.poll() is None, "the statement never started"
+        time.sleep(0.02)
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)  # psql answers SIGINT with a CancelRequest
     _, err = proc.communicate(timeout=30)

@@ -127,7 +127,17 @@ def test_connections_spread_over_both_workers(start_seat):
         conn.close()
 
 
-def test_cancel_from_one_worker_reaches_a_query_on_the_other(start_seat):
+def sleeping(pg, backend_pid: int, timeout: float = 20) -> None:
+    """Wait until the backend runs its pg_sleep: a cancel that came before the statement would cancel nothing."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(pg.dsn(), autocommit=True) as watch:
+        while watch.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                            (backend_pid,)).fetchone() != ("PgSleep",):
+            assert time.monotonic() < deadline, "the statement never started"
+            time.sleep(0.01)
+
+
+def test_cancel_from_one_worker_reaches_a_query_on_the_other(start_seat, pg):
     seat = start_seat(proxy={"workers": 2})
     pids = set(worker_pids(seat).values())
     conn = RawConn(seat.port, timeout=30)
@@ -135,7 +145,7 @@ def test_cancel_from_one_worker_reaches_a_query_on_the_other(start_seat):
     backend_pid, secret = struct.unpack("!II", key)
     serving = holder(seat, conn.sock, pids)
     conn.send(query("SELECT pg_sleep(30)"))
-    time.sleep(0.2)
+    sleeping(pg, backend_pid)
     for _ in range(100):  # a fresh connection that the other worker accepted
         cancel = socket.create_connection(("127.0.0.1", seat.port))
         if holder(seat, cancel, pids) != serving:
