@@ -591,6 +591,33 @@ def test_a_cancel_reaches_the_pooled_session_whichever_worker_receives_it(start_
                                                                           "mapped") == attempt + 1
 
 
+def test_a_cancel_with_a_key_no_worker_holds_cancels_nothing_with_two_workers(start_seat, verifiers,
+                                                                              tmp_path_factory):
+    """A CancelRequest whose (pid, key) no worker issued, sent right after the seat starts (while the second worker
+    may not be linked to the supervisor yet, when a cancel waits for the link) and again later: each is forwarded as
+    it came, and cancels no statement of a pooled session."""
+    import socket
+    import struct
+
+    auth = tmp_path_factory.mktemp("pool-bogus-cancel") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
+    with connect(seat) as conn:
+        result = []
+        t = threading.Thread(target=lambda: result.append(conn.execute("SELECT pg_sleep(1.5), 'slept'").fetchone()))
+        t.start()
+        for _ in range(8):  # the kernel spreads the connections over both workers
+            with socket.create_connection(("127.0.0.1", seat.port)) as c:
+                c.sendall(struct.pack("!IIII", 16, 80877102, 0x7FFFFFF0, 0x12345678))
+                c.settimeout(10)  # a hang fails here (socket.timeout): the wait for the link is bounded at 2 s
+                assert c.recv(1) == b""  # the seat closes it, and says nothing, as PostgreSQL does
+        t.join(30)
+        assert result == [("", "slept")]  # nothing was cancelled
+    text = wait_for(seat, lambda t: counter(t, "openwop_seat_pool_cancels", "forwarded") == 8, "8 cancels forwarded")
+    assert counter(text, "openwop_seat_pool_cancels", "mapped") == counter(text, "openwop_seat_pool_cancels",
+                                                                         "routed") == 0
+
+
 def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
     """PostgreSQL closes a connection on Terminate; the seat, which keeps the backend, does the same: a client that
     sends Terminate and keeps its socket open does not hold the backend."""
