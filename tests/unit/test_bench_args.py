@@ -16,6 +16,7 @@ CASES = [  # (module, option): each probe's counts
     ("bench.store_page_plan", "--repeat"), ("bench.projection_cost", "--rows"), ("bench.projection_cost", "--repeat"),
     ("bench.append_cost", "--rows"), ("bench.append_cost", "--repeat"), ("bench.chunks", "--seconds"),
     ("bench.chunks", "--rounds"), ("bench.connect_cost", "--connects"), ("bench.connect_cost", "--claims"),
+    ("bench.page_syscalls", "--seconds"), ("bench.page_syscalls", "--rounds"),
 ]
 
 
@@ -48,3 +49,18 @@ def test_the_types_themselves():
     for bad in ("0", "-1", "x", " ", "3.0"):
         with pytest.raises(Exception, match="must be at least 1|not an integer"):
             positive(bad)
+
+
+def test_page_syscalls_refuses_an_unknown_workload_and_a_missing_strace(monkeypatch, capsys):
+    from bench import page_syscalls
+
+    started = []
+    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
+    with pytest.raises(SystemExit) as ended:
+        page_syscalls.main(["--workload", "passthrough"])
+    assert ended.value.code == 2 and "argument --workload: invalid choice" in capsys.readouterr().err
+    monkeypatch.setattr("shutil.which", lambda name: None if name == "strace" else "/usr/bin/" + name)
+    with pytest.raises(SystemExit) as ended:
+        page_syscalls.main([])
+    assert ended.value.code == 2 and "strace is not installed" in capsys.readouterr().err
+    assert not started
