@@ -44,7 +44,7 @@ from proxy.db import store_sql
 from proxy.db.layout import TRIGGER_PREFIX
 from proxy.db.net_sql import NET_CODE, NET_SQLSTATE
 from proxy.db.projection_compiled import compiled_sql
-from proxy.db.sql import jsonb_literal, quote_ident, quote_literal, quote_relation, text_array_literal
+from proxy.db.sql import jsonb_literal, quote_ident, quote_literal, quote_relation, relation_name, text_array_literal
 
 SCHEMA = "openwop_seat"
 EQ = "OPERATOR(pg_catalog.=)"
@@ -199,6 +199,7 @@ def relations_sql(artifacts, host: HostConfig, columns: list[Column],
     clean_join = (f"LEFT JOIN {SCHEMA}.payloads_clean {C}_clean ON {C}_clean.run_id {EQ} "
                   f"{run}{'' if types[host.run_id_column] == 'text' else '::text'}")
     events = quote_relation(host.events_table)
+    events_name = relation_name(events)  # the name the classifier guards (proxy.readpath.classify)
     may_read = (f"(SELECT pg_catalog.has_table_privilege({quote_literal(quote_relation(host.events_table))}::regclass, "
                 f"'SELECT'))")
 
@@ -361,8 +362,12 @@ GRANT SELECT ON {SCHEMA}.{VIEW[major]} TO PUBLIC;
     return f"""
 -- The classifier's guard on an unqualified name of the events table (issue 23): the name is the host's table
 -- only where this session's search_path finds it there. No SET search_path (the caller's is the point), so
--- everything here is qualified with its schema.
-CREATE OR REPLACE FUNCTION {SCHEMA}.events_named(name text)
+-- everything here is qualified with its schema. events_named is the guard every such statement calls: SQL,
+-- so that PostgreSQL inlines it into the caller's plan (a PL/pgSQL call cost a page about 8 µs of backend CPU,
+-- its set-up for each new transaction included, docs/performance.md); pg_table_is_visible of the host's table
+-- is true exactly where its unqualified name finds it (the same walk of the search path). Anywhere else,
+-- events_named_refuse asks again and refuses, naming what the name finds.
+CREATE OR REPLACE FUNCTION {SCHEMA}.events_named_refuse(name text)
 RETURNS boolean LANGUAGE plpgsql STABLE
 AS $ow$
 DECLARE
@@ -379,6 +384,14 @@ BEGIN
     END IF;
     RETURN true;
 END
+$ow$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.events_named(name text)
+RETURNS boolean LANGUAGE sql STABLE
+AS $ow$
+SELECT CASE WHEN name OPERATOR(pg_catalog.=) {quote_literal(events_name)}
+                 AND pg_catalog.pg_table_is_visible({quote_literal(events)}::pg_catalog.regclass)
+            THEN true ELSE {SCHEMA}.events_named_refuse(name) END
 $ow$;
 
 CREATE OR REPLACE FUNCTION {SCHEMA}.refuse_text(code text, t text, run text, seq bigint)

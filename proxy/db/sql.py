@@ -29,6 +29,22 @@ def quote_relation(name: str) -> str:
     return ".".join(quote_ident(p) for p in name.split("."))
 
 
+def relation_name(name: str) -> str:
+    """The table's own name, unquoted, in a relation name as :func:`quote_relation` takes it: ``"s"."t"`` and
+    ``s.t`` give ``t``, ``"a.b"."x""y"`` gives ``x"y``."""
+    if not name.endswith('"'):
+        return name.rpartition(".")[2]
+    i = len(name) - 2
+    while i >= 0:  # back to the quote that opens the last part; "" inside it is a quote of the name
+        if name[i] == '"':
+            if i > 0 and name[i - 1] == '"':
+                i -= 2
+                continue
+            return name[i + 1:-1].replace('""', '"')
+        i -= 1
+    raise ValueError(f"not a relation name: {name!r}")
+
+
 def quote_literal(value: str) -> str:
     """A SQL string literal that reads the same whatever standard_conforming_strings says."""
     if "\0" in value:

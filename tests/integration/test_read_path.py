@@ -278,6 +278,46 @@ def test_an_unqualified_events_is_translated_only_where_the_search_path_finds_th
         pg.psql(f"DROP SCHEMA {schema} CASCADE")
 
 
+def test_a_pages_search_path_guard_is_asked_at_every_execution_and_is_not_the_clients_to_shadow(read_seat, pg, runs):
+    """The guard is SQL that PostgreSQL inlines into the page's plan, made once per session: the same page read
+    finds the host's table, is refused once SET search_path finds a tenant's table first, and reads again after
+    RESET. A schema of the client's first in the search path, before pg_catalog, with its own events table and
+    its own pg_table_is_visible that always says true, is refused all the same (the guard names pg_catalog's)."""
+    import uuid
+
+    era2, _era3 = runs
+    page = "SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence ASC LIMIT %s"
+    schema = f"evil_{uuid.uuid4().hex[:8]}"
+    pg.psql(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.events (LIKE public.events); "
+            f"CREATE FUNCTION {schema}.pg_table_is_visible(oid) RETURNS boolean LANGUAGE sql AS 'SELECT true'; "
+            f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC; GRANT SELECT ON {schema}.events TO PUBLIC")
+    try:
+        with psycopg.connect(read_seat.dsn(), autocommit=True) as conn:
+            first = conn.execute(page, (era2, -1, 100), prepare=True).fetchall()
+            assert first and first[0][3] == A.v1_to_v2[RENAMED[0]]
+            for path in (f"{schema}, pg_catalog, public", f"pg_catalog, {schema}, public"):
+                conn.execute(f"SET search_path = {path}")
+                with pytest.raises(psycopg.Error) as refused:
+                    conn.execute(page, (era2, -1, 100), prepare=True)
+                assert refused.value.sqlstate == "OW004", path
+                assert f"the name events finds {schema}.events, not the host's events table" in str(refused.value)
+                conn.execute("RESET search_path")
+                assert conn.execute(page, (era2, -1, 100), prepare=True).fetchall() == first
+    finally:
+        pg.psql(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_the_search_path_guard_is_inlined_into_the_callers_plan(read_seat, pg):
+    """PostgreSQL inlines the guard (a SQL function, no PL/pgSQL call per statement): the plan of a guarded
+    statement holds pg_table_is_visible of the host's table, and events_named_refuse only in the branch taken
+    where it is not visible."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT count(*) FROM events WHERE (SELECT openwop_seat.events_named('events'))"))
+    assert "pg_table_is_visible(" in plan and "events_named(" not in plan, plan
+    assert "ELSE openwop_seat.events_named_refuse('events'::text)" in plan, plan
+
+
 def test_row_locks_on_translated_reads_and_locks_elsewhere_work(read_seat, pg, runs):
     """Issue 23, ADR 0017: FOR UPDATE on the translated rows returns them translated (tests/integration/
     test_row_locks.py shows the stored rows locked); a lock OF the runs table on the same join, and a lock at a

@@ -12,7 +12,7 @@ from proxy.config import HostConfig
 from proxy.db.connect import parse_keyword_dsn
 from proxy.db.layout import LOCK_KEY, SchemaError
 from proxy.db.reader_sql import era_sql, read_check_sql
-from proxy.db.sql import quote_ident, quote_literal, quote_qualified, text_array_literal
+from proxy.db.sql import quote_ident, quote_literal, quote_qualified, quote_relation, relation_name, text_array_literal
 from proxy.db.writer_sql import artifact_objects_sql
 from proxy.errors import ERRORS
 
@@ -32,6 +32,20 @@ def test_quoting():
     assert text_array_literal({"b", "a.c-d"}) == "'{\"a.c-d\",\"b\"}'::text[]"
     assert text_array_literal({'q"x'}) == "E'{\"q\\\\\"x\"}'::text[]"
     assert text_array_literal(set()) == "'{}'::text[]"
+
+
+@pytest.mark.parametrize("name, table", [
+    ("events", "events"), ("public.events", "events"), ('"public"."events"', "events"),
+    ('"a.b"."x""y"', 'x"y'), ('"""q"', '"q'), ('"Host"."Events"', "Events"), ('"a"."b.c"', "b.c"),
+])
+def test_relation_name_is_the_tables_own_name_unquoted(name, table):
+    assert relation_name(name) == table
+    assert relation_name(quote_relation(name)) == table  # the form the generators pass
+
+
+def test_relation_name_refuses_an_unbalanced_quote():
+    with pytest.raises(ValueError):
+        relation_name('events"')
 
 
 def test_builders():
