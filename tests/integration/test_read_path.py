@@ -313,7 +313,8 @@ def test_the_search_path_guard_is_inlined_into_the_callers_plan(read_seat, pg):
     where it is not visible."""
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN (VERBOSE, COSTS OFF) SELECT count(*) FROM events WHERE (SELECT openwop_seat.events_named('events'))"))
+            "EXPLAIN (VERBOSE, COSTS OFF) "
+            "SELECT count(*) FROM events WHERE (SELECT openwop_seat.events_named('events'))"))
     assert "pg_table_is_visible(" in plan and "events_named(" not in plan, plan
     assert "ELSE openwop_seat.events_named_refuse('events'::text)" in plan, plan
 
