@@ -9,9 +9,10 @@ mean in ms. Last, the memory of a backend: the sum of ``pg_backend_memory_contex
 PostgreSQL has allocated in that backend) read by the session itself, right after connect and after one
 100-row page of an era-2 run, direct and through the seat. And the claim's database time: the CPU time a fresh
 backend spends on its first statement (``/proc/<pid>/schedstat`` of the backend, so not skewed by a loaded machine;
-the PostgreSQL of this probe runs here), ``SELECT 1`` against ``claim_once`` as the seat sends it, interleaved, median
-over ``--claims`` backends (ADR 0013's addendum). One run, no alternation: ``make bench --only connect`` is the
-measurement; this tells a developer where the time and the memory go.
+the PostgreSQL of this probe runs here), ``SELECT 1`` against ``claim_once`` as the seat sends it and against each
+part of it alone (``CLAIM_PARTS``: the relations, the function and the digest a fresh backend meets for the first
+time), interleaved, median over ``--claims`` backends (ADR 0013's addendum, ADR 0021). One run, no alternation:
+``make bench --only connect`` is the measurement; this tells a developer where the time and the memory go.
 """
 
 from __future__ import annotations
@@ -55,10 +56,24 @@ def connects(dsn: str, n: int) -> list[float]:
     return times
 
 
+# What claim_once touches that SELECT 1 does not, each as a fresh backend's first statement (ADR 0021): what a
+# fresh backend pays the first time it reads a relation, calls a function or fetches a digest from OpenSSL.
+CLAIM_PARTS = {
+    "pg_stat_get_activity": "SELECT (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity("
+                            "pg_catalog.pg_backend_pid()) a)",
+    "claims read": "SELECT (SELECT c.backend_start FROM openwop_seat.claims c WHERE c.pid = 0)",
+    "claim_secret read": "SELECT (SELECT s.hmac_ipad FROM openwop_seat.claim_secret s)",
+    "sha256": "SELECT pg_catalog.sha256('\\x01'::bytea)",
+    "timestamps": "SELECT pg_catalog.to_timestamp(1::float8 / 1000000::float8) < pg_catalog.statement_timestamp() "
+                  "- '60000000 microseconds'::interval",
+}
+
+
 def first_statement_cpu(dsn: str, secret: str, salt: str, n: int) -> dict[str, float]:
-    """Median CPU ms of a fresh backend's first statement: SELECT 1, and claim_once as the seat sends it (parameter
-    types by OID, without the ownership question); interleaved, one backend each."""
-    times: dict[str, list[float]] = {"SELECT 1": [], "claim_once": []}
+    """Median CPU ms of a fresh backend's first statement: SELECT 1, each of the claim's parts (CLAIM_PARTS), and
+    claim_once as the seat sends it (parameter types by OID, without the ownership question); interleaved, one
+    backend each."""
+    times: dict[str, list[float]] = {"SELECT 1": [], **{part: [] for part in CLAIM_PARTS}, "claim_once": []}
     for _ in range(n):
         for name in times:
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -67,10 +82,12 @@ def first_statement_cpu(dsn: str, secret: str, salt: str, n: int) -> dict[str, f
                     params = [str(v).encode() for v in claim_once_params(secret, salt, pg.backend_pid, 2)]
                     sql, oids = CLAIM_ONCE_ONLY_SQL.encode(), list(CLAIM_ONCE_PARAM_OIDS)
                 else:
-                    params, sql, oids = [], b"SELECT 1", []
+                    params, sql, oids = [], CLAIM_PARTS.get(name, "SELECT 1").encode(), []
                 before = backend_cpu_ns(pg.backend_pid)
                 result = pg.exec_params(sql, params, oids)
                 times[name].append((backend_cpu_ns(pg.backend_pid) - before) / 1e6)
+                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                    raise RuntimeError(f"{name}: {result.error_message.decode(errors='replace')}")
                 if name == "claim_once" and result.get_value(0, 0) != b"ok":
                     raise RuntimeError(f"claim_once answered {result.get_value(0, 0)!r}")
     return {name: statistics.median(t) for name, t in times.items()}
@@ -135,8 +152,8 @@ def main() -> None:
         except OSError as e:  # no /proc/<pid>/schedstat (not Linux, or the backend runs elsewhere)
             print(f"claim's database time: not measured ({e})")
         else:
-            print(f"fresh backend, first statement, backend CPU (median of {args.claims}): SELECT 1 "
-                  f"{cpu['SELECT 1']:.2f} ms, claim_once {cpu['claim_once']:.2f} ms")
+            print(f"fresh backend, first statement, backend CPU (median of {args.claims}): "
+                  + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items()))
         for name in ("direct", "seat major 2", "seat raw"):
             samples = [memory(targets[name]) for _ in range(5)]
             fresh = statistics.median(s[0] for s in samples)

@@ -1,6 +1,6 @@
 """What a major-2 page costs PostgreSQL: backend CPU per page, direct against the seat's statement and its parts.
 
-    .venv/bin/python -m bench.page_backend_cost [--pages 1000] [--rounds 3]
+    .venv/bin/python -m bench.page_backend_cost [--pages 1000] [--rounds 3] [--sketches]
 
 Starts a throwaway cluster loaded as ``make bench`` loads it (``bench.seed``: the page runs, era-3 runs,
 projection runs and host-mix runs, the era-2 ones filled into the v2 store), then, in fresh sessions, runs the
@@ -14,7 +14,10 @@ in these forms:
   store (the page form: the store's arm and the live arm, each in index order, ADR 0015);
 * ``store``: the same page of ``openwop_seat.events_v2_store`` itself (the floor of a filled run's page);
 * ``filled``: the page of ``events_v2_filled``, the store's arm (the store joined to its marks, and the gates);
-* ``live``: the page of ``events_m2_run_live(run)``, the live arm (empty for a filled run).
+* ``live``: the page of ``events_m2_run_live(run)``, the live arm (empty for a filled run);
+* with ``--sketches``, a fast page the seat does not send (ADR 0021, finding 3), made in the probe's cluster only:
+  ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: era 3`` (an era-3
+  run's rows as stored, through a gated view of the runs stamped era 3) and ``fast: both`` (their union).
 
 The figure is the backend's CPU time (``/proc/<pid>/schedstat`` of the session's backend, Linux) per page, the
 median over ``--rounds`` interleaved rounds: PostgreSQL's own cost of each form, not skewed by what else runs on
@@ -40,6 +43,34 @@ from .args import positive
 
 CLASSES = {"era 3": seed.ERA3_RUNS, "clean era 2": seed.PAGE_RUNS, "projection": seed.PROJECTION_RUNS,
            "host mix": seed.HOST_MIX_RUNS}
+
+
+# --sketches (ADR 0021, finding 3): a "fast page" the seat does not send, made in this probe's throwaway cluster
+# only. An arm of the store's rows of a run marked with no row above its mark (the check through the gated views
+# events_v2_marked and events_keys), and an arm of an era-3 run's rows as stored (a gated view of the rows of
+# runs stamped era 3): neither holds the live translation, so neither pays its initialization; a page that both
+# leave empty would be read again with the seat's statement.
+SKETCH_ERA3 = """
+CREATE SCHEMA IF NOT EXISTS sketch;
+CREATE OR REPLACE VIEW sketch.events_era3 AS
+SELECT e.* FROM public.events e
+WHERE EXISTS (SELECT FROM openwop_seat.run_era x WHERE x.run_id OPERATOR(pg_catalog.=) e.run_id)
+  AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))
+  AND (SELECT CASE WHEN EXISTS (SELECT FROM openwop_seat.claims n WHERE n.pid OPERATOR(pg_catalog.=)
+       pg_catalog.pg_backend_pid() AND n.major OPERATOR(pg_catalog.=) 1::pg_catalog.int2)
+       THEN openwop_seat.net_view(2::pg_catalog.int2) ELSE true END);
+"""
+_COVERED = ("(SELECT EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m.run_id = $1 AND NOT EXISTS "
+            "(SELECT FROM openwop_seat.events_keys k WHERE k.run_id = $1 AND k.sequence > m.upto)))")
+_STORE_ARM = ("SELECT * FROM openwop_seat.events_v2_filled AS events WHERE run_id = $1 AND sequence > $2 AND "
+              f"{_COVERED} ORDER BY sequence LIMIT 100")
+_ERA3_ARM = "SELECT * FROM sketch.events_era3 AS events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
+SKETCHES = {
+    "fast: store": _STORE_ARM,
+    "fast: era 3": _ERA3_ARM,
+    "fast: both": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_ERA3_ARM})) AS events "
+                  "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
+}
 
 
 def forms() -> dict[str, str]:
@@ -75,26 +106,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.page_backend_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--pages", type=positive, default=1000, help="pages per figure (default 1000)")
     parser.add_argument("--rounds", type=positive, default=3, help="interleaved rounds, median kept (default 3)")
+    parser.add_argument("--sketches", action="store_true", help="add the fast page's sketches (ADR 0021)")
     args = parser.parse_args(argv)
+    shapes = {**forms(), **(SKETCHES if args.sketches else {})}
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = stack.start_cluster(10)
     try:
         pgbench = os.path.join(cluster.bin, "pgbench")
         seed.load(cluster, pgbench if os.path.exists(pgbench) else shutil.which("pgbench") or pgbench, 1)
         dsn = cluster.dsn()
+        if args.sketches:
+            cluster.psql(SKETCH_ERA3)
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():
-                for name, sql in forms().items():
+                for name, sql in shapes.items():
                     figures.setdefault((cls, name), []).append(per_page_us(dsn, sql, runs, args.pages))
     finally:
         cluster.stop()
-    names = list(forms())
+    names = list(shapes)
     print(f"backend CPU µs per 100-row page, median of {args.rounds} rounds of {args.pages} pages (generic plans)")
-    print(f"{'runs':<12}" + "".join(f"{n:>9}" for n in names) + f"{'seat-direct':>13}")
+    widths = [max(9, len(n) + 2) for n in names]
+    print(f"{'runs':<12}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths)) + f"{'seat-direct':>13}")
     for cls in CLASSES:
         row = [statistics.median(figures[cls, n]) for n in names]
-        print(f"{cls:<12}" + "".join(f"{v:>9.1f}" for v in row) + f"{row[1] - row[0]:>13.1f}")
+        print(f"{cls:<12}" + "".join(f"{v:>{w}.1f}" for v, w in zip(row, widths)) + f"{row[1] - row[0]:>13.1f}")
     return 0
 
 

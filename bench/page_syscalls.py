@@ -18,6 +18,7 @@ project): ``py-spy record -r 1000 -f raw -o spy.txt -p <seat pid> -d 9`` while t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -81,19 +82,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.no_strace and shutil.which("strace") is None:
         parser.error("strace is not installed (apt-get install strace), or pass --no-strace")
-    os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
-    cluster = stack.start_cluster(10)
-    running: list = []
-    try:
-        pgbench = os.path.join(cluster.bin, "pgbench")
-        pgbench = pgbench if os.path.exists(pgbench) else shutil.which("pgbench") or pgbench
-        seed.load(cluster, pgbench, 1)
-        bouncer = stack.PgBouncer(stack.find_pgbouncer(), cluster, 110)
-        running.append(bouncer)
-        seat = stack.Seat(cluster, 110)
-        running.append(seat)
-        script = workloads.page_script(Path(tempfile.mkdtemp()), RUNS[args.workload], f"{args.workload}-page")
-        targets = {"seat": (seat.port, seat.pid), "pgbouncer": (bouncer.port, bouncer.pid)}
+    with page_stack(args.workload) as (cluster, pgbench, script, targets):
         print(f"{args.workload} pages, pgbench -M extended, {workloads.CLIENTS} clients, {args.seconds} s a run")
         for rnd in range(args.rounds):
             for name, (port, pid) in targets.items():
@@ -109,11 +98,30 @@ def main(argv=None) -> int:
                 shown = ", ".join(f"{call} {per:.2f}" for call, per in sorted(counts.items(), key=lambda kv: -kv[1])
                                   if per >= 0.01)
                 print(f"{name:<10} system calls a page (strace -c): {sum(counts.values()):.2f}: {shown}")
+    return 0
+
+
+@contextlib.contextmanager
+def page_stack(workload: str):
+    """A throwaway cluster loaded as ``make bench`` loads it, PgBouncer in session mode and the seat in front of it,
+    and the bench's page script of ``workload``: (cluster, pgbench, script, {name: (port, pid)}); all stopped after."""
+    os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
+    cluster = stack.start_cluster(10)
+    running: list = []
+    try:
+        pgbench = os.path.join(cluster.bin, "pgbench")
+        pgbench = pgbench if os.path.exists(pgbench) else shutil.which("pgbench") or pgbench
+        seed.load(cluster, pgbench, 1)
+        bouncer = stack.PgBouncer(stack.find_pgbouncer(), cluster, 110)
+        running.append(bouncer)
+        seat = stack.Seat(cluster, 110)
+        running.append(seat)
+        script = workloads.page_script(Path(tempfile.mkdtemp()), RUNS[workload], f"{workload}-page")
+        yield cluster, pgbench, script, {"seat": (seat.port, seat.pid), "pgbouncer": (bouncer.port, bouncer.pid)}
     finally:
         for proc in reversed(running):
             proc.stop()
         cluster.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import argparse
 import os
 import pstats
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         for proc in targets.values():  # warm up: the pool's backends opened, the caches of the seat and the OS
             pgbench_connects(pgbench, proc.port, script, 100, args.clients)
         cpu_ms: dict[str, list[float]] = {name: [] for name in targets}
+        # pgbench's own CPU per connect (its SCRAM PBKDF2 most of it): at 1 client a connect is serial, so the
+        # wall time per connect less this is what the proxy and the server add to it (ADR 0021)
+        client_us: dict[str, list[float]] = {name: [] for name in targets}
         rates: dict[str, list[float]] = {name: [] for name in targets}
         user_ms: dict[str, list[float]] = {name: [] for name in targets}
         for round_no in range(args.rounds):
@@ -144,22 +148,33 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 proc = targets[name]
                 user, system = cpu_split(proc.pid)
+                client = resource.getrusage(resource.RUSAGE_CHILDREN)
                 started = time.monotonic()
                 tps, n = pgbench_connects(pgbench, proc.port, script, args.connects, args.clients)
                 user_after, system_after = cpu_split(proc.pid)
+                client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 user, system = (user_after - user) / n * 1e6, (system_after - system) / n * 1e6
                 cpu_ms[name].append(user + system)
                 user_ms[name].append(user)
                 rates[name].append(tps)
+                client_us[name].append((client_after.ru_utime + client_after.ru_stime - client.ru_utime
+                                        - client.ru_stime) / n * 1e6)
                 print(f"round {round_no + 1}/{args.rounds}  {name:16} {tps:7,.0f} conn/s  {user + system:6.0f} ms CPU "
-                      f"per 1,000 connects ({user:.0f} user, {system:.0f} system)  ({n} connects, "
-                      f"{time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+                      f"per 1,000 connects ({user:.0f} user, {system:.0f} system)  pgbench {client_us[name][-1]:5.0f} "
+                      f"µs a connect  ({n} connects, {time.monotonic() - started:.0f} s, load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
+        def serial(name: str) -> str:  # at 1 client a connect is serial: its wall time less the client's CPU
+            if args.clients != 1:
+                return ""
+            wall_us = 1e6 / statistics.median(rates[name])
+            return f", wall less that {wall_us - statistics.median(client_us[name]):.0f} µs"
+
         print(f"\nmedians over {args.rounds} rounds, {args.connects} connects each, {args.clients} client(s):")
         for name in targets:
             print(f"  {name:16} {statistics.median(rates[name]):7,.0f} conn/s  "
                   f"{statistics.median(cpu_ms[name]):6.0f} ms CPU per 1,000 connects (user "
-                  f"{statistics.median(user_ms[name]):.0f})  "
-                  f"(CPU per round: {', '.join(f'{c:.0f}' for c in cpu_ms[name])})")
+                  f"{statistics.median(user_ms[name]):.0f})  pgbench {statistics.median(client_us[name]):5.0f} µs a "
+                  f"connect{serial(name)}  (CPU per round: {', '.join(f'{c:.0f}' for c in cpu_ms[name])})")
         return 0
     finally:
         for proc in reversed(running):
