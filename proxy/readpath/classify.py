@@ -134,7 +134,7 @@ def _guard_call(name: str):
 def _guard_once(name: str):
     """``(SELECT openwop_seat.events_named(name))``: the guard as a sub-select, which PostgreSQL evaluates once per
     execution (an InitPlan) wherever the planner pushes it; a page's plain call is pushed into both arms of its
-    union and called in each (a PL/pgSQL call, about 5 µs of backend CPU)."""
+    union and evaluated in each (the guard is SQL that PostgreSQL inlines, ADR 0021)."""
     from pglast import ast, enums
 
     return ast.SubLink(subLinkType=enums.SubLinkType.EXPR_SUBLINK, subselect=ast.SelectStmt(
