@@ -576,8 +576,11 @@ async def qualified_tables(conn, host: HostConfig) -> HostConfig:
 
     out = {}
     for key in ("events_table", "runs_table"):
+        # every part quoted, as quote_relation takes a name that starts with a quote (PostgreSQL's quote_ident
+        # quotes only where needed: app."Events", which quote_relation would quote again)
         name = await conn.fetchval(
-            "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) "
+            "SELECT '\"' || pg_catalog.replace(n.nspname, '\"', '\"\"') || '\".\"' "
+            "|| pg_catalog.replace(c.relname, '\"', '\"\"') || '\"' "
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = pg_catalog.to_regclass($1)", quote_relation(getattr(host, key)))
         if name is not None:

@@ -271,6 +271,38 @@ def test_era_column_with_qualified_case_sensitive_names(pg, make_db):
         verify(pg, db, Config(host=host))
 
 
+def test_events_and_runs_tables_with_qualified_case_sensitive_names(pg, make_db):
+    """host.events_table and host.runs_table in a schema and with names that need quotes: migrate finds them
+    (PostgreSQL's quote_ident quotes only the part that needs it, app."Events", where the generators take every
+    part quoted) and installs the translated relations over them; a major-2 view reads a renamed type translated,
+    and the guard on the unqualified name is true only where the search path finds that table."""
+    db = make_db()
+    host = HostConfig(events_table="app.Events", runs_table="app.Runs")
+    pg.psql('CREATE SCHEMA app; '
+            'CREATE TABLE app."Runs" (run_id text PRIMARY KEY, tenant_id text NOT NULL); '
+            'CREATE TABLE app."Events" (event_id text PRIMARY KEY, run_id text NOT NULL, sequence integer NOT NULL, '
+            'type text NOT NULL, node_id text, payload jsonb, timestamp timestamptz NOT NULL, causation_id text, '
+            'UNIQUE (run_id, sequence))', user="host_user", dbname=db)
+    migrate(pg, db, Config(host=host))
+    verify(pg, db, Config(host=host))
+    renamed = sorted(ARTIFACTS.renamed)[0]
+    pg.psql(f"""INSERT INTO app."Events" VALUES ('e1', 'q1', 1, {quote_literal(renamed)}, 'n', '{{}}', now())""",
+            dbname=db)
+    got = pg.psql("SELECT type FROM openwop_seat.events_m2 WHERE run_id = 'q1'", dbname=db).strip()
+    assert got == ARTIFACTS.v1_to_v2[renamed]
+
+    import psycopg
+
+    with psycopg.connect(pg.dsn(dbname=db), autocommit=True) as conn:
+        conn.execute('SET search_path = app')
+        found = conn.execute("SELECT openwop_seat.events_named('Events')").fetchone()[0]
+        conn.execute("RESET search_path")
+        with pytest.raises(psycopg.Error) as error:
+            conn.execute("SELECT openwop_seat.events_named('Events')")
+        refused = str(error.value)
+    assert found is True and 'finds no table, not the host\'s events table "app"."Events"' in refused, refused
+
+
 # --- the read path on real rows -----------------------------------------------------------
 
 
