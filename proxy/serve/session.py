@@ -477,13 +477,16 @@ class Session:
                               reason="pooled server connection lost")
             return
         self.handed_over = True
+        self._seat_key = pool.issue_cancel_key(self, len(conn.backend_key or b"1234"))
+        # The login first (AuthenticationOk and the ParameterStatus values, encoded once per set of values:
+        # pool.login_status), the session's own set-up after it: at one client a connect is serial, and the
+        # client reads its login while the seat builds the relay and writes its log line. Nothing the client
+        # sends can be read before this callback returns.
+        self.client.write(b"".join((final, login_status(conn.params), seat_key_data(*self._seat_key), READY_IDLE)))
         relay = self.relay = Relay(self.server.stats, reader=reader, claim=None, client_tls=self.client_tls,
                                    count_answered=True, identity=identity, on_refusal=self._log_refusal, pooled=True)
         relay.adopt(conn.params, conn.pid, conn.backend_key)
         self._readies = relay.readies
-        self._seat_key = pool.issue_cancel_key(self, len(conn.backend_key or b"1234"))
-        if self.server.config.log_connections and log.isEnabledFor(INFO):
-            event(log, INFO, "session start", self._log_fields(protocol=startup.version_text, pooled_backend=conn.pid))
         up = self.upstream = conn.peer
         up.owner = self
         up.on_lost = Session._upstream_lost
@@ -492,8 +495,8 @@ class Session:
             peer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self.client.on_pause = Session._client_write_paused
         up.on_pause = Session._upstream_write_paused
-        # AuthenticationOk and the ParameterStatus values: encoded once per set of values (pool.login_status)
-        self.client.write(b"".join((final, login_status(conn.params), seat_key_data(*self._seat_key), READY_IDLE)))
+        if self.server.config.log_connections and log.isEnabledFor(INFO):
+            event(log, INFO, "session start", self._log_fields(protocol=startup.version_text, pooled_backend=conn.pid))
         up.sink = Session._from_upstream
         self.client.sink = Session._from_client
         if up.buffer:  # what the backend sent since it was taken from the pool (a FATAL): the session's now
