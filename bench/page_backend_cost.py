@@ -1,6 +1,6 @@
 """What a major-2 page costs PostgreSQL: backend CPU per page, direct against the seat's statement and its parts.
 
-    .venv/bin/python -m bench.page_backend_cost [--pages 1000] [--rounds 3] [--sketches]
+    .venv/bin/python -m bench.page_backend_cost [--pages 1000] [--rounds 3] [--guard] [--sketches]
 
 Starts a throwaway cluster loaded as ``make bench`` loads it (``bench.seed``: the page runs, era-3 runs,
 projection runs and host-mix runs, the era-2 ones filled into the v2 store), then, in fresh sessions, runs the
@@ -15,6 +15,8 @@ in these forms:
 * ``store``: the same page of ``openwop_seat.events_v2_store`` itself (the floor of a filled run's page);
 * ``filled``: the page of ``events_v2_filled``, the store's arm (the store joined to its marks, and the gates);
 * ``live``: the page of ``events_m2_run_live(run)``, the live arm (empty for a filled run);
+* with ``--guard``, the seat's statement with its search_path guard as the PL/pgSQL check it was before ADR 0021
+  (``events_named_refuse``) and with no guard (decision 1's figures);
 * with ``--sketches``, a fast page the seat does not send (ADR 0021, finding 3), made in the probe's cluster only:
   ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: era 3`` (an era-3
   run's rows as stored, through a gated view of the runs stamped era 3) and ``fast: both`` (their union).
@@ -73,6 +75,16 @@ SKETCHES = {
 }
 
 
+def guard_forms() -> dict[str, str]:
+    """--guard (ADR 0021 decision 1): the seat's page statement with its search_path guard as PL/pgSQL (the check it
+    was before, kept as ``events_named_refuse``), and without any guard; ``seat`` is the guard as installed, inlined."""
+    seat = forms()["seat"]
+    guard = " WHERE (SELECT openwop_seat.events_named('events'))"
+    assert guard in seat
+    return {"seat, guard in PL/pgSQL": seat.replace("openwop_seat.events_named(", "openwop_seat.events_named_refuse("),
+            "seat, no guard": seat.replace(guard, "")}
+
+
 def forms() -> dict[str, str]:
     seat = Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(seed.PAGE_SQL).text
     page = " WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
@@ -107,8 +119,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pages", type=positive, default=1000, help="pages per figure (default 1000)")
     parser.add_argument("--rounds", type=positive, default=3, help="interleaved rounds, median kept (default 3)")
     parser.add_argument("--sketches", action="store_true", help="add the fast page's sketches (ADR 0021)")
+    parser.add_argument("--guard", action="store_true", help="add the page with its guard in PL/pgSQL and with none")
     args = parser.parse_args(argv)
-    shapes = {**forms(), **(SKETCHES if args.sketches else {})}
+    shapes = {**forms(), **(guard_forms() if args.guard else {}), **(SKETCHES if args.sketches else {})}
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = stack.start_cluster(10)
     try:

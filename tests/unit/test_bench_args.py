@@ -17,6 +17,7 @@ CASES = [  # (module, option): each probe's counts
     ("bench.append_cost", "--rows"), ("bench.append_cost", "--repeat"), ("bench.chunks", "--seconds"),
     ("bench.chunks", "--rounds"), ("bench.connect_cost", "--connects"), ("bench.connect_cost", "--claims"),
     ("bench.page_syscalls", "--seconds"), ("bench.page_syscalls", "--rounds"),
+    ("bench.page_cpu_split", "--seconds"), ("bench.page_cpu_split", "--rounds"),
 ]
 
 
@@ -63,4 +64,15 @@ def test_page_syscalls_refuses_an_unknown_workload_and_a_missing_strace(monkeypa
     with pytest.raises(SystemExit) as ended:
         page_syscalls.main([])
     assert ended.value.code == 2 and "strace is not installed" in capsys.readouterr().err
+    assert not started
+
+
+def test_page_cpu_split_refuses_an_unknown_workload_before_it_starts(monkeypatch, capsys):
+    from bench import page_cpu_split
+
+    started = []
+    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
+    with pytest.raises(SystemExit) as ended:
+        page_cpu_split.main(["--workload", "passthrough"])
+    assert ended.value.code == 2 and "invalid choice: 'passthrough'" in capsys.readouterr().err
     assert not started
