@@ -216,6 +216,87 @@ def test_the_read_paths_plan_once_names_do_not_reach_the_next_client(pooled):
         read(nxt)
 
 
+def test_a_held_cursor_does_not_reach_the_next_client(pooled):
+    """A cursor WITH HOLD outlives the transaction that declared it: committed and left open, it would be the next
+    client's to FETCH from."""
+    def setup(c):
+        with c.transaction():
+            c.execute("DECLARE leftover_cursor CURSOR WITH HOLD FOR SELECT 'first'")
+        assert c.execute("SELECT count(*) FROM pg_cursors WHERE name = 'leftover_cursor'").fetchone()[0] == 1
+
+    _, nxt = first_and_next(pooled, setup)
+    with nxt:
+        assert nxt.execute("SELECT count(*) FROM pg_cursors").fetchone()[0] == 0
+        with pytest.raises(psycopg.errors.InvalidCursorName):
+            nxt.execute("FETCH leftover_cursor")
+
+
+def test_a_sequences_currval_does_not_reach_the_next_client(pooled, pg):
+    """currval and lastval belong to the session: after the first client's nextval, the next client's are not yet
+    defined (55000), as in a new session. The sequence is a permanent one (a temporary one would go with DISCARD
+    TEMP alone), made and dropped here."""
+    pg.psql("CREATE SEQUENCE pool_leftover_seq; GRANT USAGE ON SEQUENCE pool_leftover_seq TO scram_user;")
+
+    def setup(c):
+        assert c.execute("SELECT nextval('pool_leftover_seq')").fetchone()[0] == 1
+        assert c.execute("SELECT currval('pool_leftover_seq'), lastval()").fetchone() == (1, 1)
+
+    try:
+        _, nxt = first_and_next(pooled, setup)
+        with nxt:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match='currval of sequence "pool_leftover_seq" is not yet defined in this session'):
+                nxt.execute("SELECT currval('pool_leftover_seq')")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match="lastval is not yet defined in this session"):
+                nxt.execute("SELECT lastval()")
+    finally:
+        pg.psql("DROP SEQUENCE pool_leftover_seq")
+
+
+def test_set_role_and_session_characteristics_do_not_reach_the_next_client(pooled, pg):
+    """SET ROLE to a role scram_user is a member of (none is: one is made and granted here, revoked and dropped
+    after) and the session's default isolation level: the next client is scram_user again, at read committed."""
+    role = "pool_leftover_role"
+    pg.psql(f"CREATE ROLE {role} NOLOGIN; GRANT {role} TO scram_user;")
+
+    def setup(c):
+        c.execute(f"SET ROLE {role}")
+        c.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        assert c.execute("SELECT current_user, current_setting('transaction_isolation')").fetchone() \
+            == (role, "serializable")
+
+    try:
+        _, nxt = first_and_next(pooled, setup)
+        with nxt:
+            assert nxt.execute("SELECT current_user, session_user").fetchone() == ("scram_user", "scram_user")
+            assert nxt.execute("SHOW transaction_isolation").fetchone()[0] == "read committed"
+            assert nxt.execute("SHOW default_transaction_isolation").fetchone()[0] == "read committed"
+    finally:
+        pg.psql(f"REVOKE {role} FROM scram_user; DROP ROLE {role};")
+
+
+def test_a_custom_setting_does_not_reach_the_next_client(pooled):
+    """set_config of a placeholder (a setting no module defines) at session level. PostgreSQL 15 keeps a placeholder
+    once a session defined it: DISCARD ALL resets it to its empty default, so current_setting('myapp.tenant', true)
+    on the reset backend is '' (a backend that never saw it answers NULL). Not the first client's 'acme'."""
+    _, nxt = first_and_next(pooled, lambda c: c.execute("SELECT set_config('myapp.tenant', 'acme', false)"))
+    with nxt:
+        assert nxt.execute("SELECT current_setting('myapp.tenant', true)").fetchone()[0] == ""
+
+
+def test_temp_functions_do_not_reach_the_next_client(pooled):
+    def setup(c):
+        c.execute("CREATE FUNCTION pg_temp.leftover_f() RETURNS text LANGUAGE sql AS $$SELECT 'first'$$")
+        assert c.execute("SELECT pg_temp.leftover_f()").fetchone()[0] == "first"
+
+    _, nxt = first_and_next(pooled, setup)
+    with nxt:
+        assert nxt.execute("SELECT to_regprocedure('pg_temp.leftover_f()')").fetchone()[0] is None
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            nxt.execute("SELECT pg_temp.leftover_f()")
+
+
 def test_a_client_of_another_user_never_gets_the_backend(pooled):
     with connect(pooled) as first:
         pid = backend(first)
