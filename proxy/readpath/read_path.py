@@ -90,6 +90,9 @@ PREPARED_PREFIX = "openwop_seat_"
 # so that other sessions are served meanwhile (issue 23: a 0.96 MiB statement stalled a worker for seconds).
 ANALYSE_OFF_LOOP = 8 << 10
 MAX_PREPARED = 256  # server-side statements the seat keeps per session (then it stops adding)
+# The longest unnamed Parse a session keeps to repeat without classifying it again (ReadPath._repeated_parse): a
+# page's is a few hundred bytes; a longer text costs more to keep in each idle session than its classifying costs.
+REPEAT_MAX_BYTES = 2048
 
 # Statement classes for the metrics: a statement the classifier left alone counts as an event write when it
 # starts with one of these keywords and names the events table soon after (no parse: a cheap approximation,
@@ -214,8 +217,8 @@ class ReadPath:
     56 bytes, a deque 760 bytes however empty), deques once long (a client may pipeline up to
     ``Session._max_owed`` answers)."""
 
-    __slots__ = ("_names", "active", "classifier", "large_texts", "major", "on_refusal", "parse_seconds", "pending",
-                 "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",
+    __slots__ = ("_names", "_repeat", "active", "classifier", "large_texts", "major", "on_refusal", "parse_seconds",
+                 "pending", "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",
                  "server_errors", "skipping", "statement_counts", "statement_seconds", "statements", "tx_status",
                  "unnamed", "watch")
 
@@ -246,6 +249,11 @@ class ReadPath:
         self.skipping = False
         self.readies = 0  # ReadyForQuery messages seen while quiet
         self._names = 0
+        # The last unnamed Parse that can be repeated, and what it found: (its body, the classifier's generation,
+        # the prepared key, the plan-once statement's name and the Statement kept for it (None for a text passed as
+        # it is), its text). A page's next Parse with the same bytes has the same outcome while they still hold
+        # (_repeated_parse).
+        self._repeat: tuple | None = None
         # Metrics; `attach` swaps in the process-wide ones (plain additions either way).
         self.statement_counts: Counter[tuple[str, str]] = Counter()  # (class, protocol)
         self.server_errors: Counter[str] = Counter()  # upstream ErrorResponses passed on, by SQLSTATE
@@ -388,6 +396,8 @@ class ReadPath:
             return True, None
         replacement = None
         if t == PARSE:  # 'P'
+            if self._repeat is not None and self._repeated_parse(body):
+                return True, None if self.unnamed is None else _EMPTY_UNNAMED_PARSE
             name_end = body.index(b"\x00")
             sql_end = body.index(b"\x00", name_end + 1)
             sql = body[name_end + 1:sql_end].decode("utf-8", "surrogateescape")
@@ -405,10 +415,17 @@ class ReadPath:
                     self.statements[name] = Statement(plan, cls=cls)
             if not name:
                 self.unnamed = None
-            if (self.prepared or self.preparing) and _forgets_prepared(sql):
+            forgets = _forgets_prepared(sql)
+            if forgets and (self.prepared or self.preparing):
                 self._forget_prepared()
             if plan.changed:
                 replacement = self._translated_parse(name, plan.text, body[sql_end + 1:])
+            if not name and not forgets and len(body) <= REPEAT_MAX_BYTES:
+                if replacement is _EMPTY_UNNAMED_PARSE and cls != "passthrough":
+                    self._repeat = (body, self.classifier.generation, (plan.text, body[sql_end + 1:]), self.unnamed,
+                                    self.statements[name], sql)
+                elif not plan.changed and cls == "passthrough":
+                    self._repeat = (body, self.classifier.generation, None, None, None, sql)
         elif t == BIND:  # 'B'
             portal_end = body.index(b"\x00")
             stmt_end = body.index(b"\x00", portal_end + 1)
@@ -462,6 +479,26 @@ class ReadPath:
             return True, None
         self.quiet_group.append(_QUIET_KINDS[t])
         return True, replacement
+
+    def _repeated_parse(self, body: bytes) -> bool:
+        """A repeated unnamed Parse (a page's, sent again at every page), done as the last one was without decoding
+        and classifying its text again. Either a translated statement whose plan-once statement was found (it is
+        still prepared, and the unnamed statement's metrics entry is the one that Parse made: the Parse becomes an
+        empty one and the unnamed statement stands for the prepared one) or a statement the read path passes as it
+        is (no metrics entry: it goes on as it came). Only while the bytes are the same, the classifier's plans of
+        the same generation and the translated relations not stale; else False, and the Parse goes the whole way
+        (which records it again when it can be repeated)."""
+        repeat = self._repeat
+        statements = self.statements
+        if (repeat[0] != body or repeat[1] != self.classifier.generation or self.watch.stale
+                or (repeat[2] is not None and self.prepared.get(repeat[2]) != repeat[3])
+                or (statements.get("") if statements else None) is not repeat[4]):
+            self._repeat = None
+            return False
+        self.classifier.touch(repeat[5])  # its cache hit counted, its plan kept recent, as classify would
+        self.unnamed = repeat[3]
+        self.quiet_group.append("P")
+        return True
 
     def _translated_parse(self, name: str, text: str, tail: bytes) -> bytes:
         """The Parse to send for a translated statement: the rewritten text; an unnamed one as a named

@@ -7,7 +7,7 @@ from framers import IMPLEMENTATIONS, framer_class, quiet_core
 
 # Modules whose tests drive a framer, directly or through the relay: each runs against both implementations.
 BOTH_FRAMERS = {"test_framer", "test_codec", "test_relay", "test_relay_bounds", "test_read_path_sansio",
-                "test_idle_memory", "test_fifo"}
+                "test_idle_memory", "test_fifo", "test_repeated_parse"}
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
