@@ -1,7 +1,8 @@
 """A probe, not the benchmark: where a page's CPU goes on the machine, PostgreSQL, the proxy and pgbench, for
 the seat and for PgBouncer.
 
-    .venv/bin/python -m bench.page_cpu_split [--workload host_mix] [--seconds 8] [--rounds 3]
+    .venv/bin/python -m bench.page_cpu_split [--workload host_mix] [--seconds 8] [--rounds 3] [--floors]
+                                             [--baseline DIR]
 
 On ``make bench``'s machine the page workloads use every core: PostgreSQL, the proxy and pgbench share two, so a
 proxy's throughput ratio is set by the CPU a page costs all three together. This probe starts a throwaway
@@ -14,8 +15,14 @@ against each proxy and prints the CPU per page of
 * the proxy process (``/proc/<pid>/stat``);
 * pgbench (this process's children's time, ``getrusage``);
 
-and their sum, the page's whole CPU, against what the machine had (cores × seconds ÷ pages). Nothing here asserts
-a figure; docs/performance.md and ADR 0021 quote a run.
+and their sum, the page's whole CPU, against what the machine had (cores × seconds ÷ pages); the proxy's in user
+and system time too (the interpreter and the event loop against the kernel's sends and receives). ``--floors``
+adds two more proxies whose CPU per page bounds what the seat's own code costs: a seat whose sessions are raw (the
+relay, its framing and the session's bookkeeping, without the read path) and ``bench.bare_relay`` (a bare uvloop
+relay, nothing parsed); both read the page as stored, so only their proxy figures compare with the seat's.
+``--baseline DIR`` adds a seat running the code of another checkout (as ``bench.pool_cost --baseline``: ``git
+archive <commit> | tar -x -C DIR``, with the built C modules copied in), for an A/B of a change. Nothing
+here asserts a figure; docs/performance.md and ADR 0021 quote a run.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
-from . import stack, workloads
+from . import workloads
 from .args import positive
 from .page_syscalls import RUNS, page_stack, pages
 
@@ -55,6 +62,17 @@ def cluster_cpu(postmaster: int) -> float:
     return total
 
 
+def proxy_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the proxy process so far (fields 14 and 15 of /proc/<pid>/stat)."""
+    fields = _stat_fields(pid)
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def line(name: str, row, rate: float) -> str:
+    return (f"{name:<10} {rate:8.0f} pages/s  PostgreSQL {row[0]:6.1f}  proxy {row[1]:5.1f} (user {row[5]:5.1f}, "
+            f"system {row[6]:5.1f})  pgbench {row[2]:5.1f}  all {row[3]:6.1f}  (machine {row[4]:6.1f})")
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -64,9 +82,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.page_cpu_split", description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=sorted(RUNS), default="host_mix", help="the page runs (default host_mix)")
     parser.add_argument("--seconds", type=positive, default=8, help="seconds per run (default 8)")
-    parser.add_argument("--rounds", type=positive, default=3, help="rounds over both proxies (default 3)")
+    parser.add_argument("--rounds", type=positive, default=3, help="rounds over the proxies (default 3)")
+    parser.add_argument("--floors", action="store_true", help="add a raw seat and the bare uvloop relay")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", help="another checkout: a seat with its code too")
     args = parser.parse_args(argv)
-    with page_stack(args.workload) as (cluster, pgbench, script, targets):
+    with page_stack(args.workload, floors=args.floors, baseline=args.baseline) as (cluster, pgbench, script, targets):
         postmaster = int(Path(cluster.datadir, "postmaster.pid").read_text().split()[0])
         cores = os.cpu_count() or 1
         print(f"{args.workload} pages, pgbench -M extended, {workloads.CLIENTS} clients, {args.seconds} s a run, "
@@ -79,23 +99,22 @@ def main(argv=None) -> int:
             for name in order:
                 port, pid = targets[name]
                 time.sleep(0.5)  # the last run's backends reaped
-                pg0, proxy0, bench0, wall0 = cluster_cpu(postmaster), stack.cpu_seconds(pid), children_cpu(), \
+                pg0, (user0, sys0), bench0, wall0 = cluster_cpu(postmaster), proxy_cpu(pid), children_cpu(), \
                     time.monotonic()
                 n = pages(pgbench, port, script, args.seconds, cluster.superuser)
                 wall = time.monotonic() - wall0
                 time.sleep(0.5)
-                pg, proxy, bench = (cluster_cpu(postmaster) - pg0, stack.cpu_seconds(pid) - proxy0,
-                                    children_cpu() - bench0)
-                row = tuple(v / n * 1e6 for v in (pg, proxy, bench, pg + proxy + bench, cores * wall))
+                user, system = proxy_cpu(pid)
+                pg, user, system, bench = (cluster_cpu(postmaster) - pg0, user - user0, system - sys0,
+                                           children_cpu() - bench0)
+                proxy = user + system
+                row = tuple(v / n * 1e6 for v in (pg, proxy, bench, pg + proxy + bench, cores * wall, user, system))
                 figures[name].append(row + (n / args.seconds,))
-                print(f"round {rnd + 1}  {name:<10} {n / args.seconds:8.0f} pages/s  PostgreSQL {row[0]:6.1f}  "
-                      f"proxy {row[1]:5.1f}  pgbench {row[2]:5.1f}  all {row[3]:6.1f}  (machine {row[4]:6.1f})",
-                      flush=True)
+                print(f"round {rnd + 1}  {line(name, row, n / args.seconds)}", flush=True)
         print(f"medians over {args.rounds} rounds:")
         for name, rows in figures.items():
-            med = [statistics.median(r[i] for r in rows) for i in range(6)]
-            print(f"  {name:<10} {med[5]:8.0f} pages/s  PostgreSQL {med[0]:6.1f}  proxy {med[1]:5.1f}  "
-                  f"pgbench {med[2]:5.1f}  all {med[3]:6.1f}  (machine {med[4]:6.1f})")
+            med = [statistics.median(r[i] for r in rows) for i in range(8)]
+            print(f"  {line(name, med, med[7])}")
     return 0
 
 

@@ -102,9 +102,12 @@ def main(argv=None) -> int:
 
 
 @contextlib.contextmanager
-def page_stack(workload: str):
+def page_stack(workload: str, floors: bool = False, baseline: Path | None = None):
     """A throwaway cluster loaded as ``make bench`` loads it, PgBouncer in session mode and the seat in front of it,
-    and the bench's page script of ``workload``: (cluster, pgbench, script, {name: (port, pid)}); all stopped after."""
+    and the bench's page script of ``workload``: (cluster, pgbench, script, {name: (port, pid)}); all stopped after.
+    ``floors``: two more proxies, a seat whose sessions are raw (its relay without the read path, the page read as
+    stored) and the bare uvloop relay (``bench.bare_relay``). ``baseline``: a seat running the code of another
+    checkout (``seat base``), for an A/B of a change."""
     os.environ.setdefault("OPENWOP_SEAT_CLAIM_SECRET", os.urandom(16).hex())
     cluster = stack.start_cluster(10)
     running: list = []
@@ -116,8 +119,19 @@ def page_stack(workload: str):
         running.append(bouncer)
         seat = stack.Seat(cluster, 110)
         running.append(seat)
+        targets = {"seat": (seat.port, seat.pid), "pgbouncer": (bouncer.port, bouncer.pid)}
+        if baseline is not None:
+            base = stack.Seat(cluster, 110, root=baseline.resolve())
+            running.append(base)
+            targets["seat base"] = (base.port, base.pid)
+        if floors:
+            raw = stack.Seat(cluster, 110, default_major="raw")
+            running.append(raw)
+            bare = stack.BareRelay(cluster)
+            running.append(bare)
+            targets.update({"seat raw": (raw.port, raw.pid), "bare relay": (bare.port, bare.pid)})
         script = workloads.page_script(Path(tempfile.mkdtemp()), RUNS[workload], f"{workload}-page")
-        yield cluster, pgbench, script, {"seat": (seat.port, seat.pid), "pgbouncer": (bouncer.port, bouncer.pid)}
+        yield cluster, pgbench, script, targets
     finally:
         for proc in reversed(running):
             proc.stop()
