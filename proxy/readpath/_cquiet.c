@@ -1,9 +1,11 @@
-/* The quiet read path's bookkeeping of Bind, Describe, Execute and Sync in C (ADR 0018, second addendum).
+/* The quiet read path's bookkeeping of Bind, Describe, Execute and Sync in C (ADR 0018, second addendum), and of a
+ * repeated unnamed Parse.
  *
  * ReadPath._quiet_client (read_path.py) is the definition: quiet_run does for these four message kinds exactly
- * what it does (the same portals, unnamed-statement rewrites, metrics keys and quiet FIFOs), and
- * tests/unit/test_quiet_differential.py runs both over the same messages and compares everything. What it does not
- * handle it leaves untouched and returns where it stopped: Parse and Query (they need the classifier), Close,
+ * what it does (the same portals, unnamed-statement rewrites, metrics keys and quiet FIFOs), and for a Parse what
+ * ReadPath._repeated_parse does when it repeats one; tests/unit/test_quiet_differential.py runs both over the same
+ * messages and compares everything. What it does not handle it leaves untouched and returns where it stopped: a
+ * Parse that is not the repeated one and Query (they need the classifier), Close,
  * FunctionCall, COPY traffic, Terminate, a message whose body is malformed (Python raises the session's protocol
  * violation from that message, with its own words), and any message while the read path is not quiet.
  *
@@ -22,10 +24,13 @@
 #define DESCRIBE 'D'
 #define EXECUTE 'E'
 #define SYNC 'S'
+#define PARSE 'P'
 
 static PyObject *S_skipping, *S_pending, *S_statements, *S_portals, *S_unnamed, *S_quiet_group, *S_quiet_sent;
 static PyObject *S_statement_counts, *S_statement, *S_cls, *S_append;
-static PyObject *K_B, *K_E, *K_DS, *K_DP, *K_passthrough, *K_extended;
+static PyObject *S_repeat, *S_classifier, *S_generation, *S_watch, *S_stale, *S_prepared, *S_touch;
+static PyObject *K_B, *K_E, *K_DS, *K_DP, *K_P, *K_passthrough, *K_extended, *K_empty;
+static PyObject *EmptyParse;   /* an empty unnamed Parse: read_path._EMPTY_UNNAMED_PARSE */
 static PyObject *PerfCounter;  /* time.perf_counter */
 static PyObject *Portal;       /* proxy.readpath.read_path.Portal, given by init() */
 static PyObject *Grown;        /* proxy.fifo.grown */
@@ -336,6 +341,98 @@ on_sync(Quiet *q)
     return PyList_SetSlice(q->group, 0, PyList_GET_SIZE(q->group), NULL) < 0 ? -1 : 1;
 }
 
+/* 1 when a ReadPath._repeat check holds, 0 when it does not, -1 on error; takes the reference to ``got``. */
+static int
+holds(PyObject *got, PyObject *want)
+{
+    if (got == NULL)
+        return -1;
+    int rc = PyObject_RichCompareBool(got, want, Py_EQ);
+    Py_DECREF(got);
+    return rc;
+}
+
+/* A repeated unnamed Parse, as ReadPath._repeated_parse does it: 1 done (*replacement: the empty unnamed Parse, or
+ * NULL when it goes on as it was), 0 stop (not the repeated one: Python takes it the whole way), -1 error. */
+static int
+on_repeated_parse(Quiet *q, const char *b, Py_ssize_t len, PyObject **replacement)
+{
+    *replacement = NULL;
+    if (EmptyParse == NULL)  /* init() not called: Python does it */
+        return 0;
+    PyObject *repeat = PyObject_GetAttr(q->reader, S_repeat);
+    if (repeat == NULL)
+        return -1;
+    int rc = 0;
+    PyObject *classifier = NULL;
+    if (!PyTuple_CheckExact(repeat) || PyTuple_GET_SIZE(repeat) != 6)
+        goto done;
+    PyObject *body = PyTuple_GET_ITEM(repeat, 0), *key = PyTuple_GET_ITEM(repeat, 2);
+    PyObject *name = PyTuple_GET_ITEM(repeat, 3), *kept = PyTuple_GET_ITEM(repeat, 4);
+    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) != len || memcmp(PyBytes_AS_STRING(body), b, len) != 0)
+        goto done;
+    if ((classifier = PyObject_GetAttr(q->reader, S_classifier)) == NULL ||
+        (rc = holds(PyObject_GetAttr(classifier, S_generation), PyTuple_GET_ITEM(repeat, 1))) != 1)
+        goto done;
+    PyObject *watch = PyObject_GetAttr(q->reader, S_watch);
+    PyObject *stale = watch == NULL ? NULL : PyObject_GetAttr(watch, S_stale);
+    Py_XDECREF(watch);
+    if (stale == NULL) {
+        rc = -1;
+        goto done;
+    }
+    rc = PyObject_IsTrue(stale);
+    Py_DECREF(stale);
+    if (rc != 0) {  /* stale: refused the whole way */
+        rc = rc < 0 ? -1 : 0;
+        goto done;
+    }
+    if (key != Py_None) {
+        PyObject *prepared = PyObject_GetAttr(q->reader, S_prepared);
+        if (prepared == NULL || !PyDict_CheckExact(prepared)) {
+            rc = prepared == NULL ? -1 : 0;
+            Py_XDECREF(prepared);
+            goto done;
+        }
+        PyObject *found = PyDict_GetItemWithError(prepared, key);  /* borrowed */
+        Py_XINCREF(found);
+        Py_DECREF(prepared);
+        if (found == NULL) {
+            rc = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        if ((rc = holds(found, name)) != 1)
+            goto done;
+    }
+    PyObject *now = PyDict_GET_SIZE(q->statements) ? PyDict_GetItemWithError(q->statements, K_empty) : NULL;
+    if (now == NULL && PyErr_Occurred()) {
+        rc = -1;
+        goto done;
+    }
+    if ((now == NULL ? Py_None : now) != kept) {
+        rc = 0;
+        goto done;
+    }
+    PyObject *r = PyObject_CallMethodOneArg(classifier, S_touch, PyTuple_GET_ITEM(repeat, 5));
+    if (r == NULL || PyObject_SetAttr(q->reader, S_unnamed, name) < 0) {
+        Py_XDECREF(r);
+        rc = -1;
+        goto done;
+    }
+    Py_DECREF(r);
+    Py_INCREF(name);
+    Py_XSETREF(q->unnamed, name);  /* the Binds and Describes after it in this run name it */
+    if (name != Py_None) {
+        Py_INCREF(EmptyParse);
+        *replacement = EmptyParse;
+    }
+    rc = group_append(q, K_P, replacement);
+done:
+    Py_XDECREF(classifier);
+    Py_DECREF(repeat);
+    return rc;
+}
+
 /* quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)
  *
  * From items[start], while the read path is quiet: a span's bytes and each Bind, Describe, Execute and Sync (held
@@ -388,7 +485,7 @@ quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         long t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
         if (t == -1 && PyErr_Occurred())
             goto error;
-        if (t != BIND && t != DESCRIBE && t != EXECUTE && t != SYNC)
+        if (t != BIND && t != DESCRIBE && t != EXECUTE && t != SYNC && t != PARSE)
             break;
         if (!loaded) {
             int rc = quiet_load(&q, reader);
@@ -403,7 +500,9 @@ quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t len = PyBytes_GET_SIZE(body);
         PyObject *replacement = NULL;
         int rc;
-        if (t == BIND)
+        if (t == PARSE)
+            rc = on_repeated_parse(&q, b, len, &replacement);
+        else if (t == BIND)
             rc = on_bind(&q, b, len, &replacement);
         else if (t == DESCRIBE)
             rc = on_describe(&q, b, len, &replacement);
@@ -491,12 +590,19 @@ join_parts(PyObject *module, PyObject *parts)
     return out;
 }
 
-/* init(portal_class): the Portal class quiet_run makes for a Bind of a statement it follows. */
+/* init(portal_class, empty_parse): the Portal class quiet_run makes for a Bind of a statement it follows, and the
+ * empty unnamed Parse a repeated translated Parse becomes. */
 static PyObject *
-init(PyObject *module, PyObject *portal)
+init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_INCREF(portal);
-    Py_XSETREF(Portal, portal);
+    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "init(portal_class, empty_parse: bytes)");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(Portal, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(EmptyParse, args[1]);
     Py_RETURN_NONE;
 }
 
@@ -504,7 +610,7 @@ static PyMethodDef cquiet_methods[] = {
     {"quiet_run", (PyCFunction)(void (*)(void))quiet_run, METH_FASTCALL,
      "quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)"},
     {"join_parts", (PyCFunction)join_parts, METH_O, "join_parts(parts) -> bytes"},
-    {"init", (PyCFunction)init, METH_O, "init(portal_class)"},
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(portal_class, empty_parse)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -532,6 +638,15 @@ PyInit__cquiet(void)
     INTERN(S_statement, "statement");
     INTERN(S_cls, "cls");
     INTERN(S_append, "append");
+    INTERN(S_repeat, "_repeat");
+    INTERN(S_classifier, "classifier");
+    INTERN(S_generation, "generation");
+    INTERN(S_watch, "watch");
+    INTERN(S_stale, "stale");
+    INTERN(S_prepared, "prepared");
+    INTERN(S_touch, "touch");
+    INTERN(K_P, "P");
+    INTERN(K_empty, "");
     INTERN(K_B, "B");
     INTERN(K_E, "E");
     INTERN(K_DS, "DS");

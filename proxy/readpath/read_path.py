@@ -179,7 +179,7 @@ except ImportError:  # not built: see setup.py
     _cquiet = None
     QUIET_MISSING = "the compiled quiet read path (proxy/readpath/_cquiet.c) is not built"
 else:
-    _cquiet.init(Portal)
+    _cquiet.init(Portal, _EMPTY_UNNAMED_PARSE)
     QUIET_MISSING = ""
 if _cquiet is None and framer.IMPLEMENTATION == "c" and \
         os.environ.get(framer.IMPLEMENTATION_ENV, "").strip().lower() == "c":

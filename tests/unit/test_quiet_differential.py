@@ -83,6 +83,9 @@ def state(r: Relay) -> dict:
         "skipping": rp.skipping, "tx": rp.tx_status, "readies": rp.readies, "refusals": list(rp.refusals),
         "queries_sent": r.queries_sent, "bytes_in": r.bytes_in, "owed": r.owed,
         "ending": r.ending,
+        # the repeated unnamed Parse (ReadPath._repeated_parse): what is kept, and the classifier's hits it counts
+        "repeat": None if rp._repeat is None else (*rp._repeat[:4], statement(rp._repeat[4]), rp._repeat[5]),
+        "hits": rp.classifier.hits, "misses": rp.classifier.misses,
     }
 
 
@@ -157,18 +160,19 @@ class CountingReadPath(ReadPath):
 
 def test_the_compiled_core_leaves_only_the_parse_to_on_client():
     """What the compiled code takes over is really taken: of a page's five messages only the Parse reaches
-    on_client (the pure-Python core calls it for all five)."""
-    for name, calls in (("python", ["P", "B", "D", "E", "S"] * 3), ("c", ["P"] * 3)):
+    on_client (the pure-Python core calls it for all five), and only until the Parse can be repeated (the first
+    page's prepares the statement, the second's finds it; from the third on the compiled code repeats it)."""
+    for name, calls in (("python", ["P", "B", "D", "E", "S"] * 4), ("c", ["P"] * 2)):
         with core(name):
             reader = CountingReadPath(Classifier(HostConfig(), 2), 2, None)
             reader.calls = []
             r = Relay(Stats(), reader=reader, count_answered=True)
             r.from_server(LOGIN)
-            for _ in range(3):
+            for _ in range(4):
                 out = r.from_client(page())
                 assert out.startswith(b"P") and r.from_server(ANSWERS[1]) == (ANSWERS[1], b"")
             assert reader.calls == calls, name
-            assert reader.statement_counts[("event_read", "extended")] == 3 and r.queries_sent == 3
+            assert reader.statement_counts[("event_read", "extended")] == 4 and r.queries_sent == 4
             assert reader.prepared and reader.unnamed is not None  # plan once: the Bind named the statement
 
 

@@ -13,6 +13,9 @@ from proxy.config import HostConfig
 from proxy.readpath import read_path
 from proxy.readpath.classify import Classifier
 from proxy.readpath.read_path import REPEAT_MAX_BYTES, EventColumns, ReadPath
+from proxy.serve.relay import Relay
+from proxy.stats import Stats
+from proxy.wire import messages
 
 pytestmark = pytest.mark.usefixtures("each_framer")
 
@@ -24,13 +27,11 @@ REFUSED = "SELECT * FROM events TABLESAMPLE SYSTEM (1)"
 
 
 class Whole(ReadPath):
-    """The read path with the shortcut taken out: every Parse goes the whole way."""
+    """The read path with the shortcut taken out: every Parse goes the whole way (nothing is ever kept to repeat,
+    for the Python shortcut or the compiled one to find)."""
 
     __slots__ = ()
-
-    def _repeated_parse(self, body: bytes) -> bool:
-        self._repeat = None
-        return False
+    _repeat = property(lambda self: None, lambda self, value: None)
 
 
 def parse(sql: str, name: str = "", types: tuple[int, ...] = ()) -> bytes:
@@ -220,26 +221,54 @@ def test_the_shortcut_is_taken_in_the_random_sequences():
     assert taken == 3  # the first page prepares, the second finds it (and keeps it to repeat), then three repeats
 
 
-def test_through_the_relay_the_pages_bytes_are_the_whole_ways():
-    """The relay's chunks (its quiet bookkeeping in C or in Python, as the framer chosen): the same bytes to the
-    server, page after page, with the shortcut and without it."""
-    from proxy.serve.relay import Relay
-    from proxy.stats import Stats
-    from proxy.wire import messages
+LOGIN = (messages.message(b"R", struct.pack("!I", 0)) + messages.message(b"S", b"client_encoding\x00UTF8\x00")
+         + messages.message(b"K", struct.pack("!I", 7) + b"key!") + messages.message(b"Z", b"I"))
+REPLY = b"".join(messages.message(t, b) for t, b in ((b"1", b""), (b"2", b""), (b"C", b"SELECT 0\x00"), (b"Z", b"I")))
 
-    login = (messages.message(b"R", struct.pack("!I", 0)) + messages.message(b"S", b"client_encoding\x00UTF8\x00")
-             + messages.message(b"K", struct.pack("!I", 7) + b"key!") + messages.message(b"Z", b"I"))
-    chunk = b"".join(messages.message(t, b) for t, b in ((b"P", parse(PAGE)), (b"B", BIND), (b"D", b"P\x00"),
-                                                         (b"E", b"\x00\x00\x00\x00\x00"), (b"S", b"")))
-    reply = b"".join(messages.message(t, b) for t, b in ((b"1", b""), (b"2", b""), (b"C", b"SELECT 0\x00"),
-                                                         (b"Z", b"I")))
+
+def chunk(sql: str = PAGE, types: tuple[int, ...] = ()) -> bytes:
+    return b"".join(messages.message(t, b) for t, b in ((b"P", parse(sql, types=types)), (b"B", BIND),
+                                                         (b"D", b"P\x00"), (b"E", b"\x00\x00\x00\x00\x00"),
+                                                         (b"S", b"")))
+
+
+@pytest.mark.parametrize("change", [None, "reload", "stale", "discard", "close", "types", "runs", "same length"])
+def test_through_the_relay_the_bytes_are_the_whole_ways(change):
+    """Through the relay, whose quiet bookkeeping is compiled or Python as the framer chosen (the compiled one
+    repeats the Parse itself): the same bytes to the server page after page, with the shortcut and without it,
+    and after whatever must take the Parse the whole way."""
     relays = []
     for reader in pair():
         relay = Relay(Stats(), reader=reader, count_answered=True)
-        relay.from_server(login)
+        relay.from_server(LOGIN)
         relays.append(relay)
-    for _ in range(5):
-        sent = [r.from_client(chunk) for r in relays]
-        assert sent[0] == sent[1]
-        assert [r.from_server(reply) for r in relays] == [(reply, b"")] * 2
-    assert relays[0].reader._repeat is not None and state(relays[0].reader) == state(relays[1].reader)
+
+    def pages(n: int, data: bytes) -> None:
+        for _ in range(n):
+            sent = [r.from_client(data) for r in relays]
+            assert sent[0] == sent[1]
+            back = [r.from_server(REPLY if r.reader.quiet else REPLY) for r in relays]
+            assert back[0] == back[1]
+            assert state(relays[0].reader) == state(relays[1].reader)
+
+    pages(4, chunk())
+    assert relays[0].reader._repeat is not None
+    for r in relays:
+        if change == "reload":
+            r.reader.classifier.set_functions(frozenset({"my_reader"}))
+        elif change == "stale":
+            r.reader.watch.stale = "a column was added"
+        elif change == "discard":
+            r.from_client(messages.message(b"Q", b"DISCARD ALL\x00"))
+            r.from_server(messages.message(b"C", b"DISCARD ALL\x00") + messages.message(b"Z", b"I"))
+        elif change == "close":
+            r.from_client(messages.message(b"C", b"S\x00") + messages.message(b"S", b""))
+            r.from_server(messages.message(b"3", b"") + messages.message(b"Z", b"I"))
+    data = (chunk(RUNS) if change == "runs" else chunk(types=(25, 23, 23)) if change == "types"
+            else chunk(PAGE.replace("LIMIT $3", "LIMIT 99")) if change == "same length" else chunk())
+    if change != "stale":
+        pages(3, data)
+    else:  # refused by the seat: the same refusal from both, never the prepared statement
+        sent = [r.from_client(data) for r in relays]
+        assert sent[0] == sent[1] and b"openwop_seat_" not in sent[0]
+        assert state(relays[0].reader) == state(relays[1].reader)
