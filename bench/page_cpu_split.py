@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from . import workloads
-from .args import positive
-from .page_syscalls import RUNS, page_stack, pages
+from .args import checkout
+from .page_syscalls import page_options, page_stack, pages
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -80,11 +80,9 @@ def children_cpu() -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.page_cpu_split", description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", choices=sorted(RUNS), default="host_mix", help="the page runs (default host_mix)")
-    parser.add_argument("--seconds", type=positive, default=8, help="seconds per run (default 8)")
-    parser.add_argument("--rounds", type=positive, default=3, help="rounds over the proxies (default 3)")
+    page_options(parser, 3)
     parser.add_argument("--floors", action="store_true", help="add a raw seat and the bare uvloop relay")
-    parser.add_argument("--baseline", type=Path, metavar="DIR", help="another checkout: a seat with its code too")
+    parser.add_argument("--baseline", type=checkout, metavar="DIR", help="another checkout: a seat with its code too")
     args = parser.parse_args(argv)
     with page_stack(args.workload, floors=args.floors, baseline=args.baseline) as (cluster, pgbench, script, targets):
         postmaster = int(Path(cluster.datadir, "postmaster.pid").read_text().split()[0])

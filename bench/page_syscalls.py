@@ -73,11 +73,16 @@ def syscalls(pgbench: str, port: int, pid: int, script: Path, seconds: int, user
         return counts
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.page_syscalls", description=__doc__.split("\n")[0])
+def page_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of the probes that run the bench's page script against proxies (this one, page_cpu_split)."""
     parser.add_argument("--workload", choices=sorted(RUNS), default="host_mix", help="the page runs (default host_mix)")
     parser.add_argument("--seconds", type=positive, default=8, help="seconds per run (default 8)")
-    parser.add_argument("--rounds", type=positive, default=2, help="rounds over both proxies (default 2)")
+    parser.add_argument("--rounds", type=positive, default=rounds, help=f"rounds over the proxies (default {rounds})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.page_syscalls", description=__doc__.split("\n")[0])
+    page_options(parser, 2)
     parser.add_argument("--no-strace", action="store_true", help="skip the system-call counts")
     args = parser.parse_args(argv)
     if not args.no_strace and shutil.which("strace") is None:

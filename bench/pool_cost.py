@@ -40,7 +40,7 @@ from pathlib import Path
 from proxy.db.layout import CLAIM_SECRET_ENV
 
 from . import stack
-from .args import positive
+from .args import checkout, positive
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connects", type=positive, default=2000, help="connects per measurement (default 2000)")
     parser.add_argument("--rounds", type=positive, default=3)
     parser.add_argument("--clients", type=positive, default=1)
-    parser.add_argument("--baseline", type=Path, metavar="DIR", help="another checkout: a seat with its code too")
+    parser.add_argument("--baseline", type=checkout, metavar="DIR", help="another checkout: a seat with its code too")
     parser.add_argument("--profile", type=Path, metavar="FILE", help="profile the seat with reuse instead")
     parser.add_argument("--only", action="append", help="measure only this target (repeatable)")
     args = parser.parse_args(argv)

@@ -52,14 +52,25 @@ def test_the_types_themselves():
             positive(bad)
 
 
-def test_page_syscalls_refuses_an_unknown_workload_and_a_missing_strace(monkeypatch, capsys):
+def no_cluster(monkeypatch) -> list:
+    started: list = []
+    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
+    return started
+
+
+@pytest.mark.parametrize("module", ["bench.page_syscalls", "bench.page_cpu_split"])
+def test_the_page_probes_refuse_an_unknown_workload_before_they_start(module, monkeypatch, capsys):
+    started = no_cluster(monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        importlib.import_module(module).main(["--workload", "passthrough"])
+    assert ended.value.code == 2 and "argument --workload: invalid choice: 'passthrough'" in capsys.readouterr().err
+    assert not started
+
+
+def test_page_syscalls_refuses_a_missing_strace(monkeypatch, capsys):
     from bench import page_syscalls
 
-    started = []
-    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
-    with pytest.raises(SystemExit) as ended:
-        page_syscalls.main(["--workload", "passthrough"])
-    assert ended.value.code == 2 and "argument --workload: invalid choice" in capsys.readouterr().err
+    started = no_cluster(monkeypatch)
     monkeypatch.setattr("shutil.which", lambda name: None if name == "strace" else "/usr/bin/" + name)
     with pytest.raises(SystemExit) as ended:
         page_syscalls.main([])
@@ -67,12 +78,24 @@ def test_page_syscalls_refuses_an_unknown_workload_and_a_missing_strace(monkeypa
     assert not started
 
 
-def test_page_cpu_split_refuses_an_unknown_workload_before_it_starts(monkeypatch, capsys):
-    from bench import page_cpu_split
-
-    started = []
-    monkeypatch.setattr("proxy.dev.devcluster.DevCluster.start", lambda *a, **k: started.append(a))
-    with pytest.raises(SystemExit) as ended:
-        page_cpu_split.main(["--workload", "passthrough"])
-    assert ended.value.code == 2 and "invalid choice: 'passthrough'" in capsys.readouterr().err
+@pytest.mark.parametrize("module", ["bench.page_cpu_split", "bench.pool_cost"])
+def test_a_baseline_that_is_not_a_checkout_ends_the_probe_before_it_starts(module, tmp_path, monkeypatch, capsys):
+    started = no_cluster(monkeypatch)
+    (tmp_path / "empty").mkdir()
+    for bad in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(SystemExit) as ended:
+            importlib.import_module(module).main(["--baseline", str(bad)])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and "argument --baseline: not a checkout of the seat" in err, err
     assert not started
+
+
+def test_a_checkout_is_a_directory_holding_the_seats_code(tmp_path):
+    from pathlib import Path
+
+    from bench.args import checkout
+
+    root = Path(__file__).resolve().parents[2]
+    assert checkout(str(root)) == root
+    with pytest.raises(Exception, match="no proxy/__main__.py"):
+        checkout(str(tmp_path))
