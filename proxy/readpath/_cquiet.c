@@ -25,10 +25,18 @@
 #define EXECUTE 'E'
 #define SYNC 'S'
 #define PARSE 'P'
+#define COPY 1
+#define ROW_DESCRIPTION 'T'
+#define READY_FOR_QUERY 'Z'
 
 static PyObject *S_skipping, *S_pending, *S_statements, *S_portals, *S_unnamed, *S_quiet_group, *S_quiet_sent;
 static PyObject *S_statement_counts, *S_statement, *S_cls, *S_append;
 static PyObject *S_repeat, *S_classifier, *S_generation, *S_watch, *S_stale, *S_prepared, *S_touch;
+static PyObject *S_readies, *S_transactions, *S_state, *S_txn_status, *S_phase, *S_ending, *S_tx_status;
+static PyObject *S_preparing, *S_statement_seconds, *S_buckets, *S_counts, *S_sum, *S_observe, *S_leak_oids, *S_popleft;
+static PyObject *K_I;             /* b"I": idle, outside a transaction */
+static PyObject *One;             /* the int 1 */
+static PyObject *Authenticating;  /* proxy.wire.state.Phase.AUTHENTICATING, given by init() */
 static PyObject *K_B, *K_E, *K_DS, *K_DP, *K_P, *K_passthrough, *K_extended, *K_empty;
 static PyObject *EmptyParse;   /* an empty unnamed Parse: read_path._EMPTY_UNNAMED_PARSE */
 static PyObject *PerfCounter;  /* time.perf_counter */
@@ -590,19 +598,260 @@ join_parts(PyObject *module, PyObject *parts)
     return out;
 }
 
-/* init(portal_class, empty_parse): the Portal class quiet_run makes for a Bind of a statement it follows, and the
- * empty unnamed Parse a repeated translated Parse becomes. */
+/* ------------------------------------------------------------------ the server's side */
+
+/* obj.name += 1 (an int attribute). 0, or -1 on error. */
+static int
+increment(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    PyObject *next = PyNumber_Add(v, One);
+    Py_DECREF(v);
+    if (next == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, next);
+    Py_DECREF(next);
+    return rc;
+}
+
+/* ReadPath._may_leak: whether a RowDescription's body holds one of reader.watch.leak_oids. 1 (or a state this code
+ * does not follow: Python decides), 0, or -1 on error. */
+static int
+may_leak(PyObject *reader, const char *b, Py_ssize_t len)
+{
+    PyObject *watch = PyObject_GetAttr(reader, S_watch);
+    if (watch == NULL)
+        return -1;
+    PyObject *oids = PyObject_GetAttr(watch, S_leak_oids);
+    Py_DECREF(watch);
+    if (oids == NULL)
+        return -1;
+    int found = !PyTuple_CheckExact(oids);
+    for (Py_ssize_t k = 0; !found && k < PyTuple_GET_SIZE(oids); k++) {
+        PyObject *oid = PyTuple_GET_ITEM(oids, k);
+        found = !PyBytes_CheckExact(oid)
+                || memmem(b, (size_t)len, PyBytes_AS_STRING(oid), (size_t)PyBytes_GET_SIZE(oid)) != NULL;
+    }
+    Py_DECREF(oids);
+    return found;
+}
+
+/* Histogram.observe(value) (proxy/stats.py): counts[bisect_left(buckets, value)] += 1; sum += value. 0 or -1. */
+static int
+observe(PyObject *histogram, PyObject *value)
+{
+    PyObject *buckets = PyObject_GetAttr(histogram, S_buckets);
+    if (buckets == NULL)
+        return -1;
+    PyObject *counts = PyObject_GetAttr(histogram, S_counts);
+    if (counts == NULL || !PyTuple_CheckExact(buckets) || !PyList_CheckExact(counts)) {
+        Py_DECREF(buckets);
+        if (counts == NULL)
+            return -1;
+        Py_DECREF(counts);
+        PyObject *r = PyObject_CallMethodOneArg(histogram, S_observe, value);  /* not the plain one: its own */
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(buckets);
+    while (lo < hi) {  /* bisect_left */
+        Py_ssize_t mid = (lo + hi) / 2;
+        int less = PyObject_RichCompareBool(PyTuple_GET_ITEM(buckets, mid), value, Py_LT);
+        if (less < 0)
+            goto error;
+        if (less)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo >= PyList_GET_SIZE(counts)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        goto error;
+    }
+    PyObject *next = PyNumber_Add(PyList_GET_ITEM(counts, lo), One);
+    if (next == NULL)
+        goto error;
+    PyList_SetItem(counts, lo, next);  /* steals next */
+    Py_DECREF(buckets);
+    Py_DECREF(counts);
+    PyObject *sum = PyObject_GetAttr(histogram, S_sum);
+    if (sum == NULL)
+        return -1;
+    PyObject *total = PyNumber_Add(sum, value);
+    Py_DECREF(sum);
+    if (total == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(histogram, S_sum, total);
+    Py_DECREF(total);
+    return rc;
+error:
+    Py_DECREF(buckets);
+    Py_DECREF(counts);
+    return -1;
+}
+
+/* A ReadyForQuery while quiet: Relay._seen (the relay's readies and transactions, SessionState.on_backend's
+ * txn_status) then ReadPath.on_server_quiet (the read path's readies, tx_status, the statement's latency). 1 done,
+ * 0 left untouched (a body that is not one status byte, a session still authenticating, statements being
+ * prepared: Python does those), -1 error. */
+static int
+on_ready(PyObject *relay, PyObject *reader, const char *b, Py_ssize_t len)
+{
+    if (len != 1)
+        return 0;
+    PyObject *state = PyObject_GetAttr(relay, S_state);
+    if (state == NULL)
+        return -1;
+    PyObject *phase = PyObject_GetAttr(state, S_phase);
+    PyObject *preparing = phase == NULL || phase == Authenticating ? NULL : PyObject_GetAttr(reader, S_preparing);
+    int busy = preparing == NULL ? -1 : PyObject_IsTrue(preparing);
+    Py_XDECREF(preparing);
+    if (phase == NULL || busy != 0) {
+        int rc = phase == NULL || (phase != Authenticating && busy < 0) ? -1 : 0;
+        Py_XDECREF(phase);
+        Py_DECREF(state);
+        return rc;
+    }
+    Py_DECREF(phase);
+    PyObject *status = PyBytes_FromStringAndSize(b, 1);
+    PyObject *was = status == NULL ? NULL : PyObject_GetAttr(state, S_txn_status);
+    int rc = -1;
+    if (was == NULL || increment(relay, S_readies) < 0)
+        goto done;
+    int left = PyObject_RichCompareBool(was, K_I, Py_NE);  /* txn_status != b"I": a transaction that ends here */
+    if (left < 0 || (left && b[0] == 'I' && increment(relay, S_transactions) < 0))
+        goto done;
+    if (PyObject_SetAttr(state, S_txn_status, status) < 0 || increment(reader, S_readies) < 0
+            || PyObject_SetAttr(reader, S_tx_status, status) < 0)
+        goto done;
+    PyObject *sent_fifo = PyObject_GetAttr(reader, S_quiet_sent);
+    if (sent_fifo == NULL)
+        goto done;
+    Py_ssize_t owed = PyObject_Length(sent_fifo);
+    PyObject *sent = NULL;
+    if (owed > 0) {
+        if (PyList_CheckExact(sent_fifo)) {  /* fifo.popleft */
+            sent = Py_NewRef(PyList_GET_ITEM(sent_fifo, 0));
+            if (PyList_SetSlice(sent_fifo, 0, 1, NULL) < 0)
+                Py_CLEAR(sent);
+        } else
+            sent = PyObject_CallMethodNoArgs(sent_fifo, S_popleft);
+    }
+    Py_DECREF(sent_fifo);
+    if (owed < 0 || (owed > 0 && sent == NULL))
+        goto done;
+    if (sent != NULL) {
+        PyObject *histogram = PyObject_GetAttr(reader, S_statement_seconds);
+        if (histogram == NULL) {
+            Py_DECREF(sent);
+            goto done;
+        }
+        if (histogram != Py_None) {
+            PyObject *now = PyObject_CallNoArgs(PerfCounter);
+            PyObject *value = now == NULL ? NULL : PyNumber_Subtract(now, sent);
+            Py_XDECREF(now);
+            if (value == NULL || observe(histogram, value) < 0) {
+                Py_XDECREF(value);
+                Py_DECREF(histogram);
+                Py_DECREF(sent);
+                goto done;
+            }
+            Py_DECREF(value);
+        }
+        Py_DECREF(histogram);
+        Py_DECREF(sent);
+    }
+    rc = 1;
+done:
+    Py_XDECREF(was);
+    Py_XDECREF(status);
+    Py_DECREF(state);
+    return rc;
+}
+
+/* server_quiet_run(relay, reader, items, start, out) -> stop: Relay._server_read's loop over the framer's items
+ * while the read path is quiet (its definition), from items[start]: each span appended to out, a RowDescription
+ * that names no watched relation looked at and let go, a ReadyForQuery accounted for (on_ready). Returns the index
+ * of the first item not handled (len(items) when all were): an ErrorResponse, a ParameterStatus or any other
+ * message the session state reads, a RowDescription that may carry event rows, a ReadyForQuery on_ready leaves.
+ * Nothing of the item at the stop index has been done. */
+static PyObject *
+server_quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "server_quiet_run(relay, reader, items, start, out)");
+        return NULL;
+    }
+    PyObject *relay = args[0], *reader = args[1], *items = args[2], *out = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[3]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(out) || !PyList_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "server_quiet_run: items and out are lists");
+        return NULL;
+    }
+    PyObject *ending = PyObject_GetAttr(relay, S_ending);
+    if (ending == NULL)
+        return NULL;
+    Py_DECREF(ending);
+    if (ending != Py_None)  /* the session ends: Python stops where it must */
+        return PyLong_FromSsize_t(i);
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    for (; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2)
+            break;
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (kind == -1 && PyErr_Occurred())
+            return NULL;
+        if (kind == SPAN) {
+            PyObject *span = PyTuple_GET_ITEM(item, 1);
+            if (!PyBytes_CheckExact(span))
+                break;
+            if (PyList_Append(out, span) < 0)
+                return NULL;
+            continue;
+        }
+        if (kind != COPY || PyTuple_GET_SIZE(item) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 2)))
+            break;
+        long t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+        if (t == -1 && PyErr_Occurred())
+            return NULL;
+        PyObject *body = PyTuple_GET_ITEM(item, 2);
+        int done;  /* 1 handled, 0 left to Python, -1 error */
+        if (t == ROW_DESCRIPTION) {
+            int leak = may_leak(reader, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+            done = leak < 0 ? -1 : !leak;
+        } else if (t == READY_FOR_QUERY)
+            done = on_ready(relay, reader, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+        else
+            break;
+        if (done < 0)
+            return NULL;
+        if (done == 0)
+            break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+/* init(portal_class, empty_parse, authenticating): the Portal class quiet_run makes for a Bind of a statement it
+ * follows, the empty unnamed Parse a repeated translated Parse becomes, and the session phase in which
+ * server_quiet_run leaves a ReadyForQuery to Python (Phase.AUTHENTICATING). */
 static PyObject *
 init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "init(portal_class, empty_parse: bytes)");
+    if (nargs != 3 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "init(portal_class, empty_parse: bytes, authenticating)");
         return NULL;
     }
     Py_INCREF(args[0]);
     Py_XSETREF(Portal, args[0]);
     Py_INCREF(args[1]);
     Py_XSETREF(EmptyParse, args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(Authenticating, args[2]);
     Py_RETURN_NONE;
 }
 
@@ -610,7 +859,9 @@ static PyMethodDef cquiet_methods[] = {
     {"quiet_run", (PyCFunction)(void (*)(void))quiet_run, METH_FASTCALL,
      "quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)"},
     {"join_parts", (PyCFunction)join_parts, METH_O, "join_parts(parts) -> bytes"},
-    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(portal_class, empty_parse)"},
+    {"server_quiet_run", (PyCFunction)(void (*)(void))server_quiet_run, METH_FASTCALL,
+     "server_quiet_run(relay, reader, items, start, out) -> stop"},
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(portal_class, empty_parse, authenticating)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -645,6 +896,23 @@ PyInit__cquiet(void)
     INTERN(S_stale, "stale");
     INTERN(S_prepared, "prepared");
     INTERN(S_touch, "touch");
+    INTERN(S_readies, "readies");
+    INTERN(S_transactions, "transactions");
+    INTERN(S_state, "state");
+    INTERN(S_txn_status, "txn_status");
+    INTERN(S_phase, "phase");
+    INTERN(S_ending, "ending");
+    INTERN(S_tx_status, "tx_status");
+    INTERN(S_preparing, "preparing");
+    INTERN(S_statement_seconds, "statement_seconds");
+    INTERN(S_buckets, "buckets");
+    INTERN(S_counts, "counts");
+    INTERN(S_sum, "sum");
+    INTERN(S_observe, "observe");
+    INTERN(S_leak_oids, "leak_oids");
+    INTERN(S_popleft, "popleft");
+    if ((K_I = PyBytes_FromStringAndSize("I", 1)) == NULL || (One = PyLong_FromLong(1)) == NULL)
+        return NULL;
     INTERN(K_P, "P");
     INTERN(K_empty, "");
     INTERN(K_B, "B");

@@ -54,6 +54,7 @@ from proxy.readpath import encoding
 from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import framer, messages
 from proxy.wire.codec import ProtocolViolation
+from proxy.wire.state import Phase
 from proxy.wire.types import (
     BIND,
     BIND_COMPLETE,
@@ -170,7 +171,8 @@ _EMPTY_UNNAMED_PARSE = messages.message(b"P", b"\x00\x00\x00\x00")
 _QUIET_KINDS = {PARSE: "P", BIND: "B", EXECUTE: "E", CLOSE: "C"}
 
 # The compiled quiet bookkeeping (_cquiet.c, ADR 0018's second addendum): ReadPath._quiet_client's Bind, Describe,
-# Execute and Sync, and the relay's join of a chunk's parts, in C. Taken with the compiled framer
+# Execute and Sync, the relay's join of a chunk's parts, and the quiet server side's RowDescription and
+# ReadyForQuery (Relay._server_read with on_server_quiet), in C. Taken with the compiled framer
 # (OPENWOP_SEAT_FRAMER chooses both); None where it is not built or the pure-Python framer is chosen, and the relay
 # then calls on_client for every message as it did.
 try:
@@ -179,7 +181,7 @@ except ImportError:  # not built: see setup.py
     _cquiet = None
     QUIET_MISSING = "the compiled quiet read path (proxy/readpath/_cquiet.c) is not built"
 else:
-    _cquiet.init(Portal, _EMPTY_UNNAMED_PARSE)
+    _cquiet.init(Portal, _EMPTY_UNNAMED_PARSE, Phase.AUTHENTICATING)
     QUIET_MISSING = ""
 if _cquiet is None and framer.IMPLEMENTATION == "c" and \
         os.environ.get(framer.IMPLEMENTATION_ENV, "").strip().lower() == "c":
@@ -187,6 +189,7 @@ if _cquiet is None and framer.IMPLEMENTATION == "c" and \
                       "and Python's headers), or unset it for the pure-Python core")
 QUIET_RUN = _cquiet.quiet_run if _cquiet is not None and framer.IMPLEMENTATION == "c" else None
 JOIN_PARTS = _cquiet.join_parts if QUIET_RUN is not None else None
+SERVER_QUIET_RUN = _cquiet.server_quiet_run if QUIET_RUN is not None else None
 
 
 def leak_of(body: bytes, events: EventColumns, major: int) -> str:

@@ -42,7 +42,7 @@ from proxy.db.layout import (
 )
 from proxy.errors import BY_SQLSTATE, CODES
 from proxy.readpath import encoding
-from proxy.readpath.read_path import ANALYSE_OFF_LOOP, JOIN_PARTS, QUIET_RUN, ReadPath, ReadPathError
+from proxy.readpath.read_path import ANALYSE_OFF_LOOP, JOIN_PARTS, QUIET_RUN, SERVER_QUIET_RUN, ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
 from proxy.wire.codec import FRONTEND_TYPES, ProtocolViolation
@@ -538,8 +538,18 @@ class Relay:
         framer.table = HOLD_ALL if reader.active > 0 else self._quiet_table if quiet else self._busy_table
         items = framer.feed(data)
         out: list[bytes] = []
+        # Where it is built, SERVER_QUIET_RUN does the quiet spans, RowDescriptions and ReadyForQuerys in C and
+        # hands back at the first message it leaves to the loop below (an error, a ParameterStatus, a possible leak).
+        server_run = SERVER_QUIET_RUN if quiet else None
+        n, count = 0, len(items)
         try:
-            for item in items:
+            while n < count:
+                if server_run is not None:
+                    n = server_run(self, reader, items, n, out)
+                    if n == count:
+                        break
+                item = items[n]
+                n += 1
                 kind = item[0]
                 if kind == SPAN:
                     out.append(item[1])

@@ -26,9 +26,10 @@ def each_framer(request, framer_impl, monkeypatch):
 
     monkeypatch.setattr(proxy.serve.relay, "Framer", cls)
     # the relay's quiet bookkeeping follows the framer, as OPENWOP_SEAT_FRAMER chooses both in the seat
-    quiet_run, join_parts = quiet_core(framer_impl)
+    quiet_run, join_parts, server_quiet_run = quiet_core(framer_impl)
     monkeypatch.setattr(proxy.serve.relay, "QUIET_RUN", quiet_run)
     monkeypatch.setattr(proxy.serve.relay, "JOIN_PARTS", join_parts)
+    monkeypatch.setattr(proxy.serve.relay, "SERVER_QUIET_RUN", server_quiet_run)
     if hasattr(request.module, "Framer"):
         monkeypatch.setattr(request.module, "Framer", cls)
     yield cls

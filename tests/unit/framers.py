@@ -22,10 +22,12 @@ def framer_class(name: str) -> type:
 
 
 def quiet_core(name: str) -> tuple:
-    """The relay's (QUIET_RUN, JOIN_PARTS) for implementation ``name``: (None, None) is the pure-Python definition
-    (on_client for every message); a test of the compiled one fails when it is not built."""
+    """The relay's (QUIET_RUN, JOIN_PARTS, SERVER_QUIET_RUN) for implementation ``name``: (None, None, None) is the
+    pure-Python definition (on_client and on_server_quiet for every message); a test of the compiled one fails when
+    it is not built."""
     if name == "python":
-        return None, None
+        return None, None, None
     if read_path._cquiet is None:
         pytest.fail(f"the compiled quiet read path was not built by make setup: {read_path.QUIET_MISSING}")
-    return read_path._cquiet.quiet_run, read_path._cquiet.join_parts
+    cquiet = read_path._cquiet
+    return cquiet.quiet_run, cquiet.join_parts, cquiet.server_quiet_run

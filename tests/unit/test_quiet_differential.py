@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import proxy.serve.relay as relay_module
 from proxy.config import HostConfig
 from proxy.readpath.classify import Classifier
-from proxy.readpath.read_path import ReadPath
+from proxy.readpath.read_path import EventColumns, ReadPath
 from proxy.serve.relay import Relay
 from proxy.stats import Stats
 
@@ -58,13 +58,13 @@ CLIENT = (
 
 @contextlib.contextmanager
 def core(name: str):
-    saved = relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS
+    saved = relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS, relay_module.SERVER_QUIET_RUN
     relay_module.Framer = framer_class(name)
-    relay_module.QUIET_RUN, relay_module.JOIN_PARTS = quiet_core(name)
+    relay_module.QUIET_RUN, relay_module.JOIN_PARTS, relay_module.SERVER_QUIET_RUN = quiet_core(name)
     try:
         yield
     finally:
-        relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS = saved
+        relay_module.Framer, relay_module.QUIET_RUN, relay_module.JOIN_PARTS, relay_module.SERVER_QUIET_RUN = saved
 
 
 def state(r: Relay) -> dict:
@@ -231,17 +231,151 @@ def quiet_selected(value: str | None, built: bool = True) -> subprocess.Complete
         env["OPENWOP_SEAT_FRAMER"] = value
     hide = "" if built else "import sys; sys.modules['proxy.readpath._cquiet'] = None; "
     return subprocess.run([sys.executable, "-c", hide + "from proxy.readpath import read_path as r; "
-                           "print(r.QUIET_RUN is not None, r.JOIN_PARTS is not None, r.QUIET_MISSING or '-')"],
+                           "print(r.QUIET_RUN is not None, r.JOIN_PARTS is not None, r.SERVER_QUIET_RUN is not None, "
+                           "r.QUIET_MISSING or '-')"],
                           env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_the_quiet_read_path_follows_the_framers_choice():
     """Compiled by default and with OPENWOP_SEAT_FRAMER=c, pure Python with =python; not built, the seat runs the
     pure-Python one and says why, unless =c asked for the compiled core, which then refuses to start."""
-    assert quiet_selected(None).stdout.split() == ["True", "True", "-"]
-    assert quiet_selected("c").stdout.split() == ["True", "True", "-"]
-    assert quiet_selected("python").stdout.split() == ["False", "False", "-"]
+    assert quiet_selected(None).stdout.split() == ["True", "True", "True", "-"]
+    assert quiet_selected("c").stdout.split() == ["True", "True", "True", "-"]
+    assert quiet_selected("python").stdout.split() == ["False", "False", "False", "-"]
     missing = quiet_selected(None, built=False)
-    assert missing.stdout.startswith("False False the compiled quiet read path (proxy/readpath/_cquiet.c) is not built")
+    assert missing.stdout.startswith("False False False the compiled quiet read path (proxy/readpath/_cquiet.c) "
+                                     "is not built")
     refused = quiet_selected("c", built=False)
     assert refused.returncode != 0 and "OPENWOP_SEAT_FRAMER=c, but the compiled quiet read path" in refused.stderr
+
+
+# ---------------------------------------------------------------- the server's side (server_quiet_run)
+
+EVENTS = EventColumns(0x61626364, 4, derived_oids=frozenset({0x00C0FFEE}), payload_attnum=5)
+
+
+def field(name: bytes, table_oid: int, attnum: int) -> bytes:
+    return name + b"\x00" + struct.pack("!IhIhih", table_oid, attnum, 25, -1, -1, 0)
+
+
+def row_description(*fields: bytes) -> bytes:
+    return msg(b"T", struct.pack("!h", len(fields)) + b"".join(fields))
+
+
+# Server messages while the read path is quiet: what the compiled side takes (spans, RowDescriptions that name no
+# watched relation, ReadyForQuery of one status byte) and what it must leave to the loop (an error, a FATAL, a
+# ParameterStatus of the encoding or not, a RowDescription of the events table's type column, one that holds a
+# watched OID's bytes by chance and leaks nothing, a ReadyForQuery whose body is not one byte).
+SERVER = (
+    msg(b"1"), msg(b"2"), msg(b"n"), msg(b"s"), msg(b"I"), msg(b"D", b"\x00\x01\x00\x00\x00\x01x"),
+    msg(b"C", b"SELECT 1\x00"), msg(b"N", b"SNOTICE\x00Mhi\x00\x00"), msg(b"A", b"\x00\x00\x00\x01ch\x00\x00"),
+    row_description(field(b"id", 0, 0)), row_description(field(b"sequence", 0x61626364, 2)),
+    row_description(field(b"type", 0x61626364, 4)), row_description(field(b"t", 0x00C0FFEE, 1)),
+    row_description(field(b"abcd", 0, 0)),  # the bytes of the events table's OID in a column name: no leak
+    msg(b"Z", b"I"), msg(b"Z", b"I"), msg(b"Z", b"T"), msg(b"Z", b"E"), msg(b"Z"), msg(b"Z", b"II"),
+    msg(b"E", b"SERROR\x00C42P01\x00Mno\x00\x00"), msg(b"E", b"SFATAL\x00VFATAL\x00C57P01\x00Mbye\x00\x00"),
+    msg(b"S", b"application_name\x00app\x00"), msg(b"S", b"client_encoding\x00UTF8\x00"),
+    msg(b"S", b"client_encoding\x00SJIS\x00"),
+)
+
+
+def server_state(r: Relay) -> dict:
+    histogram = r.reader.statement_seconds
+    return {**state(r), "relay_readies": r.readies, "transactions": r.transactions, "txn": r.state.txn_status,
+            "phase": r.state.phase, "bytes_out": r.bytes_out, "server_errors": dict(r.reader.server_errors),
+            "observed": sum(histogram.counts) if histogram is not None else None}
+
+
+def run_server(name: str, steps: list[tuple[bytes, list[bytes]]], events: EventColumns | None) -> list:
+    """Client chunks, each followed by server chunks, through a relay of core ``name`` whose read path counts into
+    process-wide stats (as in the seat: the statement latency histogram is observed)."""
+    with core(name):
+        reader = ReadPath(Classifier(HostConfig(), 2), 2, events)
+        r = Relay(Stats(), reader=reader, count_answered=True)
+        reader.attach(r.stats)
+        r.from_server(LOGIN)
+        seen = []
+        for chunk, answers in steps:
+            sent = r.from_client(chunk) if chunk else None
+            backs = [r.from_server(a) for a in answers]
+            seen.append((sent, backs, server_state(r)))
+            if r.ending is not None:
+                break
+        return seen
+
+
+def server_same(steps: list[tuple[bytes, list[bytes]]], events: EventColumns | None = EVENTS) -> list:
+    python = run_server("python", steps, events)
+    assert run_server("c", steps, events) == python
+    return python
+
+
+def cut(stream: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(stream)}), len(stream)]
+    return [stream[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from((b"", page(), msg(b"S"), msg(b"Q", b"SELECT 1\x00"))),
+                          st.lists(st.sampled_from(SERVER), max_size=12),
+                          st.lists(st.integers(min_value=0, max_value=400), max_size=3)), max_size=8),
+       st.booleans())
+def test_random_server_streams_give_the_same_bytes_and_state(steps, watched):
+    """Any server messages, cut anywhere, between the host's pages, Syncs and simple queries (so that latencies are
+    owed, and plan-once statements are being prepared when a ReadyForQuery comes): both cores send the same bytes,
+    end the same way and leave the same state, with and without watched relations."""
+    server_same([(chunk, cut(b"".join(answer), cuts)) for chunk, answer, cuts in steps], EVENTS if watched else None)
+
+
+def test_a_page_answer_goes_through_the_compiled_side_to_the_same_state():
+    """The host's page answered as PostgreSQL answers it, a hundred times: the same bytes and counts in both (the
+    relay's and the read path's ReadyForQuery counts, a latency observed for every page)."""
+    answer = (msg(b"1") + msg(b"2") + row_description(field(b"id", 0, 0), field(b"sequence", 0x61626364, 2))
+              + msg(b"D", b"\x00\x02\x00\x00\x00\x01a\x00\x00\x00\x011") * 5 + msg(b"C", b"SELECT 5\x00") + READY)
+    final = server_same([(page(), [answer])] * 100)[-1][2]
+    assert final["observed"] == 100 and final["relay_readies"] == final["readies"] + 1  # the login's is not counted
+
+
+def test_a_leaking_row_description_ends_the_session_in_both_with_the_same_words():
+    """A quiet result that names the events table's type column: the compiled side hands it to the loop, whose leak
+    check ends the session (OW007) before anything of that chunk after it goes out."""
+    answer = (msg(b"1") + msg(b"2") + row_description(field(b"type", 0x61626364, 4)) + msg(b"D", b"\x00\x00")
+              + msg(b"C", b"SELECT 1\x00") + READY)
+    final = server_same([(page(), [answer])])[-1][2]
+    assert final["ending"] is not None and final["ending"].sqlstate == "OW007"
+
+
+def test_a_transaction_that_ends_is_counted_by_both():
+    stream = [(msg(b"Q", b"BEGIN\x00"), [msg(b"C", b"BEGIN\x00") + msg(b"Z", b"T")]),
+              (msg(b"Q", b"COMMIT\x00"), [msg(b"C", b"COMMIT\x00") + READY])]
+    final = server_same(stream)[-1][2]
+    assert final["transactions"] == 1 and final["txn"] == b"I"
+
+
+class CountingServerReadPath(ReadPath):
+    __slots__ = ("calls",)
+
+    def on_server_quiet(self, t: int, body: bytes):
+        self.calls.append(chr(t))
+        return super().on_server_quiet(t, body)
+
+
+def test_the_compiled_side_leaves_only_what_it_must_to_on_server_quiet():
+    """What the compiled side takes over is really taken: of a page's answer nothing reaches on_server_quiet from
+    the second page on (the first prepares the plan-once statement, whose ReadyForQuery settles it in Python); an
+    error does, and the compiled side takes the ReadyForQuery after it again. The pure-Python core calls it for
+    every RowDescription and ReadyForQuery."""
+    answer = msg(b"1") + msg(b"2") + row_description(field(b"id", 0, 0)) + msg(b"C", b"SELECT 0\x00") + READY
+    error = msg(b"E", b"SERROR\x00C42P01\x00Mno\x00\x00") + READY
+    for name, calls in (("python", ["T", "Z"] * 4 + ["E", "Z"]), ("c", ["Z", "E"])):
+        with core(name):
+            reader = CountingServerReadPath(Classifier(HostConfig(), 2), 2, EVENTS)
+            reader.calls = []
+            r = Relay(Stats(), reader=reader, count_answered=True)
+            r.from_server(LOGIN)
+            for _ in range(4):
+                r.from_client(page())
+                assert r.from_server(answer) == (answer, b"")
+            r.from_client(page())
+            r.from_server(error)
+            assert reader.calls == calls, name
