@@ -19,7 +19,8 @@ in these forms:
   (``events_named_refuse``) and with no guard (decision 1's figures);
 * with ``--sketches``, a fast page the seat does not send (ADR 0021, finding 3), made in the probe's cluster only:
   ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: era 3`` (an era-3
-  run's rows as stored, through a gated view of the runs stamped era 3) and ``fast: both`` (their union).
+  run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their union) and ``fast:
+  function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its rows).
 
 The figure is the backend's CPU time (``/proc/<pid>/schedstat`` of the session's backend, Linux) per page, the
 median over ``--rounds`` interleaved rounds: PostgreSQL's own cost of each form, not skewed by what else runs on
@@ -62,6 +63,35 @@ WHERE EXISTS (SELECT FROM openwop_seat.run_era x WHERE x.run_id OPERATOR(pg_cata
        pg_catalog.pg_backend_pid() AND n.major OPERATOR(pg_catalog.=) 1::pg_catalog.int2)
        THEN openwop_seat.net_view(2::pg_catalog.int2) ELSE true END);
 """
+# The fast page inside PostgreSQL (not built): one statement, a PL/pgSQL function that asks which arm holds the run's
+# page (era 3, filled, else both) and returns that arm's rows; STABLE, so its queries see the statement's snapshot.
+# No round trip and no change to the protocol, but a PL/pgSQL call, its RETURN QUERY's tuplestore and the decision's
+# two queries a page.
+SKETCH_PAGE_FUNCTION = """
+CREATE OR REPLACE VIEW sketch.era3_runs AS
+SELECT x.run_id FROM openwop_seat.run_era x
+WHERE (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT'))
+  AND (SELECT CASE WHEN EXISTS (SELECT FROM openwop_seat.claims n WHERE n.pid OPERATOR(pg_catalog.=)
+       pg_catalog.pg_backend_pid() AND n.major OPERATOR(pg_catalog.=) 1::pg_catalog.int2)
+       THEN openwop_seat.net_view(2::pg_catalog.int2) ELSE true END);
+CREATE OR REPLACE FUNCTION sketch.page_m2(run text, after int4, n int8) RETURNS SETOF openwop_seat.events_m2
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  IF EXISTS (SELECT FROM sketch.era3_runs r WHERE r.run_id = run) THEN
+    RETURN QUERY SELECT e.* FROM sketch.events_era3 e WHERE e.run_id = run AND e.sequence > after
+      ORDER BY e.sequence LIMIT n;
+  ELSIF EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m.run_id = run AND NOT EXISTS
+                (SELECT FROM openwop_seat.events_keys k WHERE k.run_id = run AND k.sequence > m.upto)) THEN
+    RETURN QUERY SELECT e.* FROM openwop_seat.events_v2_filled e WHERE e.run_id = run AND e.sequence > after
+      ORDER BY e.sequence LIMIT n;
+  ELSE
+    RETURN QUERY SELECT * FROM ((SELECT * FROM openwop_seat.events_v2_filled e WHERE e.run_id = run
+        AND e.sequence > after ORDER BY e.sequence LIMIT n) UNION ALL (SELECT * FROM
+        openwop_seat.events_m2_run_live(run) e WHERE e.run_id = run AND e.sequence > after
+        ORDER BY e.sequence LIMIT n)) u ORDER BY sequence LIMIT n;
+  END IF;
+END $$;
+"""
 _COVERED = ("(SELECT EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m.run_id = $1 AND NOT EXISTS "
             "(SELECT FROM openwop_seat.events_keys k WHERE k.run_id = $1 AND k.sequence > m.upto)))")
 _STORE_ARM = ("SELECT * FROM openwop_seat.events_v2_filled AS events WHERE run_id = $1 AND sequence > $2 AND "
@@ -72,6 +102,8 @@ SKETCHES = {
     "fast: era 3": _ERA3_ARM,
     "fast: both": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_ERA3_ARM})) AS events "
                   "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
+    "fast: function": "SELECT * FROM sketch.page_m2($1, $2, 100) AS events "
+                      "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
 }
 
 
@@ -130,6 +162,7 @@ def main(argv=None) -> int:
         dsn = cluster.dsn()
         if args.sketches:
             cluster.psql(SKETCH_ERA3)
+            cluster.psql(SKETCH_PAGE_FUNCTION)
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():
