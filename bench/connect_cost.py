@@ -11,7 +11,8 @@ PostgreSQL has allocated in that backend) read by the session itself, right afte
 backend spends on its first statement (``/proc/<pid>/schedstat`` of the backend, so not skewed by a loaded machine;
 the PostgreSQL of this probe runs here), ``SELECT 1`` against ``claim_once`` as the seat sends it and against each
 part of it alone (``CLAIM_PARTS``: the relations, the function and the digest a fresh backend meets for the first
-time), interleaved, median over ``--claims`` backends (ADR 0013's addendum, ADR 0021). One run, no alternation:
+time), interleaved, median over ``--claims`` backends (ADR 0013's addendum, ADR 0021); and a fresh backend's
+first projected row, its CPU and the PL/pgSQL memory it compiled (ADR 0011's addendum). One run, no alternation:
 ``make bench --only connect`` is the measurement; this tells a developer where the time and the memory go.
 """
 
@@ -67,6 +68,25 @@ CLAIM_PARTS = {
     "timestamps": "SELECT pg_catalog.to_timestamp(1::float8 / 1000000::float8) < pg_catalog.statement_timestamp() "
                   "- '60000000 microseconds'::interval",
 }
+
+
+FIRST_PROJECTION = ("SELECT openwop_seat.payload_v2('run.completed', '{\"output\": {\"text\": \"x\"}}', 'run-1', 5, "
+                    "'e5', NULL)")
+PLPGSQL_MEMORY = "SELECT sum(total_bytes) FROM pg_backend_memory_contexts WHERE name = 'PL/pgSQL function'"
+
+
+def first_projection(dsn: str, n: int) -> tuple[float, float]:
+    """A fresh backend's first projected row (``payload_v2`` of one ``run.completed`` payload, ADR 0011): the
+    median CPU ms of that statement, and KiB of the PL/pgSQL functions it compiled (their memory contexts)."""
+    times, kib = [], []
+    for _ in range(n):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            pg = conn.pgconn
+            before = backend_cpu_ns(pg.backend_pid)
+            conn.execute(FIRST_PROJECTION).fetchone()
+            times.append((backend_cpu_ns(pg.backend_pid) - before) / 1e6)
+            kib.append(int(conn.execute(PLPGSQL_MEMORY).fetchone()[0] or 0) / 1024)
+    return statistics.median(times), statistics.median(kib)
 
 
 def first_statement_cpu(dsn: str, secret: str, salt: str, n: int) -> dict[str, float]:
@@ -154,6 +174,13 @@ def main() -> None:
         else:
             print(f"fresh backend, first statement, backend CPU (median of {args.claims}): "
                   + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items()))
+        try:
+            ms, kib = first_projection(cluster.dsn(), args.claims)
+        except OSError as e:
+            print(f"first projected row: not measured ({e})")
+        else:
+            print(f"fresh backend, first projected row (payload_v2 of a run.completed payload, median of "
+                  f"{args.claims}): backend CPU {ms:.2f} ms, PL/pgSQL functions compiled {kib:.0f} KiB")
         for name in ("direct", "seat major 2", "seat raw"):
             samples = [memory(targets[name]) for _ in range(5)]
             fresh = statistics.median(s[0] for s in samples)

@@ -31,6 +31,7 @@ from proxy.artifacts.declarations import load_declarations
 from proxy.artifacts.load import load_artifacts
 from proxy.config import HostConfig
 from proxy.db.declarations_sql import declarations_sql
+from proxy.db.projection_compiled import branches
 from proxy.db.relations import relations_sql
 from proxy.db.render import REFERENCE_COLUMNS
 from proxy.errors import ERRORS
@@ -229,3 +230,42 @@ def test_approval_requested_in_its_v1_shape_reads_as_the_engine_reads_it(conn, p
     with no seat, nested values (some the walk enters), and the v2 shape's own data/kind."""
     for node in (None, "n1"):
         same(conn, "approval.requested", payload, RUNS["acme"], node)
+
+
+# --- one function a branch (ADR 0011's addendum) ----------------------------------------------------------------
+
+def compiled_functions(c) -> list[str]:
+    """The PL/pgSQL functions this backend has compiled whose name starts with payload_v2 (each has a memory
+    context of its own, named by its signature)."""
+    return sorted(r[0].split("(")[0].removeprefix("openwop_seat.") for r in c.execute(
+        "SELECT ident FROM pg_backend_memory_contexts WHERE name = 'PL/pgSQL function' "
+        "AND ident LIKE 'openwop\\_seat.payload\\_v2%'").fetchall())
+
+
+def test_a_backend_compiles_the_dispatch_and_only_the_branches_of_the_types_it_meets(pg):
+    """payload_v2 was one PL/pgSQL function of 360 KB that a backend compiled whole at its first projected row
+    (about 10 ms and 2 MiB, whatever the row's type): now each compiled branch is a function of its own, and a
+    fresh backend compiles the dispatch and the branches of the types it projects, nothing else."""
+    with psycopg.connect(pg.dsn(dbname="postgres"), autocommit=True) as c:
+        assert compiled_functions(c) == []
+        for t, payload, node in REFERENCE_HOST[:2]:
+            assert outcome(c, "payload_v2", t, payload, RUNS["acme"], node)[0] == "ok"
+        assert compiled_functions(c) == ["payload_v2", "payload_v2__node_started", "payload_v2__run_started"]
+        every = int(c.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = 'openwop_seat'::regnamespace "
+                              "AND proname LIKE 'payload\\_v2\\_\\_%'").fetchone()[0])
+        assert every == sum(1 for b in branches("openwop_seat", ARTIFACTS, "x-v1") if b.guard is not None) > 100
+
+
+def test_the_functions_of_branches_no_codemap_has_are_dropped_when_the_projection_is_installed(pg):
+    """A migrate to other artifacts installs the branches of the new codemap: a branch function of a type the
+    codemap no longer has is dropped, not left behind (nothing calls it, but it is the seat's object)."""
+    with psycopg.connect(pg.dsn(dbname="postgres")) as c:
+        c.execute("CREATE FUNCTION openwop_seat.payload_v2__gone_type(t text, p jsonb, run text, seq bigint, "
+                  "eid text, node text) RETURNS jsonb LANGUAGE sql AS 'SELECT p'")
+        c.execute("CREATE FUNCTION openwop_seat.payload_v2_kept(x int) RETURNS int LANGUAGE sql AS 'SELECT x'")
+        install_with_declarations(c, load_declarations(str(EXAMPLE), ARTIFACTS))
+        left = [r[0] for r in c.execute("SELECT proname::text FROM pg_proc WHERE pronamespace = "
+                                        "'openwop_seat'::regnamespace AND proname LIKE 'payload\\_v2%'").fetchall()]
+        assert "payload_v2__gone_type" not in left and "payload_v2_kept" in left  # only the branches' prefix
+        assert {"payload_v2", "payload_v2__run_completed", "payload_v2__node_started"} <= set(left)
+        c.rollback()
