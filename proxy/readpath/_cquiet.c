@@ -441,6 +441,35 @@ done:
     return rc;
 }
 
+/* What a run (quiet_run, server_quiet_run) does with items[i]: a span is appended to out (ITEM_SPAN); an item of
+ * kind `kind` (HOLD or COPY) with a bytes body gives its type and body (ITEM_MESSAGE); anything else ends the run
+ * there (ITEM_STOP); -1 on error. */
+enum { ITEM_STOP = 0, ITEM_MESSAGE = 1, ITEM_SPAN = 2 };
+
+static int
+next_item(PyObject *items, Py_ssize_t i, long kind, PyObject *out, long *t, PyObject **body)
+{
+    PyObject *item = PyList_GET_ITEM(items, i);
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2)
+        return ITEM_STOP;
+    long got = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+    if (got == -1 && PyErr_Occurred())
+        return -1;
+    if (got == SPAN) {
+        PyObject *span = PyTuple_GET_ITEM(item, 1);
+        if (!PyBytes_CheckExact(span))
+            return ITEM_STOP;
+        return PyList_Append(out, span) < 0 ? -1 : ITEM_SPAN;
+    }
+    if (got != kind || PyTuple_GET_SIZE(item) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 2)))
+        return ITEM_STOP;
+    *t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+    if (*t == -1 && PyErr_Occurred())
+        return -1;
+    *body = PyTuple_GET_ITEM(item, 2);
+    return ITEM_MESSAGE;
+}
+
 /* quiet_run(reader, items, start, out, count_answered) -> (stop, replaced, answered)
  *
  * From items[start], while the read path is quiet: a span's bytes and each Bind, Describe, Execute and Sync (held
@@ -474,25 +503,15 @@ quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Quiet q = {0};
     int loaded = 0;  /* the reader's state is read once, at the first held item */
     for (; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2)
-            break;
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-        if (kind == -1 && PyErr_Occurred())
+        long t;
+        PyObject *body;
+        int got = next_item(items, i, HOLD, out, &t, &body);
+        if (got < 0)
             goto error;
-        if (kind == SPAN) {
-            PyObject *span = PyTuple_GET_ITEM(item, 1);
-            if (!PyBytes_CheckExact(span))
-                break;
-            if (PyList_Append(out, span) < 0)
-                goto error;
+        if (got == ITEM_SPAN)
             continue;
-        }
-        if (kind != HOLD || PyTuple_GET_SIZE(item) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 2)))
+        if (got == ITEM_STOP)
             break;
-        long t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
-        if (t == -1 && PyErr_Occurred())
-            goto error;
         if (t != BIND && t != DESCRIBE && t != EXECUTE && t != SYNC && t != PARSE)
             break;
         if (!loaded) {
@@ -503,7 +522,6 @@ quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 break;
             loaded = 1;
         }
-        PyObject *body = PyTuple_GET_ITEM(item, 2);
         const char *b = PyBytes_AS_STRING(body);
         Py_ssize_t len = PyBytes_GET_SIZE(body);
         PyObject *replacement = NULL;
@@ -530,7 +548,7 @@ quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             rc = PyList_Append(out, replacement);
             Py_DECREF(replacement);
         } else
-            rc = PyList_Append(out, item);
+            rc = PyList_Append(out, PyList_GET_ITEM(items, i));  /* the held item, as it was */
         if (rc < 0)
             goto error;
     }
@@ -800,26 +818,15 @@ server_quiet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromSsize_t(i);
     Py_ssize_t n = PyList_GET_SIZE(items);
     for (; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2)
-            break;
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-        if (kind == -1 && PyErr_Occurred())
+        long t;
+        PyObject *body;
+        int got = next_item(items, i, COPY, out, &t, &body);
+        if (got < 0)
             return NULL;
-        if (kind == SPAN) {
-            PyObject *span = PyTuple_GET_ITEM(item, 1);
-            if (!PyBytes_CheckExact(span))
-                break;
-            if (PyList_Append(out, span) < 0)
-                return NULL;
+        if (got == ITEM_SPAN)
             continue;
-        }
-        if (kind != COPY || PyTuple_GET_SIZE(item) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 2)))
+        if (got == ITEM_STOP)
             break;
-        long t = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
-        if (t == -1 && PyErr_Occurred())
-            return NULL;
-        PyObject *body = PyTuple_GET_ITEM(item, 2);
         int done;  /* 1 handled, 0 left to Python, -1 error */
         if (t == ROW_DESCRIPTION) {
             int leak = may_leak(reader, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
