@@ -12,6 +12,11 @@
  * join_parts builds the chunk to send from the relay's parts (bytes, and held items that go on as they were) in
  * one allocation, instead of encoding each held item in Python and joining.
  *
+ * server_quiet_run is the server's side while the read path is quiet: Relay._server_read's loop (Relay._seen and
+ * ReadPath.on_server_quiet, its definition) for the spans, the RowDescriptions that name no watched relation and
+ * the ReadyForQuerys; it hands back at the first message it leaves to that loop (ADR 0018's addendum "the quiet
+ * server side in C"), and the same differential test runs both over random server streams.
+ *
  * No I/O: sans-IO like the rest of the read path.
  */
 #define PY_SSIZE_T_CLEAN
@@ -875,7 +880,8 @@ static PyMethodDef cquiet_methods[] = {
 static struct PyModuleDef cquiet_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "proxy.readpath._cquiet",
-    .m_doc = "The quiet read path's Bind/Describe/Execute/Sync bookkeeping in C (ADR 0018, second addendum).",
+    .m_doc = "The quiet read path's bookkeeping in C: the client's Bind/Describe/Execute/Sync and repeated Parse, "
+             "the server's RowDescription and ReadyForQuery (ADR 0018's addenda).",
     .m_size = -1,
     .m_methods = cquiet_methods,
 };
