@@ -256,7 +256,21 @@ def type_function(stored: str) -> str:
     return "payload_v2__" + re.sub(r"[^a-z0-9]+", "_", stored.lower()).strip("_")
 
 
-def _leaf(b: Branch, s: str, indent: str, tenant_sql: str) -> list[str]:
+def type_functions(stored: list[str]) -> list[str]:
+    """:func:`type_function` of each stored type; ValueError when two types get the same name or a name is longer
+    than PostgreSQL keeps (63 bytes: it would cut it, and two cut names could be one)."""
+    names = [type_function(t) for t in stored]
+    seen: dict[str, str] = {}
+    for t, name in zip(stored, names):
+        if len(name) > 63:
+            raise ValueError(f"the compiled branch of {t!r} would be the function {name}, longer than 63 bytes")
+        if name in seen:
+            raise ValueError(f"the compiled branches of {seen[name]!r} and {t!r} would both be the function {name}")
+        seen[name] = t
+    return names
+
+
+def _leaf(b: Branch, s: str, indent: str) -> list[str]:
     """``payload_v2``'s leaf for ``b``: the engine, or the call of the type's own function."""
     if b.guard is None:
         return [indent + ENGINE.format(s=s)]
@@ -278,7 +292,7 @@ def _branch_lines(b: Branch, s: str, indent: str, tenant_sql: str) -> list[str]:
     return lines
 
 
-def _tree(items: list[Branch], s: str, indent: str, tenant_sql: str) -> list[str]:
+def _tree(items: list[Branch], s: str, indent: str) -> list[str]:
     """A balanced IF tree over ``t`` (byte order) with one leaf per branch. Every leaf returns: a row whose type
     has no leaf (or a NULL type) comes out of the tree, to the statements after it (one copy of them, not one
     at each of the tree's ends)."""
@@ -286,15 +300,15 @@ def _tree(items: list[Branch], s: str, indent: str, tenant_sql: str) -> list[str
         out = []
         for i, b in enumerate(items):
             out.append(f"{indent}{'IF' if i == 0 else 'ELSIF'} t OPERATOR(pg_catalog.=) {quote_literal(b.stored)} THEN")
-            out += _leaf(b, s, indent + "    ", tenant_sql)
+            out += _leaf(b, s, indent + "    ")
         out.append(f"{indent}END IF;")
         return out
     mid = len(items) // 2
     pivot = quote_literal(items[mid].stored)
     return ([f"{indent}IF (t COLLATE pg_catalog.\"C\") OPERATOR(pg_catalog.<) {pivot} THEN"]
-            + _tree(items[:mid], s, indent + "    ", tenant_sql)
+            + _tree(items[:mid], s, indent + "    ")
             + [f"{indent}ELSE"]
-            + _tree(items[mid:], s, indent + "    ", tenant_sql)
+            + _tree(items[mid:], s, indent + "    ")
             + [f"{indent}END IF;"])
 
 
@@ -320,16 +334,15 @@ def compiled_sql(schema: str, artifacts, carrier: str, vendor_orgs, tenant_sql: 
     if vendor_orgs:
         vendor = (f"pg_catalog.strpos(t, '.') OPERATOR(pg_catalog.>) 0 AND pg_catalog.split_part(t, '.', 1) "
                   f"OPERATOR(pg_catalog.=) ANY ({text_array_const(vendor_orgs)})")
-    tree = "\n".join(_tree(branches(s, artifacts, carrier, declared_types), s, "    ", tenant_sql)
+    every = branches(s, artifacts, carrier, declared_types)
+    tree = "\n".join(_tree(every, s, "    ")
                      + [f"    IF t IS NULL OR NOT ({vendor}) THEN {refuse} END IF;", "    " + ENGINE.format(s=s)])
     mapped = f"({mapped}) OR ({vendor})"
-    compiled = [b for b in branches(s, artifacts, carrier, declared_types) if b.guard is not None]
-    names = [type_function(b.stored) for b in compiled]
-    if len(set(names)) != len(names) or any(len(n) > 63 for n in names):  # pragma: no cover - a codemap's quirk
-        raise ValueError(f"the compiled branches' function names collide or are too long: {names}")
-    type_functions = "".join(f"""
+    compiled = [b for b in every if b.guard is not None]
+    names = type_functions([b.stored for b in compiled])
+    functions = "".join(f"""
 -- payload_v2 of the rows stored as {b.stored} (v2: {b.v2}).
-CREATE OR REPLACE FUNCTION {s}.{type_function(b.stored)}(t text, p jsonb, run text, seq bigint, eid text, node text)
+CREATE OR REPLACE FUNCTION {s}.{name}(t text, p jsonb, run text, seq bigint, eid text, node text)
 RETURNS jsonb LANGUAGE plpgsql STABLE
 AS $ow$
 DECLARE
@@ -340,7 +353,7 @@ BEGIN
 {chr(10).join(_branch_lines(b, s, "    ", tenant_sql))}
 END
 $ow$;
-""" for b in compiled)
+""" for b, name in zip(compiled, names))
     return f"""
 -- The functions of the compiled branches of other artifacts (a migrate to another codemap): dropped.
 DO $ow$
@@ -356,7 +369,7 @@ BEGIN
     END LOOP;
 END
 $ow$;
-{type_functions}
+{functions}
 -- The run's tenant (empty counts as none), for run.started's legacy Subject.
 CREATE OR REPLACE FUNCTION {s}.run_tenant(run text) RETURNS text
 LANGUAGE plpgsql STABLE

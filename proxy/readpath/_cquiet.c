@@ -728,16 +728,21 @@ on_ready(PyObject *relay, PyObject *reader, const char *b, Py_ssize_t len)
     if (state == NULL)
         return -1;
     PyObject *phase = PyObject_GetAttr(state, S_phase);
-    PyObject *preparing = phase == NULL || phase == Authenticating ? NULL : PyObject_GetAttr(reader, S_preparing);
-    int busy = preparing == NULL ? -1 : PyObject_IsTrue(preparing);
-    Py_XDECREF(preparing);
-    if (phase == NULL || busy != 0) {
-        int rc = phase == NULL || (phase != Authenticating && busy < 0) ? -1 : 0;
-        Py_XDECREF(phase);
+    if (phase == NULL) {
         Py_DECREF(state);
-        return rc;
+        return -1;
     }
-    Py_DECREF(phase);
+    Py_DECREF(phase);  /* compared by identity only: Authenticating holds its own reference */
+    int busy = 1;  /* still authenticating: left to Python */
+    if (phase != Authenticating) {
+        PyObject *preparing = PyObject_GetAttr(reader, S_preparing);
+        busy = preparing == NULL ? -1 : PyObject_IsTrue(preparing);
+        Py_XDECREF(preparing);
+    }
+    if (busy != 0) {
+        Py_DECREF(state);
+        return busy < 0 ? -1 : 0;
+    }
     PyObject *status = PyBytes_FromStringAndSize(b, 1);
     PyObject *was = status == NULL ? NULL : PyObject_GetAttr(state, S_txn_status);
     int rc = -1;

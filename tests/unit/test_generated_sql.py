@@ -3,12 +3,21 @@ are pinned for the reference host's types, for the default configuration and an 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from proxy.artifacts.load import load_artifacts
 from proxy.artifacts.payload_shapes import ObjectShape
 from proxy.db import render
-from proxy.db.projection_compiled import HATCH_KEY_PATH, OTHER_KEY_PATH, Branch, branches, trivial_shapes
+from proxy.db.projection_compiled import (
+    HATCH_KEY_PATH,
+    OTHER_KEY_PATH,
+    Branch,
+    branches,
+    trivial_shapes,
+    type_functions,
+)
 
 ARTIFACTS = load_artifacts()
 
@@ -116,3 +125,23 @@ def test_render_check_refuses_a_stale_or_missing_file_and_a_bad_flag(tmp_path, m
     with pytest.raises(SystemExit) as info:
         render.main(["--chek"])
     assert info.value.code == 2
+
+
+def test_each_compiled_branch_is_a_function_named_by_its_type():
+    names = type_functions([b.stored for b in branches("openwop_seat", ARTIFACTS, "x-v1") if b.guard is not None])
+    assert "payload_v2__run_completed" in names and "payload_v2__agent_prompt_resolved" not in names
+    assert "payload_v2__agent_promptresolved" in names and len(set(names)) == len(names) > 100
+    assert type_functions(["run.completed", "core.dispatch.fanOut"]) == ["payload_v2__run_completed",
+                                                                       "payload_v2__core_dispatch_fanout"]
+
+
+@pytest.mark.parametrize("stored, why", [
+    (["a.b", "a-b"], "'a.b' and 'a-b' would both be the function payload_v2__a_b"),
+    (["A.B", "a.b"], "'A.B' and 'a.b' would both be the function payload_v2__a_b"),
+    (["x." + "y" * 60], "longer than 63 bytes"),
+])
+def test_branch_function_names_that_collide_or_would_be_cut_are_refused(stored, why):
+    """A codemap whose stored types map to one function name, or to one PostgreSQL would cut, is refused when the
+    projection is generated, naming the types: two branches in one function would read one type as the other."""
+    with pytest.raises(ValueError, match=re.escape(why)):
+        type_functions(stored)
