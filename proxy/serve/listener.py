@@ -205,6 +205,15 @@ class SeatServer:
                 raise ListenError("metrics.listen", m, e) from None
         self._open_listen_sockets()
         self._open_unix_socket()
+        # Only now does any socket listen: a client (or a probe of the TCP port) that gets in has every socket
+        # ready, the unix socket's mode set (it listened before its chmod, and after the TCP port, once: a client
+        # could meet it missing or with the umask's mode).
+        try:
+            for sock in self._sockets:
+                sock.listen(LISTEN_BACKLOG)
+        except OSError as e:
+            self._close_sockets()
+            raise ListenError("proxy.listen", self.config.listen, e) from None
         # What the seat has built by now (the artifacts, the classifiers, the parser's modules) lives as long as the
         # process: out of the garbage collector's sight, so that a full collection walks only what sessions make.
         gc.collect()
@@ -229,7 +238,8 @@ class SeatServer:
             log.warning("the quiet read path's bookkeeping runs in Python: %s", read_path.QUIET_MISSING)
 
     def _open_listen_sockets(self) -> None:
-        """Bind and listen on proxy.listen (every address it resolves to, as asyncio's create_server does).
+        """Bind proxy.listen (every address it resolves to, as asyncio's create_server does); start() makes the
+        sockets listen once the unix socket is ready too.
 
         SO_REUSEPORT when workers share the port (supervisor.py) or proxy.so_reuseport lets another seat bind it
         (a rolling restart)."""
@@ -253,7 +263,6 @@ class SeatServer:
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(addr)
-                sock.listen(LISTEN_BACKLOG)
                 sock.setblocking(False)
             except OSError as e:
                 sock.close()
@@ -326,12 +335,11 @@ class SeatServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
-            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
+            os.chmod(path, 0o777)  # as PostgreSQL's unix_socket_permissions: the database authenticates
         except OSError as e:
             sock.close()
             raise ListenError("proxy.unix_socket_dir", path, e) from None
-        os.chmod(path, 0o777)  # as PostgreSQL's unix_socket_permissions: the database authenticates
         self._sockets.append(sock)
         self.unix_socket = path
 
