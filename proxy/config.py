@@ -97,6 +97,9 @@ class PoolConfig:
     server_idle_timeout: float = 600.0  # an idle pooled server connection is closed after this long; 0: never
     server_lifetime: float = 3600.0  # …and once it is this old, when its client leaves; 0: never
     query_wait_timeout: float = 120.0  # how long a client waits for a server connection of a full pool; 0: forever
+    # a backend reset (and its claim checked) less than this long ago is handed over without checking its claim
+    # again (PgBouncer's server_check_delay); 0: checked before every hand-over
+    server_check_delay: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -564,7 +567,7 @@ def _pool_keys(errors: _Errors, section: Any, source: str | None) -> PoolConfig:
     for key, low in (("pool_size", 1), ("max_db_connections", 0)):
         if key in pool:
             put(out, key, _integer, pool[key], f"pool.{key}", low)
-    for key in ("server_idle_timeout", "server_lifetime", "query_wait_timeout"):
+    for key in ("server_idle_timeout", "server_lifetime", "query_wait_timeout", "server_check_delay"):
         if key in pool:
             put(out, key, _number, pool[key], f"pool.{key}", 0)
     if pool.get("enabled") is True and "auth_file" not in pool and "auth_query" not in pool:

@@ -217,6 +217,74 @@ $ow$;
 """
 
 
+def _claim_lost_sql() -> str:
+    # A claim taken from a live backend by another session ends that backend (ADR 0016, rule 5 as amended): it
+    # never runs another statement without the claim it was given, and a pooled backend whose claim is gone dies
+    # while idle, which the pool sees, instead of being handed out. The triggers' WHEN leaves out the backend's own
+    # writes (a claim, a pid's row taken over by a new backend), rows without a claim (a challenge only) and pid 0
+    # (the ledger's row). A row whose backend has ended (its pid free, or another backend's now) ends nothing.
+    # A live pid whose start time the owner of openwop_seat cannot see (without pg_read_all_stats), or a backend it
+    # may not signal (a superuser's, for a non-superuser owner: pg_terminate_backend raises): the write is refused,
+    # never left to keep a backend without its claim.
+    return f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.on_claim_lost()
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+{_PINNED}
+AS $ow$
+DECLARE
+    v_pids integer[];
+    v_starts timestamptz[];
+    v_seen timestamptz;
+    i integer;
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        v_pids := ARRAY[OLD.pid];
+        v_starts := ARRAY[OLD.backend_start];
+    ELSE
+        SELECT array_agg(c.pid), array_agg(c.backend_start) INTO v_pids, v_starts FROM {SCHEMA}.claims c
+        WHERE c.major IS NOT NULL AND c.pid <> 0 AND c.pid <> pg_backend_pid();
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(v_pids, 1), 0) LOOP
+        SELECT a.backend_start INTO v_seen FROM pg_stat_get_activity(v_pids[i]) a;
+        -- ended: its pid free, or another backend's now
+        CONTINUE WHEN NOT FOUND OR v_seen IS DISTINCT FROM v_starts[i] AND v_seen IS NOT NULL;
+        IF v_seen IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = format('openwop_seat: backend %s holds a claim, and the owner of openwop_seat cannot see '
+                                 'its start time to end it', v_pids[i]),
+                HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs migrate)';
+        END IF;
+        PERFORM pg_terminate_backend(v_pids[i]);
+    END LOOP;
+    RETURN NULL;
+END
+$ow$;
+"""
+
+
+CLAIMS_TABLE = f"{SCHEMA}.claims"
+# What a trigger on claims may compare a row with (a WHEN holds no subquery): not the backend's own, a claim made.
+_CLAIM_OF_ANOTHER = "OLD.major IS NOT NULL AND OLD.pid <> 0 AND OLD.pid <> pg_catalog.pg_backend_pid()"
+
+
+def claims_triggers() -> tuple[Trigger, ...]:
+    """The triggers that end a backend whose claim another session takes (``_claim_lost_sql``)."""
+    fn = f"{SCHEMA}.on_claim_lost()"
+    return (
+        Trigger(CLAIMS_TABLE, TRIGGER_PREFIX + "claim_deleted", f"""
+CREATE OR REPLACE TRIGGER {TRIGGER_PREFIX}claim_deleted AFTER DELETE ON {CLAIMS_TABLE} FOR EACH ROW
+    WHEN ({_CLAIM_OF_ANOTHER}) EXECUTE FUNCTION {fn};"""),
+        Trigger(CLAIMS_TABLE, TRIGGER_PREFIX + "claim_changed", f"""
+CREATE OR REPLACE TRIGGER {TRIGGER_PREFIX}claim_changed AFTER UPDATE ON {CLAIMS_TABLE} FOR EACH ROW
+    WHEN ({_CLAIM_OF_ANOTHER}
+          AND (NEW.pid, NEW.backend_start, NEW.major) IS DISTINCT FROM (OLD.pid, OLD.backend_start, OLD.major))
+    EXECUTE FUNCTION {fn};"""),
+        Trigger(CLAIMS_TABLE, TRIGGER_PREFIX + "claims_truncated", f"""
+CREATE OR REPLACE TRIGGER {TRIGGER_PREFIX}claims_truncated BEFORE TRUNCATE ON {CLAIMS_TABLE}
+    FOR EACH STATEMENT EXECUTE FUNCTION {fn};"""),
+    )
+
+
 # The current backend's claim (pid and start time): session_major()'s query, and the append triggers' own copy of
 # it (their functions are SECURITY DEFINER of the owner of openwop_seat with search_path pinned, as
 # session_major() is): the same claim, without a nested SECURITY DEFINER call per row (ADR 0020).
@@ -956,6 +1024,7 @@ CREATE OR REPLACE TRIGGER {name} AFTER UPDATE ON {events} FOR EACH ROW
 CREATE OR REPLACE TRIGGER {name} AFTER DELETE ON {events} FOR EACH ROW
     WHEN ({SCHEMA}.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION {SCHEMA}.on_event_delete_era3();"""))
+    out.extend(claims_triggers())
     return tuple(out)
 
 
@@ -991,7 +1060,8 @@ def writer_rule_sql(artifacts, host: HostConfig, run_id_type: str | None = None,
     docstring); the host's runs table cannot be probed the same way.
     """
     orphans = orphans and host.era_column is None
-    return "".join((_orphan_appends_sql(host, orphans), _claim_sql(), _claim_once_sql(), _session_major_sql(),
+    return "".join((_orphan_appends_sql(host, orphans), _claim_sql(), _claim_once_sql(), _claim_lost_sql(),
+                    _session_major_sql(),
                     _run_lock_key_sql(), _stamp_run_sql(host, run_id_type, artifacts, events, orphans),
                     _on_event_insert_sql(artifacts, host, orphans), _on_event_inserted_sql(artifacts, host),
                     _on_run_insert_sql(host, artifacts, events), _on_run_update_sql(host), _on_event_update_sql(host),
@@ -1038,6 +1108,7 @@ PRIVATE_FUNCTIONS = (
     "on_run_write_era3()",
     "on_run_insert()",
     "on_run_update()",
+    "on_claim_lost()",
 )
 FUNCTIONS = PUBLIC_FUNCTIONS + PRIVATE_FUNCTIONS
 

@@ -9,8 +9,10 @@ Life of a :class:`ServerConn`: *active* (a session relays on it; the first one a
 claimed it), then, when its client leaves idle outside a transaction, *reset* (``DISCARD ALL`` and
 ``SELECT openwop_seat.session_major()`` pipelined, one round trip), then *idle* if the reset succeeded and the claim
 still is the pool's major, else closed. An idle one is handed over (*active* again, no claim: the claim belongs to
-the backend) after the next client proved its password to the seat (:mod:`proxy.serve.scram`), or closed by
-``server_idle_timeout`` / ``server_lifetime``, or when anything arrives from it while idle.
+the backend; its claim checked again first unless its reset was less than ``server_check_delay`` ago) after the
+next client proved its password to the seat (:mod:`proxy.serve.scram`), or closed by ``server_idle_timeout`` /
+``server_lifetime``, or when anything arrives from it while idle (a backend whose claim another session took is
+ended by the claims triggers: its FATAL).
 
 Every pooled session gets a cancel key made by the seat: the backend's own key never reaches a client, so that a
 former client cannot cancel the statements of the next one (:meth:`Pool.cancel_target`).
@@ -285,8 +287,17 @@ class Pool:
                     self._close(conn, None, "server_lifetime")
                     continue
                 self._cancel_timer(conn)
-                # The claim is checked again before the hand-over (one round trip on a warm backend): a claims row
-                # deleted, or replaced, while the backend was idle, and it is closed instead.
+                if time.monotonic() - conn.idle_since < config.server_check_delay:
+                    # Its reset checked the claim a moment ago. A claim another session takes while it is idle ends
+                    # the backend (the claims triggers), and the pool closes it when its FATAL arrives.
+                    conn.state = "active"
+                    conn.peer.sink = None
+                    self.checks["skipped"] += 1
+                    self.hand_overs += 1
+                    self._waited(started)
+                    return conn
+                # Else the claim is checked again before the hand-over (one round trip on a warm backend): a
+                # backend that died or lost its claim while idle is closed instead.
                 conn.state = "check"
                 conn._checked = asyncio.get_running_loop().create_future()
                 conn._exchange(CHECK, 1)

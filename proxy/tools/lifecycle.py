@@ -265,11 +265,12 @@ async def _remove_host_objects(conn, config, meta: dict, say) -> None:
     from proxy.db.migrate import EVENTS_RLS_BEFORE
     from proxy.db.verify import _seat_triggers
 
-    triggers = await _seat_triggers(conn)
-    for rel, name in sorted(triggers):
+    on_host = 0
+    for rel, name in sorted(await _seat_triggers(conn)):
         table = await conn.fetchval("SELECT $1::oid::regclass::text", rel)
         await conn.execute(f"DROP TRIGGER {quote_ident(name)} ON {table}")
-    say(f"dropped {len(triggers)} triggers of the writer rule on the host's tables")
+        on_host += not table.startswith(f"{SCHEMA}.")  # not one on the seat's own tables (claims, run_era)
+    say(f"dropped {on_host} triggers of the writer rule on the host's tables")
     events = quote_qualified(config.host.events_table)
     state = await net_sql.net_state(conn, events)
     if state is None:

@@ -118,7 +118,7 @@ def quiet(seat) -> str:
 def quiet_before(request):
     """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
     after the first client of this one left, and its backend would then be the most recently used."""
-    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried"):
+    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried", "checked"):
         if name in request.fixturenames:
             quiet(request.getfixturevalue(name))
 
@@ -343,25 +343,95 @@ def test_a_user_without_a_scram_verifier_is_not_pooled(pooled):
     assert pool_count(metrics(pooled), "idle", "md5_user") == 0
 
 
-def test_a_backend_whose_claim_was_deleted_while_idle_is_not_handed_out(pooled, pg):
+def test_a_backend_whose_claim_was_deleted_while_idle_is_ended_and_not_handed_out(pooled, pg):
+    """The claims triggers end the backend (test_claim_lost.py); the pool closes it when its FATAL arrives, before
+    any client could be handed it, and the next client gets a new backend, claimed."""
     with connect(pooled) as first:
         pid = backend(first)
     text = settle(pooled)
+    idle = pool_count(text, "idle")
     lost = counter(text, "openwop_seat_pool_checks", "claim lost")
     with psycopg.connect(pg.dsn(), autocommit=True) as direct:
         assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+    gone(pg, pid)
+    wait_for(pooled, lambda t: pool_count(t, "idle") == idle - 1, "the ended backend closed")
     with connect(pooled) as nxt:
         assert backend(nxt) != pid
         assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
-    assert counter(metrics(pooled), "openwop_seat_pool_checks", "claim lost") == lost + 1
+    assert counter(metrics(pooled), "openwop_seat_pool_checks", "claim lost") == lost  # no check needed
 
 
-def test_a_backend_whose_claim_was_deleted_during_its_session_is_not_kept(pooled, pg):
-    lost = counter(metrics(pooled), "openwop_seat_pool_resets", "claim lost")
+def test_a_backend_reset_a_moment_ago_is_handed_over_unchecked(pooled):
+    """pool.server_check_delay (30 s by default): the reset checked the claim, the hand-over does not again."""
+    with connect(pooled) as first:
+        pid = backend(first)
+    text = settle(pooled)
+    skipped, ok = counter(text, "openwop_seat_pool_checks", "skipped"), counter(text, "openwop_seat_pool_checks", "ok")
+    with connect(pooled) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+    text = metrics(pooled)
+    assert counter(text, "openwop_seat_pool_checks", "skipped") == skipped + 1
+    assert counter(text, "openwop_seat_pool_checks", "ok") == ok
+
+
+@pytest.fixture(scope="module")
+def checked(start_seat, verifiers, tmp_path_factory):
+    """pool.server_check_delay = 0: the claim checked before every hand-over."""
+    auth = tmp_path_factory.mktemp("pool-checked") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 0}})
+
+
+def delete_claim_unseen(pg, pid: int) -> None:
+    """Delete ``pid``'s claims row without firing the claims triggers (session_replication_role = replica, as a
+    superuser may): the claim is gone and the backend lives on, which only the pool's checks can find."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        direct.execute("SET session_replication_role = replica")
+        assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+
+
+def test_with_no_check_delay_each_hand_over_checks_the_claim(checked):
+    with connect(checked) as first:
+        pid = backend(first)
+    ok = counter(settle(checked), "openwop_seat_pool_checks", "ok")
+    with connect(checked) as nxt:
+        assert backend(nxt) == pid
+    text = metrics(checked)
+    assert counter(text, "openwop_seat_pool_checks", "ok") == ok + 1
+    assert counter(text, "openwop_seat_pool_checks", "skipped") == 0
+
+
+def test_the_check_finds_a_claim_lost_unseen_while_idle(checked, pg):
+    with connect(checked) as first:
+        pid = backend(first)
+    lost = counter(settle(checked), "openwop_seat_pool_checks", "claim lost")
+    delete_claim_unseen(pg, pid)
+    with connect(checked) as nxt:
+        assert backend(nxt) != pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+    assert counter(metrics(checked), "openwop_seat_pool_checks", "claim lost") == lost + 1
+    gone(pg, pid)
+
+
+def test_a_backend_whose_claim_was_deleted_during_its_session_is_ended(pooled, pg):
     with connect(pooled) as first:
         pid = backend(first)
         with psycopg.connect(pg.dsn(), autocommit=True) as direct:
             assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+        with pytest.raises(psycopg.OperationalError, match="terminating connection due to administrator command"):
+            first.execute("SELECT 1")
+    gone(pg, pid)
+    settle(pooled)
+    with connect(pooled) as nxt:
+        assert backend(nxt) != pid
+
+
+def test_the_reset_finds_a_claim_lost_unseen_during_the_session(pooled, pg):
+    lost = counter(metrics(pooled), "openwop_seat_pool_resets", "claim lost")
+    with connect(pooled) as first:
+        pid = backend(first)
+        delete_claim_unseen(pg, pid)
     text = settle(pooled)
     assert counter(text, "openwop_seat_pool_resets", "claim lost") == lost + 1
     with connect(pooled) as nxt:

@@ -1171,6 +1171,39 @@ SELECT CASE WHEN verdict.v OPERATOR(pg_catalog.<>) 'ok' THEN verdict.v
 FROM verdict
 $ow$;
 
+CREATE OR REPLACE FUNCTION openwop_seat.on_claim_lost()
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $ow$
+DECLARE
+    v_pids integer[];
+    v_starts timestamptz[];
+    v_seen timestamptz;
+    i integer;
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        v_pids := ARRAY[OLD.pid];
+        v_starts := ARRAY[OLD.backend_start];
+    ELSE
+        SELECT array_agg(c.pid), array_agg(c.backend_start) INTO v_pids, v_starts FROM openwop_seat.claims c
+        WHERE c.major IS NOT NULL AND c.pid <> 0 AND c.pid <> pg_backend_pid();
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(v_pids, 1), 0) LOOP
+        SELECT a.backend_start INTO v_seen FROM pg_stat_get_activity(v_pids[i]) a;
+        -- ended: its pid free, or another backend's now
+        CONTINUE WHEN NOT FOUND OR v_seen IS DISTINCT FROM v_starts[i] AND v_seen IS NOT NULL;
+        IF v_seen IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = format('openwop_seat: backend %s holds a claim, and the owner of openwop_seat cannot see '
+                                 'its start time to end it', v_pids[i]),
+                HINT = 'GRANT pg_read_all_stats TO the role that owns openwop_seat (the one that runs migrate)';
+        END IF;
+        PERFORM pg_terminate_backend(v_pids[i]);
+    END LOOP;
+    RETURN NULL;
+END
+$ow$;
+
 CREATE OR REPLACE FUNCTION openwop_seat.session_major()
 RETURNS smallint LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1683,6 +1716,7 @@ REVOKE ALL ON FUNCTION openwop_seat.on_event_delete_era3() FROM PUBLIC;
 REVOKE ALL ON FUNCTION openwop_seat.on_run_write_era3() FROM PUBLIC;
 REVOKE ALL ON FUNCTION openwop_seat.on_run_insert() FROM PUBLIC;
 REVOKE ALL ON FUNCTION openwop_seat.on_run_update() FROM PUBLIC;
+REVOKE ALL ON FUNCTION openwop_seat.on_claim_lost() FROM PUBLIC;
 
 -- ==== translated relations
 
@@ -5171,3 +5205,11 @@ CREATE OR REPLACE TRIGGER zz_openwop_seat_store_era AFTER INSERT OR UPDATE OR DE
 CREATE OR REPLACE TRIGGER zz_openwop_seat_delete_era3 AFTER DELETE ON "events" FOR EACH ROW
     WHEN (openwop_seat.session_major() IS DISTINCT FROM 2)
     EXECUTE FUNCTION openwop_seat.on_event_delete_era3();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_claim_deleted AFTER DELETE ON openwop_seat.claims FOR EACH ROW
+    WHEN (OLD.major IS NOT NULL AND OLD.pid <> 0 AND OLD.pid <> pg_catalog.pg_backend_pid()) EXECUTE FUNCTION openwop_seat.on_claim_lost();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_claim_changed AFTER UPDATE ON openwop_seat.claims FOR EACH ROW
+    WHEN (OLD.major IS NOT NULL AND OLD.pid <> 0 AND OLD.pid <> pg_catalog.pg_backend_pid()
+          AND (NEW.pid, NEW.backend_start, NEW.major) IS DISTINCT FROM (OLD.pid, OLD.backend_start, OLD.major))
+    EXECUTE FUNCTION openwop_seat.on_claim_lost();
+CREATE OR REPLACE TRIGGER zz_openwop_seat_claims_truncated BEFORE TRUNCATE ON openwop_seat.claims
+    FOR EACH STATEMENT EXECUTE FUNCTION openwop_seat.on_claim_lost();
