@@ -97,6 +97,22 @@ _COVERED = ("(SELECT EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m
 _STORE_ARM = ("SELECT * FROM openwop_seat.events_v2_filled AS events WHERE run_id = $1 AND sequence > $2 AND "
               f"{_COVERED} ORDER BY sequence LIMIT 100")
 _ERA3_ARM = "SELECT * FROM sketch.events_era3 AS events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
+# A fast arm that says when it does not hold the run's page (a sketch for ADR 0021's fast page with its fallback):
+# one row of NULLs but for ``type``, which names the run's class, where the arm's own gate is false. A run's row has
+# a run_id, so the seat could tell that row from a page at its first DataRow, send the page again with the seat's
+# statement (or the arm the class names), and keep the class as the run's hint. An empty page of a run of the arm's
+# class is then an answer, not a miss (a live run's tail, polled).
+_MISS_ROW = ("SELECT NULL::text, NULL::text, NULL::int4, {cls}, NULL::text, NULL::jsonb, NULL::timestamptz, "
+             "NULL::text WHERE NOT {gate}")
+_ERA3_GATE = "EXISTS (SELECT FROM sketch.era3_runs r WHERE r.run_id = $1)"
+_CLASS = f"CASE WHEN {_COVERED} THEN 'filled' ELSE 'live' END"
+
+
+def _with_miss_row(arm: str, gate: str, cls: str) -> str:
+    return (f"SELECT * FROM (({arm}) UNION ALL ({_MISS_ROW.format(cls=cls, gate=gate)})) AS events "
+            "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100")
+
+
 SKETCHES = {
     "fast: store": _STORE_ARM,
     "fast: era 3": _ERA3_ARM,
@@ -104,6 +120,9 @@ SKETCHES = {
                   "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
     "fast: function": "SELECT * FROM sketch.page_m2($1, $2, 100) AS events "
                       "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
+    "fast: era 3 + miss row": _with_miss_row(_ERA3_ARM, _ERA3_GATE, _CLASS),
+    "fast: store + miss row": _with_miss_row(_STORE_ARM, _COVERED,
+                                             f"CASE WHEN {_ERA3_GATE} THEN 'era 3' ELSE 'live' END"),
 }
 
 
