@@ -19,8 +19,11 @@ in these forms:
   (``events_named_refuse``) and with no guard (decision 1's figures);
 * with ``--sketches``, a fast page the seat does not send (ADR 0021, finding 3), made in the probe's cluster only:
   ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: era 3`` (an era-3
-  run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their union) and ``fast:
-  function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its rows).
+  run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their union), ``fast:
+  function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its rows), each fast arm
+  ``+ miss row`` (one row naming the run's class where the arm's gate is false) and ``whole: … + fallback`` (the
+  arm, and the seat's statement through a PL/pgSQL function where the arm's gate is false: a statement right for
+  every run, which a hint could choose).
 
 The figure is the backend's CPU time (``/proc/<pid>/schedstat`` of the session's backend, Linux) per page, the
 median over ``--rounds`` interleaved rounds: PostgreSQL's own cost of each form, not skewed by what else runs on
@@ -92,6 +95,19 @@ BEGIN
   END IF;
 END $$;
 """
+# The fallback of a hinted fast page (ADR 0021's addendum): the seat's own statement as a PL/pgSQL function, so that
+# a statement naming it under a one-time filter initializes one FunctionScan node, not the statement's arms, and
+# calls it only where the fast arm's gate is false.
+SKETCH_FALLBACK = """
+CREATE OR REPLACE FUNCTION sketch.page_fallback(run text, after int4, n int8) RETURNS SETOF openwop_seat.events_m2
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM ((SELECT * FROM openwop_seat.events_v2_filled e WHERE e.run_id = run
+      AND e.sequence > after ORDER BY e.sequence LIMIT n) UNION ALL (SELECT * FROM
+      openwop_seat.events_m2_run_live(run) e WHERE e.run_id = run AND e.sequence > after
+      ORDER BY e.sequence LIMIT n)) u ORDER BY sequence LIMIT n;
+END $$;
+"""
 _COVERED = ("(SELECT EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m.run_id = $1 AND NOT EXISTS "
             "(SELECT FROM openwop_seat.events_keys k WHERE k.run_id = $1 AND k.sequence > m.upto)))")
 _STORE_ARM = ("SELECT * FROM openwop_seat.events_v2_filled AS events WHERE run_id = $1 AND sequence > $2 AND "
@@ -113,6 +129,14 @@ def _with_miss_row(arm: str, gate: str, cls: str) -> str:
             "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100")
 
 
+def _with_fallback(arm: str, gate: str) -> str:
+    """A fast arm whose statement is whole: where the arm's gate is false, the seat's statement's rows, through the
+    fallback function (the seat would choose this statement by a hint of the run's class; a wrong hint costs time,
+    never a wrong row)."""
+    return (f"SELECT * FROM (({arm}) UNION ALL (SELECT * FROM sketch.page_fallback($1, $2, 100) WHERE NOT {gate})) "
+            "AS events WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100")
+
+
 SKETCHES = {
     "fast: store": _STORE_ARM,
     "fast: era 3": _ERA3_ARM,
@@ -123,6 +147,8 @@ SKETCHES = {
     "fast: era 3 + miss row": _with_miss_row(_ERA3_ARM, _ERA3_GATE, _CLASS),
     "fast: store + miss row": _with_miss_row(_STORE_ARM, _COVERED,
                                              f"CASE WHEN {_ERA3_GATE} THEN 'era 3' ELSE 'live' END"),
+    "whole: era 3 + fallback": _with_fallback(_ERA3_ARM, _ERA3_GATE),
+    "whole: store + fallback": _with_fallback(_STORE_ARM, _COVERED),
 }
 
 
@@ -182,6 +208,7 @@ def main(argv=None) -> int:
         if args.sketches:
             cluster.psql(SKETCH_ERA3)
             cluster.psql(SKETCH_PAGE_FUNCTION)
+            cluster.psql(SKETCH_FALLBACK)
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():
