@@ -78,6 +78,10 @@ TAMPERING = [
                           "FOR EACH ROW WHEN (false) EXECUTE FUNCTION openwop_seat.on_event_inserted()", None),
     ("replace a function", "CREATE OR REPLACE FUNCTION openwop_seat.session_major() RETURNS smallint "
                            "LANGUAGE sql AS 'SELECT 2::smallint'", None),
+    # a claim taken would no longer end its backend (ADR 0016's addendum): pooled backends are handed over unchecked
+    ("disable a claims trigger", "ALTER TABLE openwop_seat.claims DISABLE TRIGGER zz_openwop_seat_claim_deleted",
+     "ALTER TABLE openwop_seat.claims ENABLE TRIGGER zz_openwop_seat_claim_deleted"),
+    ("drop a claims trigger", "DROP TRIGGER zz_openwop_seat_claims_truncated ON openwop_seat.claims", None),
     # the net (ADR 0009), by the table's owner (host_user here, as in the reference host's deployment)
     ("turn the net off", "ALTER TABLE events DISABLE ROW LEVEL SECURITY",
      "ALTER TABLE events ENABLE ROW LEVEL SECURITY"),
@@ -100,7 +104,7 @@ def test_a_running_seat_notices_tampering_and_refuses_new_sessions(start_seat, p
     assert get(seat.metrics_port, "/readyz")[0] == 200 and broken_metric(seat.metrics_port) == 0
     held = psycopg.connect(seat.dsn(user=HOST, dbname=host_db), autocommit=True)  # open before the tampering
     held.execute("SELECT 1")
-    owner = "TABLE" in tamper or "POLICY" in tamper
+    owner = "TABLE events" in tamper or "POLICY" in tamper
     pg.psql(tamper, dbname=host_db, user=HOST if owner else None)  # the table's owner, else the superuser
     wait_for(lambda: broken_metric(seat.metrics_port) == 1, what="the periodic check to notice")
     # the open session is ended too (issue 23), not only new ones
