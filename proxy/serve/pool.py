@@ -79,8 +79,8 @@ class PoolWaitTimeout(Exception):
 class ServerConn:
     """One backend of a pool."""
 
-    __slots__ = ("id", "key", "peer", "pid", "backend_key", "params", "created", "idle_since", "state", "session",
-                 "_pool", "_timer", "_framer", "_readies", "_expect", "_major_seen", "_error", "_checked")
+    __slots__ = ("id", "key", "peer", "pid", "backend_key", "params", "created", "idle_since", "checked_at", "state",
+                 "session", "_pool", "_timer", "_framer", "_readies", "_expect", "_major_seen", "_error", "_checked")
 
     def __init__(self, pool: "Pool", key: PoolKey):
         self.id = next(_ids)
@@ -92,6 +92,7 @@ class ServerConn:
         self.params: dict[str, str] = {}  # the ParameterStatus values current on the backend
         self.created = time.monotonic()
         self.idle_since = 0.0
+        self.checked_at = 0.0  # when its claim was last found the pool's major (its reset, or a check)
         self.state = "active"  # "active", "reset", "idle", "closed"
         self.session = None
         self._timer: asyncio.TimerHandle | None = None
@@ -166,13 +167,15 @@ class ServerConn:
             seen = self._major_seen.decode(errors="replace") if self._major_seen is not None else "NULL"
             self._pool._close(self, "claim lost", f"{what}: the backend's claim is {seen}, not the pool's major "
                                                   f"{self.key.major}: closed, never handed out", check=check)
-        elif check:
-            self.state = "active"
-            self.peer.sink = None
-            self._pool.checks["ok"] += 1
-            self._checked.set_result(True)
         else:
-            self._pool._became_idle(self)
+            self.checked_at = time.monotonic()
+            if check:
+                self.state = "active"
+                self.peer.sink = None
+                self._pool.checks["ok"] += 1
+                self._checked.set_result(True)
+            else:
+                self._pool._became_idle(self)
 
     def _reset_timed_out(self) -> None:
         self._timer = None
@@ -287,26 +290,24 @@ class Pool:
                     self._close(conn, None, "server_lifetime")
                     continue
                 self._cancel_timer(conn)
-                if time.monotonic() - conn.idle_since < config.server_check_delay:
-                    # Its reset checked the claim a moment ago. A claim another session takes while it is idle ends
-                    # the backend (the claims triggers), and the pool closes it when its FATAL arrives.
+                if time.monotonic() - conn.checked_at < config.server_check_delay:
+                    # Its claim was found right a moment ago (its reset). A claim another session takes while it is
+                    # idle ends the backend (the claims triggers), and the pool closes it when its FATAL arrives.
                     conn.state = "active"
                     conn.peer.sink = None
                     self.checks["skipped"] += 1
-                    self.hand_overs += 1
-                    self._waited(started)
-                    return conn
-                # Else the claim is checked again before the hand-over (one round trip on a warm backend): a
-                # backend that died or lost its claim while idle is closed instead.
-                conn.state = "check"
-                conn._checked = asyncio.get_running_loop().create_future()
-                conn._exchange(CHECK, 1)
-                try:
-                    if not await conn._checked:
-                        continue
-                except asyncio.CancelledError:  # the client's startup timed out meanwhile
-                    self._close(conn, None, "hand-over cancelled")
-                    raise
+                else:
+                    # The claim is checked again before the hand-over (one round trip on a warm backend): a backend
+                    # that died or lost its claim unseen while idle is closed instead.
+                    conn.state = "check"
+                    conn._checked = asyncio.get_running_loop().create_future()
+                    conn._exchange(CHECK, 1)
+                    try:
+                        if not await conn._checked:
+                            continue
+                    except asyncio.CancelledError:  # the client's startup timed out meanwhile
+                        self._close(conn, None, "hand-over cancelled")
+                        raise
                 self.hand_overs += 1
                 self._waited(started)
                 return conn

@@ -118,7 +118,7 @@ def quiet(seat) -> str:
 def quiet_before(request):
     """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
     after the first client of this one left, and its backend would then be the most recently used."""
-    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried", "checked"):
+    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried", "checked", "delayed"):
         if name in request.fixturenames:
             quiet(request.getfixturevalue(name))
 
@@ -389,6 +389,32 @@ def delete_claim_unseen(pg, pid: int) -> None:
     with psycopg.connect(pg.dsn(), autocommit=True) as direct:
         direct.execute("SET session_replication_role = replica")
         assert direct.execute("DELETE FROM openwop_seat.claims WHERE pid = %s", (pid,)).rowcount == 1
+
+
+@pytest.fixture(scope="module")
+def delayed(start_seat, verifiers, tmp_path_factory):
+    """pool.server_check_delay = 2: a hand-over more than 2 s after the backend's reset checks its claim."""
+    auth = tmp_path_factory.mktemp("pool-delayed") / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 2}})
+
+
+def test_the_check_delay_runs_from_the_reset_not_from_a_refused_login(delayed):
+    """A login refused at the seat puts the backend back idle, unchecked: the delay still counts from its reset."""
+    with connect(delayed) as first:
+        pid = backend(first)
+    text = settle(delayed)
+    ok, skipped = counter(text, "openwop_seat_pool_checks", "ok"), counter(text, "openwop_seat_pool_checks", "skipped")
+    time.sleep(1.2)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(delayed, password="wrong")  # within the delay: handed over unchecked, then put back
+    assert counter(metrics(delayed), "openwop_seat_pool_checks", "skipped") == skipped + 1
+    time.sleep(1.2)  # 2.4 s after the reset, 1.2 s after the refused login
+    with connect(delayed) as nxt:
+        assert backend(nxt) == pid
+    text = metrics(delayed)
+    assert counter(text, "openwop_seat_pool_checks", "ok") == ok + 1
+    assert counter(text, "openwop_seat_pool_checks", "skipped") == skipped + 1
 
 
 def test_with_no_check_delay_each_hand_over_checks_the_claim(checked):
