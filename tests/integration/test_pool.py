@@ -68,6 +68,13 @@ def pooled(start_seat, verifiers, tmp_path_factory):
     return seat
 
 
+def userlist(tmp_path_factory, name: str, verifiers: dict[str, str]):
+    """A pool.auth_file of the users' verifiers, in a directory of its own."""
+    auth = tmp_path_factory.mktemp(name) / "userlist.txt"
+    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    return auth
+
+
 def connect(seat, user: str = "scram_user", password: str = PASSWORD, **params) -> psycopg.Connection:
     return psycopg.connect(seat.dsn(user=user, password=password, **params), autocommit=True)
 
@@ -378,8 +385,7 @@ def test_a_backend_reset_a_moment_ago_is_handed_over_unchecked(pooled):
 @pytest.fixture(scope="module")
 def checked(start_seat, verifiers, tmp_path_factory):
     """pool.server_check_delay = 0: the claim checked before every hand-over."""
-    auth = tmp_path_factory.mktemp("pool-checked") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-checked", verifiers)
     return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 0}})
 
 
@@ -394,8 +400,7 @@ def delete_claim_unseen(pg, pid: int) -> None:
 @pytest.fixture(scope="module")
 def delayed(start_seat, verifiers, tmp_path_factory):
     """pool.server_check_delay = 2: a hand-over more than 2 s after the backend's reset checks its claim."""
-    auth = tmp_path_factory.mktemp("pool-delayed") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-delayed", verifiers)
     return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 2}})
 
 
@@ -588,8 +593,7 @@ def test_the_admin_console_shows_the_idle_pooled_connections(pooled):
 @pytest.fixture(scope="module")
 def small(start_seat, verifiers, tmp_path_factory):
     """One server connection per pool; a client waits 5 s for it."""
-    auth = tmp_path_factory.mktemp("pool-small") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-small", verifiers)
     return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "pool_size": 1,
                                       "query_wait_timeout": 5}})
 
@@ -617,8 +621,7 @@ def test_a_client_of_a_full_pool_is_refused_after_query_wait_timeout(small):
 
 @pytest.fixture(scope="module")
 def short_lived(start_seat, verifiers, tmp_path_factory):
-    auth = tmp_path_factory.mktemp("pool-short") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-short", verifiers)
     return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_idle_timeout": 0.2,
                                       "server_lifetime": 1}})
 
@@ -680,8 +683,7 @@ def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pool
 
 @pytest.fixture(scope="module")
 def pooled_tls(start_seat, verifiers, certs, tmp_path_factory):
-    auth = tmp_path_factory.mktemp("pool-tls") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-tls", verifiers)
     return start_seat(tls={"cert_file": certs["server_crt"], "key_file": certs["server_key"]},
                       extra={"pool": {"enabled": True, "auth_file": str(auth)}})
 
@@ -729,8 +731,7 @@ def test_auth_query_gives_the_verifier_of_a_user_without_an_auth_file(queried):
 def test_pools_with_two_workers(start_seat, verifiers, tmp_path_factory):
     """Each worker has its own pools; the supervisor's /metrics sums them. Whichever worker a client lands on, it
     gets a claimed backend of its major, and a backend is reused by the worker that keeps it."""
-    auth = tmp_path_factory.mktemp("pool-workers") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-workers", verifiers)
     seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
     pids = set()
     for _ in range(6):
@@ -749,8 +750,7 @@ def test_a_cancel_reaches_the_pooled_session_whichever_worker_receives_it(start_
     it as its backend's key ("mapped"), the other asks the others through the supervisor ("routed"). Every cancel
     must end the statement; the loop runs until both paths were taken (each cancel lands on the other worker with
     probability about one half, so 40 tries miss one path with odds of 2^-39)."""
-    auth = tmp_path_factory.mktemp("pool-cancel") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-cancel", verifiers)
     seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
     with connect(seat) as conn:
         for attempt in range(40):
@@ -776,8 +776,7 @@ def test_a_cancel_with_a_key_no_worker_holds_cancels_nothing_with_two_workers(st
     import socket
     import struct
 
-    auth = tmp_path_factory.mktemp("pool-bogus-cancel") / "userlist.txt"
-    auth.write_text("".join(f'"{u}" "{v}"\n' for u, v in verifiers.items()))
+    auth = userlist(tmp_path_factory, "pool-bogus-cancel", verifiers)
     seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
     with connect(seat) as conn:
         result = []
