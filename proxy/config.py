@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -255,8 +256,9 @@ def _major(value: Any, key: str) -> int | str:
 
 
 def _number(value: Any, key: str, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ConfigError(f"{key}: expected a number >= {minimum}, got {value!r}")
+    # TOML has nan and inf: neither is a duration or a size (nan passes every comparison's "not less")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{key}: expected a finite number >= {minimum}, got {value!r}")
     return float(value)
 
 

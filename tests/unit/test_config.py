@@ -75,6 +75,22 @@ def test_invalid_config_names_the_key(data, text):
     assert text in str(e.value)
 
 
+# Every key read as a number of seconds or bytes (proxy.config._number): TOML's nan and inf are neither.
+NUMBER_KEYS = [("proxy", "shutdown_timeout"), ("proxy", "connect_timeout"), ("proxy", "startup_timeout"),
+               ("proxy", "buffer_limit"), ("proxy", "client_idle_timeout"), ("host", "check_interval"),
+               ("host", "store_fill_interval"), ("pool", "server_idle_timeout"), ("pool", "server_lifetime"),
+               ("pool", "query_wait_timeout"), ("pool", "server_check_delay")]
+
+
+@pytest.mark.parametrize("section, key", NUMBER_KEYS, ids=[f"{s}.{k}" for s, k in NUMBER_KEYS])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_number_key_refuses_nan_and_infinity(tmp_path, section, key, value):
+    path = tmp_path / "seat.toml"
+    path.write_text(f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=f"{section}.{key}: expected a finite number"):
+        load_config(str(path))
+
+
 def test_optional_projection_columns():
     host = parse_config({"host": {"event_id_column": "", "tenant_column": "org"}}).host
     assert (host.event_id_column, host.node_id_column, host.tenant_column) == (None, "node_id", "org")

@@ -27,12 +27,26 @@ def test_pool_keys_are_checked_all_at_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         parse_config({"pool": {"enabled": "yes", "pool_size": 0, "max_db_connections": -1,
                                "server_idle_timeout": "1", "server_lifetime": -2, "query_wait_timeout": True,
+                               "server_check_delay": -0.5,
                                "auth_file": str(tmp_path / "missing.txt"), "reset_query": "x"}})
     text = str(e.value)
     for key in ("pool.enabled", "pool.pool_size", "pool.max_db_connections", "pool.server_idle_timeout",
-                "pool.server_lifetime", "pool.query_wait_timeout", "pool.auth_file", "unknown key pool.reset_query"):
+                "pool.server_lifetime", "pool.query_wait_timeout", "pool.server_check_delay", "pool.auth_file",
+                "unknown key pool.reset_query"):
         assert key in text, key
-    assert text.startswith("8 errors")
+    assert text.startswith("9 errors")
+
+
+@pytest.mark.parametrize("value", ["30", None, [1], float("nan")])
+def test_server_check_delay_is_a_number_of_seconds(value):
+    with pytest.raises(ConfigError, match="pool.server_check_delay"):
+        parse_config({"pool": {"server_check_delay": value}})
+
+
+def test_server_check_delay_defaults_to_pgbouncers_and_takes_zero():
+    assert Config().pool.server_check_delay == 30.0
+    assert parse_config({"pool": {"server_check_delay": 0}}).pool.server_check_delay == 0.0
+    assert parse_config({"pool": {"server_check_delay": 2.5}}).pool.server_check_delay == 2.5
 
 
 def test_enabled_needs_an_auth_file(tmp_path):
