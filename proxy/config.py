@@ -18,6 +18,7 @@ SSLMODES = ("disable", "prefer", "require", "verify-full")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SHUTDOWN_MODES = ("idle", "drain")
+MAX_RESET_DELAY = 10.0  # pool.server_reset_delay's bound, in seconds
 
 
 class ConfigError(SeatException):
@@ -101,6 +102,9 @@ class PoolConfig:
     # a backend reset (and its claim checked) less than this long ago is handed over without checking its claim
     # again (PgBouncer's server_check_delay); 0: checked before every hand-over
     server_check_delay: float = 30.0
+    # how long a backend whose client left waits for the next client, who has it reset during its login, before it
+    # is reset on its own; 0: reset as its client leaves (at most 10 s: the last client's locks last until the reset)
+    server_reset_delay: float = 0.005
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,13 @@ def _number(value: Any, key: str, minimum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
         raise ConfigError(f"{key}: expected a finite number >= {minimum}, got {value!r}")
     return float(value)
+
+
+def _at_most(value: Any, key: str, minimum: float, maximum: float) -> float:
+    number = _number(value, key, minimum)
+    if number > maximum:
+        raise ConfigError(f"{key}: expected a number of seconds <= {maximum:g}, got {value!r}")
+    return number
 
 
 def _integer(value: Any, key: str, minimum: int) -> int:
@@ -572,6 +583,9 @@ def _pool_keys(errors: _Errors, section: Any, source: str | None) -> PoolConfig:
     for key in ("server_idle_timeout", "server_lifetime", "query_wait_timeout", "server_check_delay"):
         if key in pool:
             put(out, key, _number, pool[key], f"pool.{key}", 0)
+    if "server_reset_delay" in pool:
+        put(out, "server_reset_delay", _at_most, pool["server_reset_delay"], "pool.server_reset_delay", 0,
+            MAX_RESET_DELAY)
     if pool.get("enabled") is True and "auth_file" not in pool and "auth_query" not in pool:
         errors.add("pool.auth_file or pool.auth_query: one is required with pool.enabled = true (a pooled server "
                    "connection is handed to a client that proves its password to the seat, against its user's "

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 from proxy import __version__
 from proxy.config import Config, ConfigError, changed_keys, config_keys
 from proxy.readpath.classify import PASSED_BYTES
+from proxy.serve.pool import UNATTACHED
 from proxy.serve.scram import (  # noqa: F401 (load_auth_file, scram_secret: the console's names too)
     ScramServer,
     is_md5,
@@ -222,11 +223,11 @@ class ProcessCommands:
                          local_addr, local_port, _wall(s.started), _wall(s._ready_at), wait, wait_us,
                          self._close_needed(s), s.state.backend_pid, _tls_version(transport),
                          s.params.get("application_name", ""), s.id, s.id])
-        # Pooled server connections no session is on ([pool], ADR 0016): idle, or being reset or checked ("used",
-        # as PgBouncer's state of a server connection that waits for its check). Their id is the negative of the
-        # pool's own number for them, and they have no link.
+        # Pooled server connections no session is on ([pool], ADR 0016): idle, or released, or being reset or
+        # checked ("used", as PgBouncer's state of a server connection that waits for its check). Their id is the
+        # negative of the pool's own number for them, and they have no link.
         for conn in sorted(self.server.pool.servers, key=lambda c: c.id):
-            if conn.state not in ("idle", "reset", "check") or conn.peer is None or conn.peer.transport is None:
+            if conn.state not in UNATTACHED or conn.peer is None or conn.peer.transport is None:
                 continue
             transport = conn.peer.transport
             addr, port = _split_addr(transport, "peername")
@@ -251,7 +252,7 @@ class ProcessCommands:
             if (wait, wait_us) > (row[6], row[7]):
                 row[6], row[7] = wait, wait_us
         for conn in self.server.pool.servers:  # pooled server connections no session is on (ADR 0016)
-            if conn.state in ("idle", "reset", "check"):
+            if conn.state in UNATTACHED:
                 row = pools.setdefault((conn.key.database, conn.key.user), [0, 0, 0, 0, 0, 0, 0, 0])
                 row[3 if conn.state == "idle" else 4] += 1
         return [[db, user, *row[:6], row[6], row[7], "session"] for (db, user), row in sorted(pools.items())]

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 
 from proxy import __version__
 from proxy.errors import BY_SQLSTATE, CODES, ERRORS
-from proxy.serve.pool import CANCEL_RESULTS
+from proxy.serve.pool import CANCEL_RESULTS, UNATTACHED
 from proxy.stats import PROTOCOLS, STATEMENT_CLASSES, Stats
 
 if TYPE_CHECKING:
@@ -42,9 +42,11 @@ class SeatCollector:
         """Pooled server connections ([pool], ADR 0016)."""
         pool = self.server.pool
         g = GaugeMetricFamily("openwop_seat_pool_server_connections",
-                              "Pooled server connections by pool and state: active (a session relays on it), idle "
-                              "(kept for the next client), reset (DISCARD ALL and the claim's check in flight), check "
-                              "(the claim checked before a hand-over), login (being connected for its first session)",
+                              "Pooled server connections by pool and state: active (a session relays on it), "
+                              "released (its client left; reset when the next client takes it, or after "
+                              "pool.server_reset_delay), idle (kept for the next client), reset (DISCARD ALL and the "
+                              "claim's check in flight), check (the claim checked before a hand-over), login (being "
+                              "connected for its first session)",
                               labels=["database", "user", "major", "state"])
         for (database, user, major, state), n in sorted(pool.counts().items(), key=str):
             g.add_metric([database, user, str(major), state], n)
@@ -62,6 +64,9 @@ class SeatCollector:
         yield c
         for name, doc, value in (
             ("openwop_seat_pool_hand_overs", "Sessions handed an idle pooled server connection", pool.hand_overs),
+            ("openwop_seat_pool_hand_over_resets", "Resets a hand-over ran on the released server connection it "
+             "took, while its client computed its SCRAM proof (their results in openwop_seat_pool_resets)",
+             pool.hand_over_resets),
             ("openwop_seat_pool_waits", "Sessions that waited for a server connection of a full pool", pool.waits),
             ("openwop_seat_pool_wait_seconds", "Time sessions waited for a server connection of a full pool",
              pool.wait_seconds),
@@ -85,7 +90,7 @@ class SeatCollector:
         g.add_metric([], len(live))
         yield g
         g = GaugeMetricFamily("openwop_seat_upstream_connections_open", "Upstream connections open now")
-        unattached = sum(1 for c in server.pool.servers if c.state in ("idle", "reset", "check"))  # pooled, no session
+        unattached = sum(1 for c in server.pool.servers if c.state in UNATTACHED)  # pooled, no session
         g.add_metric([], sum(1 for s in live if s.upstream is not None and not s.upstream.lost) + unattached)
         yield g
         for name, doc, value in (

@@ -6,13 +6,17 @@ another user or major, and a client gets a backend whose session defaults are ex
 asks for (``DISCARD ALL`` resets every setting to the values of the startup packet that opened the backend).
 
 Life of a :class:`ServerConn`: *active* (a session relays on it; the first one authenticated it with PostgreSQL and
-claimed it), then, when its client leaves idle outside a transaction, *reset* (``DISCARD ALL`` and
-``SELECT openwop_seat.session_major()`` pipelined, one round trip), then *idle* if the reset succeeded and the claim
-still is the pool's major, else closed. An idle one is handed over (*active* again, no claim: the claim belongs to
-the backend; its claim checked again first unless its reset was less than ``server_check_delay`` ago) after the
-next client proved its password to the seat (:mod:`proxy.serve.scram`), or closed by ``server_idle_timeout`` /
-``server_lifetime``, or when anything arrives from it while idle (a backend whose claim another session took is
-ended by the claims triggers: its FATAL).
+claimed it), then, when its client leaves idle outside a transaction, *released*: waiting, at most
+``server_reset_delay``, for the next client of its pool, who takes it and has it reset while it computes its SCRAM
+proof (at one client a connect is serial, and the reset's round trip and the backend's work on it are then off the
+connect's path: ADR 0016's addendum "the reset waits for the next client"). A released backend nobody takes in time,
+or that speaks, or that a client took and gave back without a hand-over, is *reset* on its own. The reset is
+``DISCARD ALL`` and ``SELECT openwop_seat.session_major()`` pipelined, one round trip; then *idle* if it succeeded and
+the claim still is the pool's major, else closed. An idle one is handed over (*active* again, no claim: the claim
+belongs to the backend; its claim checked again first unless its reset was less than ``server_check_delay`` ago)
+after the next client proved its password to the seat (:mod:`proxy.serve.scram`), or closed by
+``server_idle_timeout`` / ``server_lifetime``, or when anything arrives from it while idle (a backend whose claim
+another session took is ended by the claims triggers: its FATAL).
 
 Every pooled session gets a cancel key made by the seat: the backend's own key never reaches a client, so that a
 former client cannot cancel the statements of the next one (:meth:`Pool.cancel_target`).
@@ -58,6 +62,9 @@ _RESET_MESSAGES = frozenset((COMMAND_COMPLETE, DATA_ROW, NOTICE_RESPONSE, NOTIFI
 
 _ids = itertools.count(1)
 
+# The states of a server connection no session holds (a released one is the pool's until a hand-over takes it).
+UNATTACHED = frozenset(("released", "reset", "check", "idle"))
+
 # How long an answer of pool.auth_query is kept (a password changed in PostgreSQL reaches hand-overs within it).
 AUTH_QUERY_SECONDS = 60.0
 # What became of a cancel request a client sent this process: sent as a live pooled session's backend key, sent
@@ -80,7 +87,8 @@ class ServerConn:
     """One backend of a pool."""
 
     __slots__ = ("id", "key", "peer", "pid", "backend_key", "params", "created", "idle_since", "checked_at", "state",
-                 "session", "_pool", "_timer", "_framer", "_readies", "_expect", "_major_seen", "_error", "_checked")
+                 "session", "reset_owed", "_pool", "_timer", "_framer", "_readies", "_expect", "_major_seen", "_error",
+                 "_checked")
 
     def __init__(self, pool: "Pool", key: PoolKey):
         self.id = next(_ids)
@@ -93,24 +101,31 @@ class ServerConn:
         self.created = time.monotonic()
         self.idle_since = 0.0
         self.checked_at = 0.0  # when its claim was last found the pool's major (its reset, or a check)
-        self.state = "active"  # "active", "reset", "idle", "closed"
+        self.state = "active"  # "active", "released", "reset", "check", "idle", "closed"
         self.session = None
+        self.reset_owed = False  # taken released, for a hand-over: reset before it (Pool.reset_for_hand_over)
         self._timer: asyncio.TimerHandle | None = None
         self._framer: Framer | None = None
         self._readies = 0
         self._expect = 0  # the ReadyForQuery messages the reset (2) or the check before a hand-over (1) ends with
         self._major_seen: bytes | None = None
         self._error: str | None = None
-        self._checked: asyncio.Future | None = None  # the check before a hand-over: True when it may be handed over
+        # the check or reset a hand-over waits for: True when the backend may be handed over
+        self._checked: asyncio.Future | None = None
 
     @property
     def closed(self) -> bool:
         return self.state == "closed"
 
     def _on_lost(self, peer, exc) -> None:
-        if self.state in ("idle", "reset", "check"):
+        if self.state in UNATTACHED:
             self._pool._close(self, "lost" if self.state == "reset" else None,
                               f"server connection lost while {self.state}")
+
+    def _released_data(self, data: bytes) -> None:
+        # What a released backend says is the last client's (a notification of its LISTEN) or a FATAL: the reset
+        # starts now and reads it first, as the answer to a reset sent at once would have held it.
+        self._pool._reset_now(self, data)
 
     def _idle_data(self, data: bytes) -> None:
         # An idle backend has nothing to say (its LISTENs ended with the reset): a FATAL of an administrator's
@@ -169,11 +184,13 @@ class ServerConn:
                                                   f"{self.key.major}: closed, never handed out", check=check)
         else:
             self.checked_at = time.monotonic()
-            if check:
+            waiter = self._checked
+            if waiter is not None and not waiter.done():  # a hand-over waits for this check or reset
+                self._checked = None
                 self.state = "active"
                 self.peer.sink = None
-                self._pool.checks["ok"] += 1
-                self._checked.set_result(True)
+                (self._pool.checks if check else self._pool.resets)["ok"] += 1
+                waiter.set_result(True)
             else:
                 self._pool._became_idle(self)
 
@@ -204,6 +221,7 @@ class Pool:
         self.checks: collections.Counter[str] = collections.Counter()  # the checks before a hand-over, by result
         self.cancel_results: collections.Counter[str] = collections.Counter()  # CANCEL_RESULTS
         self.hand_overs = 0
+        self.hand_over_resets = 0  # resets run for the hand-over that took a released backend
         self.waits = 0
         self.wait_seconds = 0.0
         self.closed_by: collections.Counter[str] = collections.Counter()  # server connections closed, by why
@@ -290,7 +308,13 @@ class Pool:
                     self._close(conn, None, "server_lifetime")
                     continue
                 self._cancel_timer(conn)
-                if time.monotonic() - conn.checked_at < config.server_check_delay:
+                if conn.state == "released":
+                    # Its last client left a moment ago: reset (and its claim checked) for this hand-over, once the
+                    # client has sent its first SCRAM message (reset_for_hand_over).
+                    conn.state = "active"
+                    conn.peer.sink = None
+                    conn.reset_owed = True
+                elif time.monotonic() - conn.checked_at < config.server_check_delay:
                     # Its claim was found right a moment ago (its reset). A claim another session takes while it is
                     # idle ends the backend (the claims triggers), and the pool closes it when its FATAL arrives.
                     conn.state = "active"
@@ -345,6 +369,25 @@ class Pool:
                 if future in waiters:
                     waiters.remove(future)
 
+    async def reset_for_hand_over(self, conn: ServerConn) -> bool:
+        """The reset a backend taken released owes (none owed: True at once), run while the client computes its SCRAM
+        proof; True when it may be handed over. A reset that fails closes the backend, as one run on release would."""
+        if not conn.reset_owed:
+            return True
+        conn.reset_owed = False
+        if conn.closed:
+            return False
+        self.hand_over_resets += 1
+        conn._checked = asyncio.get_running_loop().create_future()
+        self._start_reset(conn, None)
+        if conn.closed:  # what it had said since it was taken ended it
+            return False
+        try:
+            return await conn._checked
+        except asyncio.CancelledError:  # the client's startup timed out meanwhile
+            self._close(conn, None, "hand-over cancelled")
+            raise
+
     def _waited(self, started: float | None) -> None:
         if started is not None:
             self.wait_seconds += time.monotonic() - started
@@ -366,14 +409,19 @@ class Pool:
         if conn.closed:
             return
         conn.session = None
+        if conn.reset_owed:  # taken released: the reset it owes, now
+            conn.reset_owed = False
+            self._start_reset(conn, None)
+            return
         if conn.peer.lost or conn.peer.buffer:  # it went away, or spoke, while the client authenticated
             self._close(conn, None, "server connection lost during a hand-over")
             return
         self._became_idle(conn, hand_over=False)
 
     def give_back(self, conn: ServerConn, clean: bool, why: str) -> None:
-        """Its session ended: reset it for the next client when ``clean`` (the client left idle outside a
-        transaction, nothing pending), else close it (the server rolls back what the session left)."""
+        """Its session ended: released for the next client when ``clean`` (the client left idle outside a
+        transaction, nothing pending), else closed (the server rolls back what the session left). A released
+        backend is reset when the next client takes it, or after ``server_reset_delay`` if none does."""
         conn.session = None
         if conn.closed:
             return
@@ -386,7 +434,6 @@ class Pool:
         if self._expired(conn):
             self._close(conn, None, "server_lifetime")
             return
-        conn.state = "reset"
         peer = conn.peer
         peer.owner = conn
         peer.on_lost = ServerConn._on_lost
@@ -394,7 +441,36 @@ class Pool:
         peer.on_eof = None
         if peer.transport is not None and not peer.transport.is_closing():
             peer.transport.resume_reading()
+        delay = self.server.config.pool.server_reset_delay
+        if delay <= 0:
+            self._start_reset(conn, None)
+            return
+        conn.state = "released"
+        conn.idle_since = time.monotonic()
+        peer.sink = ServerConn._released_data
+        conn._timer = asyncio.get_running_loop().call_later(delay, self._reset_now, conn)
+        self.idle.setdefault(conn.key, collections.deque()).append(conn)
+        self._wake(conn.key.database)
+
+    def _reset_now(self, conn: ServerConn, data: bytes | None = None) -> None:
+        """A released backend reset on its own: nobody took it within server_reset_delay, or it spoke (``data``)."""
+        if conn.state != "released":
+            return
+        self._cancel_timer(conn)
+        self._unlist(conn)
+        self._start_reset(conn, data)
+
+    def _start_reset(self, conn: ServerConn, data: bytes | None) -> None:
+        """Send the reset, then read what the backend said since it was released (``data``, or what its peer
+        holds) as the start of its answer."""
+        conn.state = "reset"
         conn._exchange(RESET, 2)
+        peer = conn.peer
+        if peer.buffer:
+            data = bytes(peer.buffer) + (data or b"")
+            peer.buffer = b""
+        if data:
+            conn._reset_data(data)
 
     def forget(self, conn: ServerConn) -> None:
         """A connection that never got a backend (its connect failed, or its client left first)."""
@@ -445,11 +521,7 @@ class Pool:
                 "why": why}})
         if count:
             self.closed_by[reset_result or why.split(":")[0]] += 1
-        idle = self.idle.get(conn.key)
-        if idle is not None and conn in idle:
-            idle.remove(conn)
-            if not idle:
-                del self.idle[conn.key]
+        self._unlist(conn)
         self._cancel_timer(conn)
         conn.state = "closed"
         conn.session = None
@@ -468,6 +540,13 @@ class Pool:
             peer.close()
         self._wake(conn.key.database)
 
+    def _unlist(self, conn: ServerConn) -> None:
+        idle = self.idle.get(conn.key)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self.idle[conn.key]
+
     def _wake(self, database: str) -> None:
         waiters = self._waiters.get(database)
         while waiters:
@@ -477,9 +556,9 @@ class Pool:
                 return
 
     def close_all(self) -> None:
-        """The seat stops: every idle or resetting connection closed (active ones end with their sessions)."""
+        """The seat stops: every connection no session holds closed (active ones end with their sessions)."""
         for conn in list(self.servers):
-            if conn.state in ("idle", "reset", "check"):
+            if conn.state in UNATTACHED:
                 self._close(conn, None, "seat stopping")
 
     # ------------------------------------------------------------------ cancel keys

@@ -455,6 +455,9 @@ class Session:
         try:
             self.client.write(exchange.start())
             self.client.write(exchange.client_first(await self._password_message()))
+            # The client computes its proof now (PBKDF2: milliseconds), and a backend its last client left a moment
+            # ago is reset meanwhile. One that fails its reset is closed, and the login ends below with 08006.
+            await pool.reset_for_hand_over(conn)
             final = exchange.client_final(await self._password_message())
         except BaseException:
             pool.put_back(conn)
@@ -471,7 +474,8 @@ class Session:
             pool.put_back(conn)
             self.pool_conn = None
             return
-        if conn.closed or conn.peer.lost:  # the backend went away while the client authenticated
+        if conn.closed or conn.peer.lost:  # the backend went away, or failed its reset, while the client authenticated
+            pool.put_back(conn)  # closed already, or closed there (a backend lost while active was never closed)
             self.pool_conn = None
             self._fail_client("08006", "the pooled server connection was lost during login; connect again",
                               reason="pooled server connection lost")

@@ -109,15 +109,16 @@ def wait_for(seat, check, what: str):
 
 
 def settle(seat, user: str = "scram_user", major: int = 2) -> str:
-    """Wait until no connection of the pool is being reset or checked, and return /metrics."""
-    busy = ("reset", "check", "active")
+    """Wait until no connection of the pool is released (its reset owed), being reset or checked, and return
+    /metrics."""
+    busy = ("released", "reset", "check", "active")
     return wait_for(seat, lambda t: all(pool_count(t, s, user, major) == 0 for s in busy), "no reset in flight")
 
 
 def quiet(seat) -> str:
-    """Wait until no server connection of any pool is connecting, in use, being reset or checked."""
-    busy = re.compile(r'^openwop_seat_pool_server_connections\{[^}]*state="(?:active|check|login|reset)"[^}]*\} '
-                      r'([1-9]\S*)$', re.M)
+    """Wait until no server connection of any pool is connecting, in use, released, being reset or checked."""
+    busy = re.compile(r'^openwop_seat_pool_server_connections\{[^}]*state="(?:active|check|login|released|reset)"'
+                      r'[^}]*\} ([1-9]\S*)$', re.M)
     return wait_for(seat, lambda t: busy.search(t) is None, "every pool quiet")
 
 
@@ -125,7 +126,7 @@ def quiet(seat) -> str:
 def quiet_before(request):
     """Each test starts with the pools quiet: a reset of the previous test's last client still in flight could end
     after the first client of this one left, and its backend would then be the most recently used."""
-    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried", "checked", "delayed"):
+    for name in ("pooled", "small", "short_lived", "pooled_tls", "queried", "checked", "delayed", "released"):
         if name in request.fixturenames:
             quiet(request.getfixturevalue(name))
 
@@ -384,9 +385,11 @@ def test_a_backend_reset_a_moment_ago_is_handed_over_unchecked(pooled):
 
 @pytest.fixture(scope="module")
 def checked(start_seat, verifiers, tmp_path_factory):
-    """pool.server_check_delay = 0: the claim checked before every hand-over."""
+    """pool.server_check_delay = 0: the claim checked before every hand-over; pool.server_reset_delay = 0: a backend
+    reset as its client leaves."""
     auth = userlist(tmp_path_factory, "pool-checked", verifiers)
-    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 0}})
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_check_delay": 0,
+                                      "server_reset_delay": 0}})
 
 
 def delete_claim_unseen(pg, pid: int) -> None:
@@ -425,12 +428,16 @@ def test_the_check_delay_runs_from_the_reset_not_from_a_refused_login(delayed):
 def test_with_no_check_delay_each_hand_over_checks_the_claim(checked):
     with connect(checked) as first:
         pid = backend(first)
-    ok = counter(settle(checked), "openwop_seat_pool_checks", "ok")
+    text = settle(checked)
+    ok, resets = counter(text, "openwop_seat_pool_checks", "ok"), counter(text, "openwop_seat_pool_resets", "ok")
     with connect(checked) as nxt:
         assert backend(nxt) == pid
-    text = metrics(checked)
+        text = metrics(checked)  # before this client leaves (its reset then runs at once)
     assert counter(text, "openwop_seat_pool_checks", "ok") == ok + 1
     assert counter(text, "openwop_seat_pool_checks", "skipped") == 0
+    # server_reset_delay = 0: reset as the first client left, not by the hand-over
+    assert counter(text, "openwop_seat_pool_resets", "ok") == resets
+    assert counter(text, "openwop_seat_pool_hand_over_resets") == 0
 
 
 def test_the_check_finds_a_claim_lost_unseen_while_idle(checked, pg):
@@ -467,6 +474,136 @@ def test_the_reset_finds_a_claim_lost_unseen_during_the_session(pooled, pg):
     assert counter(text, "openwop_seat_pool_resets", "claim lost") == lost + 1
     with connect(pooled) as nxt:
         assert backend(nxt) != pid
+
+
+# ---------------------------------------------------------------- the reset waits for the next client (ADR 0016)
+
+RESET_DELAY = 3  # long enough that a client connecting right after another left takes its backend released
+
+
+@pytest.fixture(scope="module")
+def released(start_seat, verifiers, tmp_path_factory):
+    """pool.server_reset_delay = 3: a backend whose client left waits 3 s for the next client before its own reset."""
+    auth = userlist(tmp_path_factory, "pool-released", verifiers)
+    return start_seat(extra={"pool": {"enabled": True, "auth_file": str(auth), "server_reset_delay": RESET_DELAY}})
+
+
+def leave_released(seat, setup=None) -> int:
+    """A client that leaves; returns its backend's pid once the pool holds that backend released."""
+    with connect(seat) as first:
+        pid = backend(first)
+        if setup is not None:
+            setup(first)
+    wait_for(seat, lambda t: pool_count(t, "released") == 1, "the backend released")
+    return pid
+
+
+def test_the_next_client_takes_the_released_backend_and_finds_nothing_of_the_last(released, pg):
+    """The hand-over runs the reset the backend owes while its client computes its proof: the next client gets the
+    backend with nothing of the last client's session, claimed as before."""
+    def setup(c):
+        c.execute("SET work_mem = '7777kB'")
+        c.execute("CREATE TEMP TABLE leftover_tt (x int)")
+        c.execute("PREPARE leftover AS SELECT 1")
+        c.execute("SELECT pg_advisory_lock(434343)")
+        c.execute("LISTEN leftover_channel")
+
+    text = metrics(released)
+    resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
+    pid = leave_released(released, setup)
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SHOW work_mem").fetchone()[0] != "7777kB"
+        assert nxt.execute("SELECT to_regclass('pg_temp.leftover_tt')").fetchone()[0] is None
+        assert nxt.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        assert nxt.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
+        assert nxt.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                           ).fetchone()[0] == 0
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+        text = metrics(released)
+        assert counter(text, "openwop_seat_pool_hand_over_resets") == taken + 1
+        assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
+        with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+            assert direct.execute("SELECT pg_try_advisory_lock(434343)").fetchone()[0] is True
+
+
+def test_a_released_backend_nobody_takes_is_reset_on_its_own(released, pg):
+    text = metrics(released)
+    resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
+    pid = leave_released(released, lambda c: c.execute("SELECT pg_advisory_lock(454545)"))
+    text = wait_for(released, lambda t: pool_count(t, "idle") == 1 and pool_count(t, "released") == 0,
+                    "the released backend reset after server_reset_delay")
+    assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
+    assert counter(text, "openwop_seat_pool_hand_over_resets") == taken
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        assert direct.execute("SELECT pg_try_advisory_lock(454545)").fetchone()[0] is True
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+
+
+def test_a_notification_to_a_released_backend_starts_its_reset_and_keeps_the_backend(released, pg):
+    """What a released backend says (a NOTIFY on the last client's LISTEN) is read as the start of its reset's
+    answer: the backend is reset and kept, not closed as an idle backend that speaks is."""
+    resets = counter(metrics(released), "openwop_seat_pool_resets", "ok")
+    pid = leave_released(released, lambda c: c.execute("LISTEN released_channel"))
+    with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+        direct.execute("NOTIFY released_channel, 'for the client that left'")
+    text = settle(released)
+    assert pool_count(text, "idle") == 1
+    assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
+
+
+def test_a_released_backend_that_lost_its_claim_unseen_fails_the_login_that_took_it(released, pg):
+    """The hand-over's reset finds the claim lost (deleted without the triggers, as only a superuser can): the backend
+    is closed, never handed over, and that login ends with 08006; the next one gets a new backend, claimed."""
+    lost = counter(metrics(released), "openwop_seat_pool_resets", "claim lost")
+
+    pid = leave_released(released, lambda c: delete_claim_unseen(pg, backend(c)))
+    with pytest.raises(psycopg.OperationalError, match="pooled server connection was lost during login"):
+        connect(released)
+    assert counter(metrics(released), "openwop_seat_pool_resets", "claim lost") == lost + 1
+    gone(pg, pid)
+    with connect(released) as nxt:
+        assert backend(nxt) != pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+
+
+def test_a_wrong_password_on_a_released_backend_leaves_it_reset_for_the_next_client(released):
+    text = metrics(released)
+    taken = counter(text, "openwop_seat_pool_hand_over_resets")
+    pid = leave_released(released, lambda c: c.execute("SET work_mem = '6666kB'"))
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(released, password="wrong")
+    text = settle(released)
+    assert pool_count(text, "idle") == 1
+    assert counter(text, "openwop_seat_pool_hand_over_resets") == taken + 1  # reset during the refused login
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SHOW work_mem").fetchone()[0] != "6666kB"
+
+
+def test_a_client_that_leaves_before_its_proof_leaves_the_released_backend_reset(released):
+    """Taken released and given back before the reset started (the client left after AuthenticationSASL): the reset
+    it owes runs at once, not after server_reset_delay."""
+    import socket
+    import struct
+
+    text = metrics(released)
+    resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
+    pid = leave_released(released, lambda c: c.execute("SET work_mem = '5555kB'"))
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    with socket.create_connection(("127.0.0.1", released.port)) as raw:
+        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+        assert raw.recv(1) == b"R"  # AuthenticationSASL from the seat: then the client leaves
+    text = wait_for(released, lambda t: pool_count(t, "idle") == 1, "the backend reset and idle")
+    assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
+    assert counter(text, "openwop_seat_pool_hand_over_resets") == taken
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SHOW work_mem").fetchone()[0] != "5555kB"
 
 
 def test_a_client_that_leaves_mid_transaction_does_not_return_its_backend(pooled, pg):
@@ -679,6 +816,51 @@ def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pool
     settle(pooled)
     with connect(pooled) as nxt:
         assert backend(nxt) == pid
+
+
+def _read_message(sock) -> tuple[bytes, bytes]:
+    def exact(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the seat closed the connection"
+            data += chunk
+        return data
+
+    head = exact(5)
+    return head[:1], exact(int.from_bytes(head[1:], "big") - 4)
+
+
+def test_a_backend_lost_during_a_seat_login_fails_it_and_frees_its_place(small, pg):
+    """The backend a hand-over took ends while its client computes its proof: the login ends with 08006, and the
+    backend's place in the pool (of one) is free again, so the next client gets a new backend at once instead of
+    waiting for pool.query_wait_timeout."""
+    import socket
+    import struct
+
+    import scram_client
+
+    with connect(small) as first:
+        pid = backend(first)
+    settle(small)
+    nonce = "lost-during-login-nonce"
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    with socket.create_connection(("127.0.0.1", small.port)) as raw:
+        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+        assert _read_message(raw)[0] == b"R"  # AuthenticationSASL: the idle backend is taken for this client
+        body, bare = scram_client.initial_response(nonce)
+        raw.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
+        kind, cont = _read_message(raw)
+        assert kind == b"R" and cont[:4] == struct.pack("!I", 11)
+        with psycopg.connect(pg.dsn(), autocommit=True) as direct:
+            assert direct.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0] is True
+        gone(pg, pid)
+        final, _ = scram_client.final_message(PASSWORD, bare, cont[4:].decode(), nonce)
+        raw.sendall(b"p" + struct.pack("!i", 4 + len(final)) + final.encode())
+        kind, error = _read_message(raw)
+        assert kind == b"E" and b"C08006\x00" in error and b"lost during login" in error
+    with connect(small) as nxt:
+        assert backend(nxt) != pid
 
 
 @pytest.fixture(scope="module")

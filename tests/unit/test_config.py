@@ -79,7 +79,7 @@ def test_invalid_config_names_the_key(data, text):
 NUMBER_KEYS = [("proxy", "shutdown_timeout"), ("proxy", "connect_timeout"), ("proxy", "startup_timeout"),
                ("proxy", "buffer_limit"), ("proxy", "client_idle_timeout"), ("host", "check_interval"),
                ("host", "store_fill_interval"), ("pool", "server_idle_timeout"), ("pool", "server_lifetime"),
-               ("pool", "query_wait_timeout"), ("pool", "server_check_delay")]
+               ("pool", "query_wait_timeout"), ("pool", "server_check_delay"), ("pool", "server_reset_delay")]
 
 
 @pytest.mark.parametrize("section, key", NUMBER_KEYS, ids=[f"{s}.{k}" for s, k in NUMBER_KEYS])

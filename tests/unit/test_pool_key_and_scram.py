@@ -4,12 +4,11 @@ hand-over's login bytes."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import struct
 
 import pytest
+import scram_client
 
 from proxy.config import Config, ConfigError, parse_config
 from proxy.serve.pool import _LOGIN_STATUS, LOGIN_STATUS_KEPT, Pool, login_status
@@ -47,6 +46,18 @@ def test_server_check_delay_defaults_to_pgbouncers_and_takes_zero():
     assert Config().pool.server_check_delay == 30.0
     assert parse_config({"pool": {"server_check_delay": 0}}).pool.server_check_delay == 0.0
     assert parse_config({"pool": {"server_check_delay": 2.5}}).pool.server_check_delay == 2.5
+
+
+@pytest.mark.parametrize("value", ["0.005", None, -0.001, 10.5, float("nan")])
+def test_server_reset_delay_is_a_number_of_seconds_up_to_ten(value):
+    with pytest.raises(ConfigError, match="pool.server_reset_delay"):
+        parse_config({"pool": {"server_reset_delay": value}})
+
+
+def test_server_reset_delay_defaults_to_five_milliseconds_and_takes_zero_and_ten():
+    assert Config().pool.server_reset_delay == 0.005
+    assert parse_config({"pool": {"server_reset_delay": 0}}).pool.server_reset_delay == 0.0
+    assert parse_config({"pool": {"server_reset_delay": 10}}).pool.server_reset_delay == 10.0
 
 
 def test_enabled_needs_an_auth_file(tmp_path):
@@ -91,25 +102,12 @@ def test_the_pool_key_holds_user_database_major_and_every_other_parameter():
 def _client(password: str, server: ScramServer, nonce: str = "rOprNGfwEbeRWgbNEkqO", tamper=None):
     """RFC 5802's client side: returns (the server's final message or None, the expected server signature)."""
     assert server.start()[5:9] == struct.pack("!I", 10)
-    bare = f"n=,r={nonce}"
-    first = b"SCRAM-SHA-256\x00" + struct.pack("!i", len("n,," + bare)) + ("n,," + bare).encode()
-    cont = server.client_first(first)
-    server_first = cont[9:].decode()
-    fields = dict(part.split("=", 1) for part in server_first.split(","))
-    assert fields["r"].startswith(nonce)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
-    client_key = hmac.digest(salted, b"Client Key", "sha256")
-    stored_key = hashlib.sha256(client_key).digest()
-    without_proof = f"c={base64.b64encode(b'n,,').decode()},r={fields['r']}"
-    auth_message = f"{bare},{server_first},{without_proof}".encode()
-    signature = hmac.digest(stored_key, auth_message, "sha256")
-    proof = bytes(a ^ b for a, b in zip(client_key, signature))
-    final = f"{without_proof},p={base64.b64encode(proof).decode()}"
+    first, bare = scram_client.initial_response(nonce)
+    server_first = server.client_first(first)[9:].decode()
+    final, expected = scram_client.final_message(password, bare, server_first, nonce)
     if tamper is not None:
         final = tamper(final)
-    answer = server.client_final(final.encode())
-    server_key = hmac.digest(salted, b"Server Key", "sha256")
-    return answer, base64.b64encode(hmac.digest(server_key, auth_message, "sha256")).decode()
+    return server.client_final(final.encode()), expected
 
 
 def test_scram_at_the_seat_accepts_the_right_password_and_proves_itself():
