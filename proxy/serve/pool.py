@@ -299,39 +299,8 @@ class Pool:
         config = self.server.config.pool
         started = None
         while True:
-            idle = self.idle.get(key)
-            while idle:
-                conn = idle.pop()  # the most recently used: the others age out by server_idle_timeout
-                if not idle:
-                    del self.idle[key]  # no empty deque kept per key (application names vary)
-                if self._expired(conn):
-                    self._close(conn, None, "server_lifetime")
-                    continue
-                self._cancel_timer(conn)
-                if conn.state == "released":
-                    # Its last client left a moment ago: reset (and its claim checked) for this hand-over, once the
-                    # client has sent its first SCRAM message (reset_for_hand_over).
-                    conn.state = "active"
-                    conn.peer.sink = None
-                    conn.reset_owed = True
-                elif time.monotonic() - conn.checked_at < config.server_check_delay:
-                    # Its claim was found right a moment ago (its reset). A claim another session takes while it is
-                    # idle ends the backend (the claims triggers), and the pool closes it when its FATAL arrives.
-                    conn.state = "active"
-                    conn.peer.sink = None
-                    self.checks["skipped"] += 1
-                else:
-                    # The claim is checked again before the hand-over (one round trip on a warm backend): a backend
-                    # that died or lost its claim unseen while idle is closed instead.
-                    conn.state = "check"
-                    conn._checked = asyncio.get_running_loop().create_future()
-                    conn._exchange(CHECK, 1)
-                    try:
-                        if not await conn._checked:
-                            continue
-                    except asyncio.CancelledError:  # the client's startup timed out meanwhile
-                        self._close(conn, None, "hand-over cancelled")
-                        raise
+            conn = await self.take_idle(key)
+            if conn is not None:
                 self.hand_overs += 1
                 self._waited(started)
                 return conn
@@ -368,6 +337,47 @@ class Pool:
             finally:
                 if future in waiters:
                     waiters.remove(future)
+
+    async def take_idle(self, key: PoolKey) -> ServerConn | None:
+        """An idle (or released) server connection of ``key`` to hand over, its claim checked first when its last
+        check is ``server_check_delay`` old; None when the pool has none."""
+        config = self.server.config.pool
+        while True:
+            idle = self.idle.get(key)
+            if not idle:
+                return None
+            conn = idle.pop()  # the most recently used: the others age out by server_idle_timeout
+            if not idle:
+                del self.idle[key]  # no empty deque kept per key (application names vary)
+            if self._expired(conn):
+                self._close(conn, None, "server_lifetime")
+                continue
+            self._cancel_timer(conn)
+            if conn.state == "released":
+                # Its last client left a moment ago: reset (and its claim checked) for this hand-over, once the
+                # client has sent its first SCRAM message (reset_for_hand_over).
+                conn.state = "active"
+                conn.peer.sink = None
+                conn.reset_owed = True
+            elif time.monotonic() - conn.checked_at < config.server_check_delay:
+                # Its claim was found right a moment ago (its reset). A claim another session takes while it is
+                # idle ends the backend (the claims triggers), and the pool closes it when its FATAL arrives.
+                conn.state = "active"
+                conn.peer.sink = None
+                self.checks["skipped"] += 1
+            else:
+                # The claim is checked again before the hand-over (one round trip on a warm backend): a backend
+                # that died or lost its claim unseen while idle is closed instead.
+                conn.state = "check"
+                conn._checked = asyncio.get_running_loop().create_future()
+                conn._exchange(CHECK, 1)
+                try:
+                    if not await conn._checked:
+                        continue
+                except asyncio.CancelledError:  # the client's startup timed out meanwhile
+                    self._close(conn, None, "hand-over cancelled")
+                    raise
+            return conn
 
     async def reset_for_hand_over(self, conn: ServerConn) -> bool:
         """The reset a backend taken released owes (none owed: True at once), run while the client computes its SCRAM

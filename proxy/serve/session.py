@@ -456,8 +456,15 @@ class Session:
             self.client.write(exchange.start())
             self.client.write(exchange.client_first(await self._password_message()))
             # The client computes its proof now (PBKDF2: milliseconds), and a backend its last client left a moment
-            # ago is reset meanwhile. One that fails its reset is closed, and the login ends below with 08006.
-            await pool.reset_for_hand_over(conn)
+            # ago is reset meanwhile. One that fails its reset is closed: the next idle one of the pool is taken
+            # instead, and with none the login ends below with 08006 (a client in the middle of the seat's SCRAM
+            # exchange cannot be sent to PostgreSQL for a new backend).
+            while not await pool.reset_for_hand_over(conn):
+                other = await pool.take_idle(conn.key)
+                if other is None:
+                    break
+                conn = self.pool_conn = other
+                conn.session = self
             final = exchange.client_final(await self._password_message())
         except BaseException:
             pool.put_back(conn)

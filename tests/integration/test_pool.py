@@ -558,7 +558,13 @@ def test_a_notification_to_a_released_backend_starts_its_reset_and_keeps_the_bac
 
 def test_a_released_backend_that_lost_its_claim_unseen_fails_the_login_that_took_it(released, pg):
     """The hand-over's reset finds the claim lost (deleted without the triggers, as only a superuser can): the backend
-    is closed, never handed over, and that login ends with 08006; the next one gets a new backend, claimed."""
+    is closed, never handed over, and with no other idle backend in the pool that login ends with 08006; the next one
+    gets a new backend, claimed."""
+    for _ in range(pool_count(settle(released), "idle")):  # the pool's idle backends taken and closed
+        c = connect(released)
+        c.execute("BEGIN")
+        c.close()  # left inside a transaction: its backend is closed, not kept
+    assert pool_count(settle(released), "idle") == 0
     lost = counter(metrics(released), "openwop_seat_pool_resets", "claim lost")
 
     pid = leave_released(released, lambda c: delete_claim_unseen(pg, backend(c)))
@@ -569,6 +575,23 @@ def test_a_released_backend_that_lost_its_claim_unseen_fails_the_login_that_took
     with connect(released) as nxt:
         assert backend(nxt) != pid
         assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+
+
+def test_a_hand_over_whose_reset_finds_the_claim_lost_takes_the_next_idle_backend(released, pg):
+    """Two backends released, the most recent (taken first) with its claim lost unseen: the hand-over's reset closes
+    it, and the same login takes the other one, reset; the client sees nothing of it."""
+    first, second = connect(released), connect(released)
+    lost_pid, kept_pid = backend(first), backend(second)
+    delete_claim_unseen(pg, lost_pid)
+    second.close()
+    first.close()  # released last: taken first
+    wait_for(released, lambda t: pool_count(t, "released") == 2, "both backends released")
+    lost = counter(metrics(released), "openwop_seat_pool_resets", "claim lost")
+    with connect(released) as nxt:
+        assert backend(nxt) == kept_pid
+        assert nxt.execute("SELECT openwop_seat.session_major()").fetchone()[0] == 2
+        assert counter(metrics(released), "openwop_seat_pool_resets", "claim lost") == lost + 1
+    gone(pg, lost_pid)
 
 
 def test_a_wrong_password_on_a_released_backend_leaves_it_reset_for_the_next_client(released):
