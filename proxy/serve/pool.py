@@ -415,7 +415,8 @@ class Pool:
 
     def put_back(self, conn: ServerConn) -> None:
         """A connection taken for a hand-over that did not happen (the client failed the seat's authentication or
-        left during it): nothing ran on it, it is idle again as it was."""
+        left during it): nothing of a client ran on it. Idle again as it was; one taken released (its reset owed, not
+        started) is reset now."""
         if conn.closed:
             return
         conn.session = None
