@@ -629,6 +629,31 @@ def test_a_client_that_leaves_before_its_proof_leaves_the_released_backend_reset
         assert nxt.execute("SHOW work_mem").fetchone()[0] != "5555kB"
 
 
+def test_a_malformed_first_scram_message_leaves_the_released_backend_reset(released):
+    """A SASLInitialResponse the seat refuses (another mechanism) ends that login before the hand-over's reset
+    started: the backend is given back with its reset owed, and reset at once."""
+    import socket
+    import struct
+
+    text = metrics(released)
+    resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
+    pid = leave_released(released, lambda c: c.execute("SET work_mem = '4444kB'"))
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    with socket.create_connection(("127.0.0.1", released.port)) as raw:
+        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+        assert _read_message(raw)[0] == b"R"
+        body = b"SCRAM-SHA-1\x00" + struct.pack("!i", 4) + b"n,,x"
+        raw.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
+        kind, error = _read_message(raw)
+        assert kind == b"E" and b"SCRAM-SHA-256" in error
+    text = wait_for(released, lambda t: pool_count(t, "idle") == 1, "the backend reset and idle")
+    assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
+    assert counter(text, "openwop_seat_pool_hand_over_resets") == taken
+    with connect(released) as nxt:
+        assert backend(nxt) == pid
+        assert nxt.execute("SHOW work_mem").fetchone()[0] != "4444kB"
+
+
 def test_a_client_that_leaves_mid_transaction_does_not_return_its_backend(pooled, pg):
     with psycopg.connect(pooled.dsn(user="scram_user", password=PASSWORD)) as first:  # not autocommit
         pid = backend(first)
