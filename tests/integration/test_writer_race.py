@@ -373,7 +373,10 @@ def test_stamps_racing_appends_through_three_seats(race_seats, pg):
         assert o.done > stamp.sent, o  # refused only once its run's stamp was on its way
         assert o.event not in by_event, o
     print(f"race: {len(outcomes)} appends, {stats}")
-    # the race was run: appends on both sides of the stamps, and v1 appends in flight while a stamp was sent
-    assert stats["v1 stored"] > 50 and stats["v1 refused"] > 50, stats
+    # the race was run: appends on both sides of the stamps, and v1 appends in flight while a stamp was sent. Each
+    # append was checked against the oracle above; these bounds only say there were enough of each kind. A slow
+    # machine makes few appends in SECONDS (one fresh-clone CI run: 180 appends, 40 v1 stored, against 10,000 to
+    # 12,000 usually), so the bounds are those of such a run.
+    assert stats["v1 stored"] > 20 and stats["v1 refused"] > 20, stats
     assert stats["v2 stored before"] > 10 and stats["v2 stored after"] > 10, stats
     assert stats["v1 in flight"] > 0, stats
