@@ -12,6 +12,8 @@ through a pg_hba line added before the cluster's trust line).
 from __future__ import annotations
 
 import re
+import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -19,6 +21,7 @@ import uuid
 
 import psycopg
 import pytest
+import scram_client
 
 from harness import PASSWORD
 from proxy.dev.devcluster import free_port
@@ -351,6 +354,30 @@ def test_a_user_without_a_scram_verifier_is_not_pooled(pooled):
     assert pool_count(metrics(pooled), "idle", "md5_user") == 0
 
 
+def _read_message(sock) -> tuple[bytes, bytes]:
+    def exact(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the seat closed the connection"
+            data += chunk
+        return data
+
+    head = exact(5)
+    return head[:1], exact(int.from_bytes(head[1:], "big") - 4)
+
+
+def seat_login(seat) -> socket.socket:
+    """A raw client of ``scram_user`` whose startup packet the seat answered with AuthenticationSASL: a pooled
+    backend is taken for it, and the test goes on with the SCRAM exchange, or leaves, message by message."""
+    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
+    raw = socket.create_connection(("127.0.0.1", seat.port))
+    raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
+    kind, body = _read_message(raw)
+    assert kind == b"R" and body[:4] == struct.pack("!I", 10), (kind, body)
+    return raw
+
+
 def test_a_backend_whose_claim_was_deleted_while_idle_is_ended_and_not_handed_out(pooled, pg):
     """The claims triggers end the backend (test_claim_lost.py); the pool closes it when its FATAL arrives, before
     any client could be handed it, and the next client gets a new backend, claimed."""
@@ -608,50 +635,26 @@ def test_a_wrong_password_on_a_released_backend_leaves_it_reset_for_the_next_cli
         assert nxt.execute("SHOW work_mem").fetchone()[0] != "6666kB"
 
 
-def test_a_client_that_leaves_before_its_proof_leaves_the_released_backend_reset(released):
-    """Taken released and given back before the reset started (the client left after AuthenticationSASL): the reset
-    it owes runs at once, not after server_reset_delay."""
-    import socket
-    import struct
-
+@pytest.mark.parametrize("how", ["leaves", "another mechanism"])
+def test_a_login_that_ends_before_its_proof_leaves_the_released_backend_reset(released, how):
+    """Taken released and given back before the hand-over's reset started (the client left after
+    AuthenticationSASL, or sent a SASLInitialResponse the seat refuses): the reset it owes runs at once, not after
+    server_reset_delay."""
     text = metrics(released)
     resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
     pid = leave_released(released, lambda c: c.execute("SET work_mem = '5555kB'"))
-    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
-    with socket.create_connection(("127.0.0.1", released.port)) as raw:
-        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
-        assert raw.recv(1) == b"R"  # AuthenticationSASL from the seat: then the client leaves
+    with seat_login(released) as raw:
+        if how == "another mechanism":
+            body = b"SCRAM-SHA-1\x00" + struct.pack("!i", 4) + b"n,,x"
+            raw.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
+            kind, error = _read_message(raw)
+            assert kind == b"E" and b"SCRAM-SHA-256" in error
     text = wait_for(released, lambda t: pool_count(t, "idle") == 1, "the backend reset and idle")
     assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
     assert counter(text, "openwop_seat_pool_hand_over_resets") == taken
     with connect(released) as nxt:
         assert backend(nxt) == pid
         assert nxt.execute("SHOW work_mem").fetchone()[0] != "5555kB"
-
-
-def test_a_malformed_first_scram_message_leaves_the_released_backend_reset(released):
-    """A SASLInitialResponse the seat refuses (another mechanism) ends that login before the hand-over's reset
-    started: the backend is given back with its reset owed, and reset at once."""
-    import socket
-    import struct
-
-    text = metrics(released)
-    resets, taken = counter(text, "openwop_seat_pool_resets", "ok"), counter(text, "openwop_seat_pool_hand_over_resets")
-    pid = leave_released(released, lambda c: c.execute("SET work_mem = '4444kB'"))
-    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
-    with socket.create_connection(("127.0.0.1", released.port)) as raw:
-        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
-        assert _read_message(raw)[0] == b"R"
-        body = b"SCRAM-SHA-1\x00" + struct.pack("!i", 4) + b"n,,x"
-        raw.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
-        kind, error = _read_message(raw)
-        assert kind == b"E" and b"SCRAM-SHA-256" in error
-    text = wait_for(released, lambda t: pool_count(t, "idle") == 1, "the backend reset and idle")
-    assert counter(text, "openwop_seat_pool_resets", "ok") == resets + 1
-    assert counter(text, "openwop_seat_pool_hand_over_resets") == taken
-    with connect(released) as nxt:
-        assert backend(nxt) == pid
-        assert nxt.execute("SHOW work_mem").fetchone()[0] != "4444kB"
 
 
 def test_a_client_that_leaves_mid_transaction_does_not_return_its_backend(pooled, pg):
@@ -851,51 +854,25 @@ def test_a_wrong_password_without_an_idle_backend_is_refused_by_postgresql_and_f
 def test_a_client_that_leaves_during_its_seat_login_leaves_the_backend_idle(pooled):
     """A client that sends its startup packet and goes away in the middle of the SCRAM exchange at the seat: the
     backend it was to get stays in the pool, untouched."""
-    import socket
-    import struct
-
     with connect(pooled) as first:
         pid = backend(first)
     settle(pooled)
-    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
-    with socket.create_connection(("127.0.0.1", pooled.port)) as raw:
-        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
-        assert raw.recv(1) == b"R"  # AuthenticationSASL from the seat: then the client leaves
+    with seat_login(pooled):  # AuthenticationSASL from the seat: then the client leaves
+        pass
     settle(pooled)
     with connect(pooled) as nxt:
         assert backend(nxt) == pid
-
-
-def _read_message(sock) -> tuple[bytes, bytes]:
-    def exact(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            assert chunk, "the seat closed the connection"
-            data += chunk
-        return data
-
-    head = exact(5)
-    return head[:1], exact(int.from_bytes(head[1:], "big") - 4)
 
 
 def test_a_backend_lost_during_a_seat_login_fails_it_and_frees_its_place(small, pg):
     """The backend a hand-over took ends while its client computes its proof: the login ends with 08006, and the
     backend's place in the pool (of one) is free again, so the next client gets a new backend at once instead of
     waiting for pool.query_wait_timeout."""
-    import socket
-    import struct
-
-    import scram_client
-
     with connect(small) as first:
         pid = backend(first)
     settle(small)
     nonce = "lost-during-login-nonce"
-    params = b"user\x00scram_user\x00database\x00postgres\x00\x00"
-    with socket.create_connection(("127.0.0.1", small.port)) as raw:
-        raw.sendall(struct.pack("!iI", 8 + len(params), 3 << 16) + params)
-        assert _read_message(raw)[0] == b"R"  # AuthenticationSASL: the idle backend is taken for this client
+    with seat_login(small) as raw:  # the idle backend is taken for this client
         body, bare = scram_client.initial_response(nonce)
         raw.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
         kind, cont = _read_message(raw)
@@ -1003,9 +980,6 @@ def test_a_cancel_with_a_key_no_worker_holds_cancels_nothing_with_two_workers(st
     """A CancelRequest whose (pid, key) no worker issued, sent right after the seat starts (while the second worker
     may not be linked to the supervisor yet, when a cancel waits for the link) and again later: each is forwarded as
     it came, and cancels no statement of a pooled session."""
-    import socket
-    import struct
-
     auth = userlist(tmp_path_factory, "pool-bogus-cancel", verifiers)
     seat = start_seat(proxy={"workers": 2}, extra={"pool": {"enabled": True, "auth_file": str(auth)}})
     with connect(seat) as conn:
@@ -1027,8 +1001,6 @@ def test_a_cancel_with_a_key_no_worker_holds_cancels_nothing_with_two_workers(st
 def test_a_terminate_ends_the_pooled_session_even_if_the_client_keeps_its_socket(pooled):
     """PostgreSQL closes a connection on Terminate; the seat, which keeps the backend, does the same: a client that
     sends Terminate and keeps its socket open does not hold the backend."""
-    import socket
-
     with connect(pooled) as first:
         pid = backend(first)
         fd = socket.socket(fileno=first.pgconn.socket)  # the client's own socket, Terminate sent on it by hand
