@@ -18,12 +18,14 @@ in these forms:
 * with ``--guard``, the seat's statement with its search_path guard as the PL/pgSQL check it was before ADR 0021
   (``events_named_refuse``) and with no guard (decision 1's figures);
 * with ``--sketches``, a fast page the seat does not send (ADR 0021, finding 3), made in the probe's cluster only:
-  ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: era 3`` (an era-3
-  run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their union), ``fast:
-  function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its rows), each fast arm
-  ``+ miss row`` (one row naming the run's class where the arm's gate is false) and ``whole: … + fallback`` (the
-  arm, and the seat's statement through a PL/pgSQL function where the arm's gate is false: a statement right for
-  every run, which a hint could choose).
+  ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: store, wrapped``
+  (the same arm, described as the seat's statement is: a UNION ALL with an empty arm, and the guard; the probe
+  checks that the two RowDescriptions are the same before it measures; ADR 0021's second addendum), ``fast: era
+  3`` (an era-3 run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their
+  union), ``fast: function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its
+  rows), each fast arm ``+ miss row`` (one row naming the run's class where the arm's gate is false) and ``whole:
+  … + fallback`` (the arm, and the seat's statement through a PL/pgSQL function where the arm's gate is false: a
+  statement right for every run, which a hint could choose).
 
 The figure is the backend's CPU time (``/proc/<pid>/schedstat`` of the session's backend, Linux) per page, the
 median over ``--rounds`` interleaved rounds: PostgreSQL's own cost of each form, not skewed by what else runs on
@@ -124,6 +126,13 @@ _ERA3_GATE = "EXISTS (SELECT FROM sketch.era3_runs r WHERE r.run_id = $1)"
 _CLASS = f"CASE WHEN {_COVERED} THEN 'filled' ELSE 'live' END"
 
 
+# The store's arm as the seat would have to send it (ADR 0021's second addendum): its RowDescription the same bytes as
+# the seat's statement's. The bare arm's names the store's table (its OID and column numbers) where the seat's names
+# none; a UNION ALL with an empty arm of the same column types, and the search_path guard, make them the same.
+_EMPTY_ARM = ("SELECT NULL::text, NULL::text, NULL::int4, NULL::text, NULL::text, NULL::jsonb, NULL::timestamptz, "
+              "NULL::text WHERE false")
+
+
 def _with_miss_row(arm: str, gate: str, cls: str) -> str:
     return (f"SELECT * FROM (({arm}) UNION ALL ({_MISS_ROW.format(cls=cls, gate=gate)})) AS events "
             "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100")
@@ -139,6 +148,8 @@ def _with_fallback(arm: str, gate: str) -> str:
 
 SKETCHES = {
     "fast: store": _STORE_ARM,
+    "fast: store, wrapped": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_EMPTY_ARM})) AS events "
+                            "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
     "fast: era 3": _ERA3_ARM,
     "fast: both": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_ERA3_ARM})) AS events "
                   "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
@@ -191,6 +202,16 @@ def per_page_us(dsn: str, sql: str, runs: range, pages: int) -> float:
         return (stack.backend_cpu_ns(pg.backend_pid) - before) / pages / 1000
 
 
+def row_description(dsn: str, sql: str) -> list[tuple]:
+    """Each column of ``sql``'s RowDescription as a client reads it: name, table OID, column number, type, modifier,
+    size."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pg = conn.pgconn
+        pg.prepare(b"", sql.encode(), [25, 23])
+        r = pg.describe_prepared(b"")
+        return [(r.fname(i), r.ftable(i), r.ftablecol(i), r.ftype(i), r.fmod(i), r.fsize(i)) for i in range(r.nfields)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.page_backend_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--pages", type=positive, default=1000, help="pages per figure (default 1000)")
@@ -209,6 +230,10 @@ def main(argv=None) -> int:
             cluster.psql(SKETCH_ERA3)
             cluster.psql(SKETCH_PAGE_FUNCTION)
             cluster.psql(SKETCH_FALLBACK)
+            # the wrapped arm stands for what the seat could send in its statement's place: it must describe alike
+            seat, wrapped = (row_description(dsn, shapes[n]) for n in ("seat", "fast: store, wrapped"))
+            if seat != wrapped:
+                raise SystemExit(f"the wrapped store arm's RowDescription differs from the seat's: {wrapped} {seat}")
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():
