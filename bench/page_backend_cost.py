@@ -21,7 +21,8 @@ in these forms:
   ``fast: store`` (the store's arm, only for a run marked with no row above its mark), ``fast: store, wrapped``
   (the same arm, described as the seat's statement is: a UNION ALL with an empty arm, and the guard; the probe
   checks that the two RowDescriptions are the same before it measures; ADR 0021's second addendum), ``fast: era
-  3`` (an era-3 run's rows as stored, through a gated view of the runs stamped era 3), ``fast: both`` (their
+  3`` (an era-3 run's rows as stored, through a gated view of the runs stamped era 3; ``, wrapped`` as the store's
+  arm is), ``fast: both`` (their
   union), ``fast: function`` (one PL/pgSQL function that asks which arm holds the run's page and returns its
   rows), each fast arm ``+ miss row`` (one row naming the run's class where the arm's gate is false) and ``whole:
   … + fallback`` (the arm, and the seat's statement through a PL/pgSQL function where the arm's gate is false: a
@@ -151,6 +152,8 @@ SKETCHES = {
     "fast: store, wrapped": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_EMPTY_ARM})) AS events "
                             "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
     "fast: era 3": _ERA3_ARM,
+    "fast: era 3, wrapped": f"SELECT * FROM (({_ERA3_ARM}) UNION ALL ({_EMPTY_ARM})) AS events "
+                            "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
     "fast: both": f"SELECT * FROM (({_STORE_ARM}) UNION ALL ({_ERA3_ARM})) AS events "
                   "WHERE (SELECT openwop_seat.events_named('events')) ORDER BY sequence LIMIT 100",
     "fast: function": "SELECT * FROM sketch.page_m2($1, $2, 100) AS events "
@@ -231,9 +234,10 @@ def main(argv=None) -> int:
             cluster.psql(SKETCH_PAGE_FUNCTION)
             cluster.psql(SKETCH_FALLBACK)
             # the wrapped arm stands for what the seat could send in its statement's place: it must describe alike
-            seat, wrapped = (row_description(dsn, shapes[n]) for n in ("seat", "fast: store, wrapped"))
-            if seat != wrapped:
-                raise SystemExit(f"the wrapped store arm's RowDescription differs from the seat's: {wrapped} {seat}")
+            seat = row_description(dsn, shapes["seat"])
+            for name in ("fast: store, wrapped", "fast: era 3, wrapped"):
+                if row_description(dsn, shapes[name]) != seat:
+                    raise SystemExit(f"{name!r} is not described as the seat's statement is")
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():
