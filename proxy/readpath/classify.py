@@ -205,6 +205,7 @@ class Classifier:
         self.page_function = page_function and self.run_function
         # and events_v2_run_covered: a page, the statement's whole text, has a fast twin (ADR 0023)
         self.fast_page = fast_page and self.page_function
+        self._page_parts: dict[int, tuple] = {}  # the statement's page levels: WHERE, run key, alias (_fast_text)
 
     # -- public
 
@@ -443,6 +444,7 @@ class Classifier:
                     # ends once the rules come into force (docs/operations.md#first-boot).
                     return StatementPlan(PASS, text)
                 raise Untranslatable("rules not in force", FIRST_BOOT_REFUSAL)
+            self._page_parts = {}  # filled by this statement's rewrite only (a COPY's makes a statement of its own)
             new = self._rewrite(stmt)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)

@@ -109,6 +109,11 @@ def test_the_classifier_gives_a_page_its_fast_twin_and_nothing_else_one():
                        f"{PAGE.decode()}; SELECT 1",  # more than one statement
                        "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 5 FOR SHARE"):
         assert c.classify(not_a_page).fast == "", not_a_page
+    # a statement whose rewrite makes a statement of its own (a COPY of the table) has no page, and leaves none
+    copy = Classifier(HostConfig(), 2, run_function=True, page_function=True, fast_page=True).classify(
+        "COPY events (event_id, run_id, sequence, type, node_id, payload) TO stdout")  # pg_dump's, first
+    assert copy.refused is None and copy.fast == ""
+    assert c.classify(PAGE.decode().replace("100", "99")).fast_key == 1
     assert Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(PAGE.decode()).fast == ""
     assert Classifier(HostConfig(), 1, run_function=True, page_function=True, fast_page=True).classify(
         PAGE.decode()).fast == ""
