@@ -318,7 +318,6 @@ WHERE {gate(major)};"""
             return f"""
 DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};
 DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};
-DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.COVERED_FUNCTION};
 DROP VIEW IF EXISTS {store_sql.FILLED};
 DROP VIEW IF EXISTS {store_sql.MARKED};
 DROP VIEW IF EXISTS {SCHEMA}.events_m2;
@@ -334,7 +333,6 @@ REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
     store_sql.store_run_sql(host, columns, types[host.run_id_column], gate(2), in_force, may_read)}"""
         drop_run = (f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};\n"
                     f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};\n"
-                    f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.COVERED_FUNCTION};\n"
                     f"DROP VIEW IF EXISTS {store_sql.FILLED};\nDROP VIEW IF EXISTS {store_sql.MARKED};\n"
                     if major == 2 else "")
         return f"""

@@ -71,9 +71,6 @@ RUN_FUNCTION = "events_m2_run"  # events_m2 for one run: what the classifier sub
 # events_m2_run's live arm alone: the live translation of a run's rows above its mark (every row of a run not
 # marked); with events_v2_filled, the two arms the classifier merges for a run's page (ADR 0015, page plans)
 RUN_LIVE_FUNCTION = "events_m2_run_live"
-# The fast page's statement (ADR 0023): a run's page from the store alone, where the store holds all of it as read
-# (the run marked, and no row of it above its mark), else no row; the seat sends its page statement again on that.
-COVERED_FUNCTION = "events_v2_run_covered"
 S, M, U = "openwop_seat_s", "openwop_seat_m", "openwop_seat_u"  # aliases inside events_m2
 # The union's own columns (never seen by a reader): the inputs of the translation above it.
 ERA3, CLEAN, STORED = "openwop_seat_era3", "openwop_seat_clean", "openwop_seat_stored"
@@ -201,14 +198,6 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str, ma
     ``WHERE``, ``ORDER BY`` and ``LIMIT``: each arm an index range read in order and cut at the limit, merged
     in order (Merge Append), the level's own clauses above.
 
-    ``events_v2_run_covered(run)`` is the first arm alone, and only where the second is empty: the run is marked
-    and ``events_m2_live`` holds no row of it above the mark (the live arm's own rows, its gates included), asked
-    once per execution. Its rows are then exactly the run's rows as ``events_m2_run`` reads them, in the same
-    snapshot; otherwise none. A function, not a view, so that a statement reading it describes its columns as
-    the page's union does (no table's OID in its RowDescription: PostgreSQL marks a column's origin from a
-    relation, never from a function, and inlines the body only after). The seat's fast page (ADR 0023) sends a
-    page through it and, on an empty answer, sends the page's statement again.
-
     ``may_read``: the gate of the store's rows (the reader's ``SELECT`` on the events table, and the net's: ADR
     0019); ``marks_read``: the marks' (the reader's privilege only: marks are run ids and sequence numbers, not
     event rows, and the live arm that reads them is behind the net's gate already; one InitPlan less a page)."""
@@ -253,17 +242,6 @@ COMMENT ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) IS
     'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
     'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
 GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) TO PUBLIC;
-CREATE FUNCTION {SCHEMA}.{COVERED_FUNCTION}(run {run_type})
-RETURNS SETOF {SCHEMA}.events_m2 LANGUAGE sql STABLE
-AS $ow$
-SELECT {f_cols} FROM {FILLED} f WHERE f.{run} {EQ} $1
-  AND (SELECT EXISTS (SELECT FROM {MARKED} m WHERE m.run_id {EQ} $1 AND NOT EXISTS
-       (SELECT FROM {SCHEMA}.events_m2_live l WHERE l.{run} {EQ} $1 AND l.sequence {GT} m.upto)))
-$ow$;
-COMMENT ON FUNCTION {SCHEMA}.{COVERED_FUNCTION}({run_type}) IS
-    'a run''s rows from the v2 store alone where it holds every one of them as read (the run marked, and '
-    'events_m2_run_live empty for it), else none: the fast page (ADR 0023), inlined into the caller''s query';
-GRANT EXECUTE ON FUNCTION {SCHEMA}.{COVERED_FUNCTION}({run_type}) TO PUBLIC;
 """
 
 

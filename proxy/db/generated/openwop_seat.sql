@@ -4625,7 +4625,6 @@ GRANT EXECUTE ON FUNCTION openwop_seat.write_privilege(text) TO PUBLIC;
 
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run;
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run_live;
-DROP FUNCTION IF EXISTS openwop_seat.events_v2_run_covered;
 DROP VIEW IF EXISTS openwop_seat.events_v2_filled;
 DROP VIEW IF EXISTS openwop_seat.events_v2_marked;
 DROP VIEW IF EXISTS openwop_seat.events_m2;
@@ -4764,17 +4763,6 @@ COMMENT ON FUNCTION openwop_seat.events_m2_run_live(text) IS
     'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
     'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
 GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run_live(text) TO PUBLIC;
-CREATE FUNCTION openwop_seat.events_v2_run_covered(run text)
-RETURNS SETOF openwop_seat.events_m2 LANGUAGE sql STABLE
-AS $ow$
-SELECT f."event_id", f."run_id", f."sequence", f."type", f."node_id", f."payload", f."timestamp", f."causation_id" FROM openwop_seat.events_v2_filled f WHERE f."run_id" OPERATOR(pg_catalog.=) $1
-  AND (SELECT EXISTS (SELECT FROM openwop_seat.events_v2_marked m WHERE m.run_id OPERATOR(pg_catalog.=) $1 AND NOT EXISTS
-       (SELECT FROM openwop_seat.events_m2_live l WHERE l."run_id" OPERATOR(pg_catalog.=) $1 AND l.sequence OPERATOR(pg_catalog.>) m.upto)))
-$ow$;
-COMMENT ON FUNCTION openwop_seat.events_v2_run_covered(text) IS
-    'a run''s rows from the v2 store alone where it holds every one of them as read (the run marked, and '
-    'events_m2_run_live empty for it), else none: the fast page (ADR 0023), inlined into the caller''s query';
-GRANT EXECUTE ON FUNCTION openwop_seat.events_v2_run_covered(text) TO PUBLIC;
 
 DROP VIEW IF EXISTS openwop_seat.events_m1;
 CREATE VIEW openwop_seat.events_m1 AS
