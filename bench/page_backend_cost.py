@@ -12,6 +12,9 @@ in these forms:
 * ``direct``: the statement as the host sends it, on the host's table;
 * ``seat``: the statement as the seat's classifier rewrites it for a major-2 session on a database with the v2
   store (the page form: the store's arm and the live arm, each in index order, ADR 0015);
+* ``twin``: its fast twin, what the seat sends first (ADR 0024): the page of ``events_m2_run_era3(run)``, an era-3
+  run's rows as stored, else none (an era-2 run's figure is that empty answer's cost, which the seat pays once a
+  minute a run);
 * ``store``: the same page of ``openwop_seat.events_v2_store`` itself (the floor of a filled run's page);
 * ``filled``: the page of ``events_v2_filled``, the store's arm (the store joined to its marks, and the gates);
 * ``live``: the page of ``events_m2_run_live(run)``, the live arm (empty for a filled run);
@@ -192,9 +195,9 @@ def guard_forms() -> dict[str, str]:
 
 
 def forms() -> dict[str, str]:
-    seat = Classifier(HostConfig(), 2, run_function=True, page_function=True).classify(seed.PAGE_SQL).text
+    plan = Classifier(HostConfig(), 2, run_function=True, page_function=True, fast_page=True).classify(seed.PAGE_SQL)
     page = " WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT 100"
-    return {"direct": seed.PAGE_SQL, "seat": seat,
+    return {"direct": seed.PAGE_SQL, "seat": plan.text, "twin": plan.fast,
             "store": "SELECT * FROM openwop_seat.events_v2_store" + page,
             "filled": "SELECT * FROM openwop_seat.events_v2_filled" + page,
             "live": "SELECT * FROM openwop_seat.events_m2_run_live($1) AS events" + page}
@@ -249,11 +252,12 @@ def main(argv=None) -> int:
             cluster.psql(SKETCH_PAGE_FUNCTION)
             cluster.psql(SKETCH_FALLBACK)
             cluster.psql(SKETCH_COVERED)
-            # the wrapped arm stands for what the seat could send in its statement's place: it must describe alike
-            seat = row_description(dsn, shapes["seat"])
-            for name in ("fast: store, wrapped", "fast: store, function", "fast: era 3, wrapped"):
-                if row_description(dsn, shapes[name]) != seat:
-                    raise SystemExit(f"{name!r} is not described as the seat's statement is")
+        # what the seat sends in its statement's place, and the sketches that stand for it, must describe alike
+        seat = row_description(dsn, shapes["seat"])
+        described = ("twin", "fast: store, wrapped", "fast: store, function", "fast: era 3, wrapped")
+        for name in described if args.sketches else described[:1]:
+            if row_description(dsn, shapes[name]) != seat:
+                raise SystemExit(f"{name!r} is not described as the seat's statement is")
         figures: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for cls, runs in CLASSES.items():

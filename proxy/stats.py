@@ -80,6 +80,9 @@ class Stats:
         self.store_runs_extended = 0  # marked runs whose rows above the mark were copied (an incremental fill)
         self.store_runs_busy = 0
         self.store_fill_errors = 0
+        # fast pages (ADR 0024), by outcome: rows (the run is era 3: its page), empty (sent again as the page
+        # statement), error (relayed as it came), unprepared (the twin's Parse failed: sent again, the twin not used)
+        self.fast_pages: Counter[str] = Counter()
 
     def label_pair(self, database: str, user: str, limit: int) -> tuple[str, str]:
         """The label pair a session of this database and user counts under: its own while the process has seen

@@ -318,6 +318,8 @@ WHERE {gate(major)};"""
             return f"""
 DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};
 DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};
+DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.ERA3_FUNCTION};
+DROP VIEW IF EXISTS {store_sql.ERA3_VIEW};
 DROP VIEW IF EXISTS {store_sql.FILLED};
 DROP VIEW IF EXISTS {store_sql.MARKED};
 DROP VIEW IF EXISTS {SCHEMA}.events_m2;
@@ -330,9 +332,11 @@ REVOKE ALL ON {SCHEMA}.events_m2_live FROM PUBLIC;
 {store_sql.store_tables_sql(host, columns, types[host.run_id_column])}{
     store_sql.store_view_sql(host, columns, events, (E, C), era, clean_join, gate(2), in_force, era2_type,
                              era2_payload_tail)}{
-    store_sql.store_run_sql(host, columns, types[host.run_id_column], gate(2), in_force, may_read)}"""
+    store_sql.store_run_sql(host, columns, types[host.run_id_column], gate(2), in_force, may_read, events)}"""
         drop_run = (f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_FUNCTION};\n"
                     f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.RUN_LIVE_FUNCTION};\n"
+                    f"DROP FUNCTION IF EXISTS {SCHEMA}.{store_sql.ERA3_FUNCTION};\n"
+                    f"DROP VIEW IF EXISTS {store_sql.ERA3_VIEW};\n"
                     f"DROP VIEW IF EXISTS {store_sql.FILLED};\nDROP VIEW IF EXISTS {store_sql.MARKED};\n"
                     if major == 2 else "")
         return f"""

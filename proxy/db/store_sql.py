@@ -71,7 +71,12 @@ RUN_FUNCTION = "events_m2_run"  # events_m2 for one run: what the classifier sub
 # events_m2_run's live arm alone: the live translation of a run's rows above its mark (every row of a run not
 # marked); with events_v2_filled, the two arms the classifier merges for a run's page (ADR 0015, page plans)
 RUN_LIVE_FUNCTION = "events_m2_run_live"
+# A page's fast twin (ADR 0024): an era-3 run's rows as stored, else none; the seat sends the page statement again on
+# an empty answer. The view reads the table as its owner, only the rows of runs stamped era 3.
+ERA3_VIEW = f"{SCHEMA}.events_m2_era3"
+ERA3_FUNCTION = "events_m2_run_era3"
 S, M, U = "openwop_seat_s", "openwop_seat_m", "openwop_seat_u"  # aliases inside events_m2
+E3, X3 = "openwop_seat_e", "openwop_seat_x"  # inside events_m2_era3
 # The union's own columns (never seen by a reader): the inputs of the translation above it.
 ERA3, CLEAN, STORED = "openwop_seat_era3", "openwop_seat_clean", "openwop_seat_stored"
 
@@ -174,7 +179,8 @@ GRANT SELECT ON {SCHEMA}.events_m2 TO PUBLIC;
 """
 
 
-def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str, marks_read: str) -> str:
+def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str, marks_read: str,
+                  events: str = "") -> str:
     """``events_m2_run(run)``: ``events_m2``'s rows of one run, for a query level that names the run by a
     parameter or a constant (the host's page statement, ``WHERE run_id = $1``; the classifier substitutes it,
     ADR 0015 decision 7).
@@ -197,6 +203,14 @@ def store_run_sql(host, columns, run_type: str, may_read: str, in_force: str, ma
     union of the two arms, ``events_v2_filled`` and ``events_m2_run_live(run)``, each with the page's own
     ``WHERE``, ``ORDER BY`` and ``LIMIT``: each arm an index range read in order and cut at the limit, merged
     in order (Merge Append), the level's own clauses above.
+
+    ``events_m2_run_era3(run)`` is the page of an era-3 run alone: its rows as stored, what both arms give such a run
+    (the store holds no era-3 run: stamping a run era 3 unmarks it, ``store_era``), through ``events_m2_era3``, the
+    table's rows of the runs in ``run_era`` as its owner reads them, behind the live arm's gates; none for any other
+    run. A function, so that a statement reading it describes its columns as the page's union does (PostgreSQL marks
+    a column's origin from relations at parse analysis and inlines the body only after). The seat sends a page of
+    a run it does not know to be of another era through it first, and the page statement where it returns no row
+    (ADR 0024).
 
     ``may_read``: the gate of the store's rows (the reader's ``SELECT`` on the events table, and the net's: ADR
     0019); ``marks_read``: the marks' (the reader's privilege only: marks are run ids and sequence numbers, not
@@ -242,6 +256,29 @@ COMMENT ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) IS
     'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
     'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
 GRANT EXECUTE ON FUNCTION {SCHEMA}.{RUN_LIVE_FUNCTION}({run_type}) TO PUBLIC;
+{_era3_sql(host, columns, run_type, may_read, events) if events else ""}"""
+
+
+def _era3_sql(host, columns, run_type: str, may_read: str, events: str) -> str:
+    run = quote_ident(host.run_id_column)
+    e_cols = ", ".join(f"{E3}.{quote_ident(c.name)}" for c in columns)
+    t_cols = ", ".join(f"t.{quote_ident(c.name)}" for c in columns)
+    cast = "" if run_type == "text" else "::text"
+    return f"""CREATE VIEW {ERA3_VIEW} AS
+SELECT {e_cols}
+FROM {events} {E3}
+WHERE EXISTS (SELECT FROM {SCHEMA}.run_era {X3} WHERE {X3}.run_id {EQ} {E3}.{run}{cast}) AND {may_read};
+COMMENT ON VIEW {ERA3_VIEW} IS
+    'the rows of the runs stamped era 3, as stored: what a major-2 reader reads of them (ADR 0024)';
+GRANT SELECT ON {ERA3_VIEW} TO PUBLIC;
+CREATE FUNCTION {SCHEMA}.{ERA3_FUNCTION}(run {run_type})
+RETURNS SETOF {SCHEMA}.events_m2 LANGUAGE sql STABLE
+AS $ow$
+SELECT {t_cols} FROM {ERA3_VIEW} t WHERE t.{run} {EQ} $1
+$ow$;
+COMMENT ON FUNCTION {SCHEMA}.{ERA3_FUNCTION}({run_type}) IS
+    'an era-3 run''s rows as stored, else none: the fast page (ADR 0024), inlined into the caller''s query';
+GRANT EXECUTE ON FUNCTION {SCHEMA}.{ERA3_FUNCTION}({run_type}) TO PUBLIC;
 """
 
 

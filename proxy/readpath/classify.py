@@ -63,6 +63,7 @@ DELETE_VIEW = "events_delete"  # the same, for a DELETE that reads neither (prox
 RUN_FUNCTION = "events_m2_run"  # events_m2 for one run (proxy/db/store_sql.py, ADR 0015 decision 7)
 # A run's page reads the union of these two arms, each cut at the page's limit (proxy/db/store_sql.py, ADR 0015)
 RUN_LIVE_FUNCTION, FILLED_VIEW = "events_m2_run_live", "events_v2_filled"
+ERA3_FUNCTION = "events_m2_run_era3"  # an era-3 run's rows as stored, or no row (ADR 0024)
 # The written rows' type and payload as the reader rule returns them (proxy.db.relations): RETURNING reads them.
 WRITTEN_FUNCTIONS = {2: ("type_m2", "payload_m2"), 1: ("type_m1", "payload_m1")}
 WRITTEN = "openwop_seat_written"  # the data-modifying CTE a RETURNING write becomes
@@ -91,6 +92,8 @@ class StatementPlan(NamedTuple):
     sql: str  # the text to send for this statement
     kind: str = ""  # for REFUSE: what was refused (names the statement kind); for PASS: PREFILTERED or ""
     detail: str = ""  # for REFUSE: a human explanation
+    fast: str = ""  # for a page (TRANSLATE): its fast statement, an era-3 run's rows as stored or none (ADR 0024)
+    fast_key: int = 0  # the parameter that names the page's run ($n), 0 when the text names it
 
 
 class Plan(NamedTuple):
@@ -101,6 +104,8 @@ class Plan(NamedTuple):
     translated: bool = False  # some statement reads the translated relation
     refused: StatementPlan | None = None  # the first refused statement
     changed: bool = False  # text differs from the client's
+    fast: str = ""  # one statement, a run's page: the text of its fast page (ADR 0024), else ""
+    fast_key: int = 0  # the parameter of the fast page's run ($n), 0 when the text names it
 
     @property
     def passthrough(self) -> bool:
@@ -154,7 +159,8 @@ class Classifier:
 
     def __init__(self, host: HostConfig, major: int, columns: tuple[str, ...] = (), *,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_statement_bytes: int = DEFAULT_MAX_STATEMENT_BYTES,
-                 first_boot: bool = False, run_function: bool = False, page_function: bool = False):
+                 first_boot: bool = False, run_function: bool = False, page_function: bool = False,
+                 fast_page: bool = False):
         if major not in VIEW:
             raise ValueError(f"Classifier: major must be 1 or 2, got {major!r}")
         self.host = host
@@ -197,6 +203,9 @@ class Classifier:
         self.run_function = run_function and major == 2
         # The database has events_m2_run_live too: a run's page reads the store's and the live arm, each in order
         self.page_function = page_function and self.run_function
+        # and events_m2_run_era3: a page, the statement's whole text, has a fast twin (ADR 0024)
+        self.fast_page = fast_page and self.page_function
+        self._page_parts: dict[int, tuple] = {}  # the statement's page levels: WHERE, run key, alias (_fast_text)
 
     # -- public
 
@@ -385,7 +394,9 @@ class Classifier:
             return Plan(tuple(pieces) or (StatementPlan(PASS, sql),), sql)
         refused = next((p for p in pieces if p.action == REFUSE), None)
         text = "; ".join(p.sql for p in pieces)
-        return Plan(tuple(pieces), text, any(p.action == TRANSLATE for p in pieces), refused, True)
+        fast = pieces[0] if len(pieces) == 1 and pieces[0].fast else None
+        return Plan(tuple(pieces), text, any(p.action == TRANSLATE for p in pieces), refused, True,
+                    fast.fast if fast else "", fast.fast_key if fast else 0)
 
     def _unsafe_unparsed(self, sql: str) -> str:
         """Why a statement too large to parse may not be sent unparsed ('' when it may), ADR 0017. The net refuses
@@ -433,12 +444,40 @@ class Classifier:
                     # ends once the rules come into force (docs/operations.md#first-boot).
                     return StatementPlan(PASS, text)
                 raise Untranslatable("rules not in force", FIRST_BOOT_REFUSAL)
+            self._page_parts = {}  # filled by this statement's rewrite only (a COPY's makes a statement of its own)
             new = self._rewrite(stmt)
         except Untranslatable as e:
             return StatementPlan(REFUSE, text, e.kind, e.detail)
         if new is None:
             return StatementPlan(PASS, text)
-        return StatementPlan(TRANSLATE, RawStream()(new))
+        translated = RawStream()(new)
+        if self.fast_page and id(new) in self._page_parts:
+            return StatementPlan(TRANSLATE, translated, "", "", *self._fast_text(new))
+        return StatementPlan(TRANSLATE, translated)
+
+    def _fast_text(self, level) -> tuple[str, int]:
+        """A statement that is a run's page, alone (``_is_page``): its fast twin, the same page of
+        ``openwop_seat.events_m2_run_era3(<key>)`` under the page's own ``WHERE`` (and the level's search_path
+        guard, if any), ``ORDER BY`` and ``LIMIT``: the page's rows where the run is era 3, as stored, else none
+        (ADR 0024). With the number of the parameter that names the run (0: a constant)."""
+        from pglast import ast, enums
+        from pglast.stream import RawStream
+
+        where, key, alias = self._page_parts[id(level)]
+        call = ast.FuncCall(funcname=(ast.String(sval=SEAT_SCHEMA), ast.String(sval=ERA3_FUNCTION)), args=(key,),
+                            agg_within_group=False, agg_star=False, agg_distinct=False, func_variadic=False,
+                            funcformat=enums.CoercionForm.COERCE_EXPLICIT_CALL)
+        era3 = ast.RangeFunction(lateral=False, ordinality=False, is_rowsfrom=False, functions=((call, None),),
+                                    alias=alias)
+        saved = level.fromClause, level.whereClause
+        level.fromClause = (era3,)
+        level.whereClause = where if saved[1] is None else _and(where, saved[1])  # saved[1]: the guard
+        try:
+            text = RawStream()(level)
+        finally:
+            level.fromClause, level.whereClause = saved
+        param = key.arg if isinstance(key, ast.TypeCast) else key
+        return text, param.number if isinstance(param, ast.ParamRef) else 0
 
     # ---- what names the events table
 
@@ -583,7 +622,8 @@ class Classifier:
         role, or one that may SET ROLE to such a role): it refuses dynamic SQL whatever the database holds."""
         twin = Classifier(self.host, self.major, self.columns, cache_bytes=self.cache_bytes,
                           max_statement_bytes=self.max_statement_bytes, first_boot=self.first_boot,
-                          run_function=self.run_function, page_function=self.page_function)
+                          run_function=self.run_function, page_function=self.page_function,
+                          fast_page=self.fast_page)
         twin.strict = True  # set_functions gives it the watch's strict set
         twin.arbiters = self.arbiters
         return twin
@@ -686,6 +726,7 @@ class Classifier:
         changed = False
         self._kept: set[int] = set()
         self._paged: set[int] = set()  # the levels read as a page's union (_run_relation)
+        self._page_parts: dict[int, tuple] = {}  # their WHERE, run key and alias, for the fast twin (_fast_text)
         unqualified: list[str] = []
         locks = _lock_targets(stmt)
 
@@ -883,6 +924,7 @@ class Classifier:
             sub.alias = alias
             # Each arm keeps only rows of that WHERE (over the keys, the run and the sequence, which both arms
             # read alike), so the level's own copy of it would only test every row of the merge again.
+            self._page_parts[id(page)] = (page.whereClause, key, alias)
             page.whereClause = None
             self._paged.add(id(page))
             return sub
@@ -1343,7 +1385,7 @@ def _select_levels(query):
 
 def _cost(sql: str, plan: Plan) -> int:
     """What a cached plan holds, roughly in bytes: the key and the rewritten text (when it differs)."""
-    return 2 * len(sql) + (len(plan.text) if plan.changed else 0) + 600  # the texts and the Python objects
+    return 2 * len(sql) + (len(plan.text) + len(plan.fast) if plan.changed else 0) + 600  # texts and objects
 
 
 def _unparsed_plan(sql: str, low: str) -> Plan:

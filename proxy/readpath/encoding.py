@@ -102,7 +102,8 @@ def from_latin1(plan):
 
     statements = tuple(st._replace(sql=back(st.sql)) for st in plan.statements)
     refused = plan.refused._replace(sql=back(plan.refused.sql)) if plan.refused is not None else None
-    return plan._replace(statements=statements, text=back(plan.text), refused=refused)
+    return plan._replace(statements=statements, text=back(plan.text), refused=refused,
+                         fast=back(plan.fast) if plan.fast else "")
 
 
 def might_set(low: str) -> bool:

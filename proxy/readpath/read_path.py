@@ -50,7 +50,7 @@ import orjson
 
 from proxy import fifo
 from proxy.errors import BY_SQLSTATE, CODES, SeatException
-from proxy.readpath import encoding
+from proxy.readpath import encoding, fast_page
 from proxy.readpath.classify import LARGE_TEXT, PASS, PREFILTERED, REFUSE, Classifier, Plan, StatementPlan
 from proxy.wire import framer, messages
 from proxy.wire.codec import ProtocolViolation
@@ -220,7 +220,8 @@ class ReadPath:
     56 bytes, a deque 760 bytes however empty), deques once long (a client may pipeline up to
     ``Session._max_owed`` answers)."""
 
-    __slots__ = ("_names", "_repeat", "active", "classifier", "large_texts", "major", "on_refusal", "parse_seconds",
+    __slots__ = ("_names", "_repeat", "active", "classifier", "fast_twins", "large_texts", "major", "on_refusal",
+                 "parse_seconds",
                  "pending", "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",
                  "server_errors", "skipping", "statement_counts", "statement_seconds", "statements", "tx_status",
                  "unnamed", "watch")
@@ -245,6 +246,9 @@ class ReadPath:
         self.prepared: dict[tuple[str, bytes], str] = {}  # (rewritten text, parameter types) -> name
         self.preparing: list[list] = []  # [key, name, ReadyForQuery index that ends its group, failed]
         self.unnamed: str | None = None  # the prepared statement the client's unnamed statement stands for
+        # The fast pages' twins (ADR 0024, proxy/readpath/fast_page.py): a plan-once statement's name (bytes) -> its
+        # twin [state, name, Parse message, the run's parameter, fast text]; None until a page is prepared.
+        self.fast_twins: dict[bytes, list] | None = None
         # The transaction status of the last ReadyForQuery ('I' idle, 'T' in a block, 'E' failed), and whether the
         # client's messages are skipped until its Sync (after a refused Parse answered locally, as PostgreSQL
         # skips them after an error).
@@ -422,7 +426,7 @@ class ReadPath:
             if forgets and (self.prepared or self.preparing):
                 self._forget_prepared()
             if plan.changed:
-                replacement = self._translated_parse(name, plan.text, body[sql_end + 1:])
+                replacement = self._translated_parse(name, plan.text, body[sql_end + 1:], plan)
             if not name and not forgets and len(body) <= REPEAT_MAX_BYTES:
                 if replacement is _EMPTY_UNNAMED_PARSE and cls != "passthrough":
                     self._repeat = (body, self.classifier.generation, (plan.text, body[sql_end + 1:]), self.unnamed,
@@ -503,9 +507,9 @@ class ReadPath:
         self.quiet_group.append("P")
         return True
 
-    def _translated_parse(self, name: str, text: str, tail: bytes) -> bytes:
+    def _translated_parse(self, name: str, text: str, tail: bytes, plan: Plan | None = None) -> bytes:
         """The Parse to send for a translated statement: the rewritten text; an unnamed one as a named
-        server-side statement, prepared once per session."""
+        server-side statement, prepared once per session (with its fast twin's name, for a page: ADR 0024)."""
         if name:
             return messages.message(b"P", name.encode() + b"\x00" + text.encode("utf-8", "surrogateescape")
                                     + b"\x00" + tail)
@@ -521,8 +525,17 @@ class ReadPath:
             return messages.message(b"P", b"\x00" + statement)
         self._names += 1
         prepared = f"{PREPARED_PREFIX}{self._names}"
-        # trusted once the ReadyForQuery of this group (after those already owed) came without an error
-        self.preparing.append([key, prepared, self.readies + len(self.quiet_sent) + 1, False])
+        # trusted once the ReadyForQuery of this group (after those already owed) came without an error; its fast
+        # twin usable from then on
+        twin = None
+        if plan is not None and plan.fast:
+            # a page's fast twin (ADR 0024): usable once its statement is trusted, prepared by the relay with the
+            # first fast page that names it (fast_page.Pending.group)
+            twin_name = f"{prepared}f".encode()
+            twin = [fast_page.NOT_PREPARED, twin_name, messages.message(
+                b"P", twin_name + b"\x00" + plan.fast.encode("utf-8", "surrogateescape") + b"\x00" + tail),
+                plan.fast_key, plan.fast]
+        self.preparing.append([key, prepared, self.readies + len(self.quiet_sent) + 1, False, twin])
         self.unnamed = prepared
         return messages.message(b"P", prepared.encode() + b"\x00" + statement)
 
@@ -530,6 +543,7 @@ class ReadPath:
         self.prepared.clear()
         self.preparing.clear()
         self.unnamed = None
+        self.fast_twins = None
 
     def _unquiet(self) -> tuple[bool, None]:
         """Hand the quiet bookkeeping to the FIFO: the answers still owed, then the open group's messages."""
@@ -679,6 +693,10 @@ class ReadPath:
                 keep.append(p)
             elif not p[3]:
                 self.prepared[p[0]] = p[1]
+                if p[4] is not None:
+                    if self.fast_twins is None:
+                        self.fast_twins = {}
+                    self.fast_twins[p[1].encode()] = p[4]
         self.preparing = keep
 
     def _may_leak(self, body: bytes) -> bool:

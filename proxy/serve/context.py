@@ -469,6 +469,9 @@ async def load_read_context(config: Config):
             # and its live arm alone, what a run's page reads with the store's (ADR 0015, page plans)
             page_function = await conn.fetchval(
                 "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run_live') IS NOT NULL")
+            # and an era-3 run's rows as stored: a page's fast twin (ADR 0024)
+            fast_page = await conn.fetchval(
+                "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run_era3') IS NOT NULL")
     finally:
         await conn.close()
     if row is None:
@@ -481,7 +484,7 @@ async def load_read_context(config: Config):
     host, absent = resolve_columns(host, columns[host.events_table], columns[host.runs_table])
     classifiers = {major: Classifier(host, major, tuple(ordered), cache_bytes=config.plan_cache_bytes,
                                      max_statement_bytes=config.max_statement_bytes, run_function=run_function,
-                                     page_function=page_function)
+                                     page_function=page_function, fast_page=fast_page)
                    for major in (1, 2)}
     events = EventColumns(row["oid"], row["attnum"], derived, payload_attnum, derived_payload)
     for key in absent:

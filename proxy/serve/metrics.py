@@ -123,6 +123,14 @@ class SeatCollector:
         for path, n in sorted(stats.claims.items()):
             c.add_metric([path], n)
         yield c
+        c = CounterMetricFamily("openwop_seat_fast_pages",
+                                "Run pages sent through their fast twin, an era-3 run's rows as stored (ADR 0024), by "
+                                "outcome: rows (the run is era 3), empty (sent again as the page statement), error "
+                                "(relayed as it came), unprepared (the twin could not be prepared)",
+                                labels=["outcome"])
+        for outcome in ("rows", "empty", "error", "unprepared"):
+            c.add_metric([outcome], stats.fast_pages[outcome])
+        yield c
         yield from self._pool_metrics()
         g = GaugeMetricFamily("openwop_seat_writer_rule_broken",
                               "1 while the last check found the writer rule not in force as migrate installed it "

@@ -41,7 +41,7 @@ from proxy.db.layout import (
     CLAIM_SQL,
 )
 from proxy.errors import BY_SQLSTATE, CODES
-from proxy.readpath import encoding
+from proxy.readpath import encoding, fast_page
 from proxy.readpath.read_path import ANALYSE_OFF_LOOP, JOIN_PARTS, QUIET_RUN, SERVER_QUIET_RUN, ReadPath, ReadPathError
 from proxy.stats import Stats
 from proxy.wire import messages
@@ -154,8 +154,9 @@ class Relay:
 
     # slots: a seat holds one relay per connection, idle ones included (make bench's idle_memory)
     __slots__ = ("_backlog", "_busy_table", "_claim", "_claim_error", "_claim_first", "_claim_phase", "_claim_pid",
-                 "_client_table", "_count_answered", "_deferred", "_held_bytes", "_held_ready", "_owns_schema",
-                 "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole", "analysis", "awaiting_ready",
+                 "_client_table", "_count_answered", "_deferred", "_fast", "_fast_cool", "_fast_misses", "_held_bytes",
+                 "_held_ready", "_owns_schema", "_pre_ready", "_quiet_table", "_raw_sent", "_raw_table", "_whole",
+                 "analysis", "awaiting_ready",
                  "claim_path", "owns_seen", "pooler_seen", "salt_seen", "key_data", "pooled",
                  "bytes_in", "bytes_out", "claiming", "client_framer", "client_tls", "ending", "identity",
                  "on_refusal", "privileged", "queries_sent", "raw_extended", "raw_simple", "reader", "readies",
@@ -220,6 +221,11 @@ class Relay:
         # A statement to parse off the event loop (its text), and the client's framed messages from it on.
         self.analysis: str | None = None
         self._deferred: list | tuple = ()
+        # A fast page whose answer is not settled (ADR 0024, proxy/readpath/fast_page.py): the client waits meanwhile
+        self._fast: fast_page.Pending | None = None
+        # Pages that went as the page statement in a row (a run that missed, or missed before), and the groups left
+        # to send as they are without looking (after COOL_AFTER such pages: a session reading era-2 runs)
+        self._fast_misses = self._fast_cool = 0
 
     def adopt(self, server_params: dict[str, str], pid: int | None, key: bytes | None) -> None:
         """A pooled backend handed to this session (ADR 0016): authenticated, claimed and reset already. The session
@@ -243,7 +249,12 @@ class Relay:
 
     @property
     def server_at_boundary(self) -> bool:
-        return self.server_framer.at_boundary
+        return self.server_framer.at_boundary and self._fast is None
+
+    @property
+    def fast_held(self) -> int:
+        """Bytes the client sent while a fast page's answer is not settled (relayed once it is)."""
+        return 0 if self._fast is None else self._fast.client_bytes
 
     @property
     def owed(self) -> int:
@@ -261,6 +272,9 @@ class Relay:
 
     def from_client(self, data: bytes) -> bytes:
         if self.ending is not None:
+            return b""
+        if self._fast is not None:  # a fast page's answer is not settled: the page statement may go before this
+            self._fast.hold(data)
             return b""
         if self.awaiting_ready:
             return self._before_ready(data)
@@ -280,7 +294,73 @@ class Relay:
             out = self._client_read(items, data if whole and framer.at_boundary and framer.violation is None else None)
         if self.client_framer.violation is not None and not self._deferred:
             self._client_violation(self.client_framer.violation)
+        elif self.reader is not None and self.reader.fast_twins and not self._deferred and self.ending is None:
+            if not self._fast_cool:
+                return self._fast_page(out)
+            self._fast_cool -= 1
         return out
+
+    def _fast_page(self, out: bytes) -> bytes:
+        """The group as a fast page, where it is one page alone and its answer starts the server's stream (nothing
+        else owed); else as it was (ADR 0024)."""
+        reader = self.reader
+        if reader.tx_status == b"E" or len(reader.quiet_sent) != 1 or reader.pending or reader.quiet_group or \
+                not self.server_framer.at_boundary or self._whole:
+            return out
+        found = fast_page.match(out, reader.fast_twins)
+        if found is None:
+            return out
+        if fast_page.missed(found[3]):
+            self._not_fast()
+            return out
+        pending = self._fast = fast_page.Pending(out, found[3], found[2])
+        return pending.group(found[0], found[1])
+
+    def _not_fast(self) -> None:
+        """A page went as the page statement: after COOL_AFTER in a row, the next COOL_GROUPS groups go as they are
+        without being looked at (what the twin would cost a session that reads era-2 runs)."""
+        self._fast_misses += 1
+        if self._fast_misses >= fast_page.COOL_AFTER:
+            self._fast_misses = 0
+            self._fast_cool = fast_page.COOL_GROUPS
+
+    def _fast_answer(self, data: bytes) -> tuple[bytes, bytes]:
+        """The server's bytes while a fast page's answer is not settled: held until a row, an error or its
+        ReadyForQuery settles it, then relayed (rows, error) or dropped and the page statement sent (empty)."""
+        fast = self._fast
+        if fast.server:
+            fast.server += data
+            data = bytes(fast.server)
+        outcome = fast_page.scan(data, fast.injected)
+        kind = outcome[0]
+        if kind == "more":
+            if not fast.server:
+                fast.server += data
+            return b"", b""
+        self._fast = None
+        self.stats.fast_pages[kind] += 1
+        twin = fast.twin
+        if kind == "rows" or kind == "error":
+            if fast.injected and outcome[1]:
+                twin[0] = fast_page.PREPARED
+            if kind == "rows":
+                fast_page.forget_miss(fast.key)
+                self._fast_misses = 0
+            to_client, to_server = self.from_server(data[outcome[1]:] if outcome[1] else data)
+        else:
+            if kind == "empty":
+                if fast.injected:
+                    twin[0] = fast_page.PREPARED
+                fast_page.remember_miss(fast.key)
+                self._not_fast()
+            else:
+                twin[0] = fast_page.BROKEN  # its Parse failed: this session's pages go as the page statement
+            kept = outcome[1] + outcome[2]
+            to_client, to_server = self.from_server(kept) if kept else (b"", b"")
+            to_server = fast.fallback + to_server
+        if fast.client and self.ending is None:
+            to_server += self.from_client(b"".join(fast.client))
+        return to_client, to_server
 
     def analysed(self) -> bytes:
         """The statement :attr:`analysis` named has its plan (``Classifier.analysed``): the client's messages from
@@ -397,8 +477,8 @@ class Relay:
 
     @property
     def deferred(self) -> bool:
-        """Client messages wait for a statement's analysis (:attr:`analysis`)."""
-        return bool(self._deferred)
+        """Client messages wait for a statement's analysis (:attr:`analysis`), or a fast page's answer."""
+        return bool(self._deferred) or self._fast is not None
 
     def _client_violation(self, e: ProtocolViolation) -> None:
         self.stats.protocol_violations += 1
@@ -441,6 +521,8 @@ class Relay:
     def from_server(self, data: bytes) -> tuple[bytes, bytes]:
         if self.ending is not None:
             return b"", b""
+        if self._fast is not None:
+            return self._fast_answer(data)
         reader = self.reader
         if reader is not None and not self._whole and \
                 len(data) > (QUIET_SLICE if reader.active == 0 and reader.quiet else SLICE):

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 # histogram update were the largest piece of Python per chunk, issue 27). One counter for both sides would time
 # only one side of a strictly alternating session.
 TIMED_MASK = 7
+FAST_HOLD_BYTES = 256 << 10  # a client's bytes held while a fast page's answer is not settled, before it is not read
 
 log = logging.getLogger("openwop_seat.session")
 # The session's own lines (two a connect, one a refusal) go through logs.event, their fields built only when the
@@ -553,6 +554,9 @@ class Session:
             self.upstream.write(out)
         if relay.analysis is not None and not self._analysing:
             self._analyse()
+        if relay.fast_held > FAST_HOLD_BYTES:
+            # what the client sends while a fast page's answer is not settled waits in the relay (ADR 0024): a bound
+            self._hold_client("fast", True)
         if relay.owed > self._max_owed:
             # A client that sends faster than it reads its answers (pipelined Syncs it never reads): each owed answer
             # costs the seat bookkeeping, so it is not read further until the server's answers catch up.
@@ -582,6 +586,8 @@ class Session:
                 self._analyse()
         if "owed" in self._client_holds and relay.owed <= self._max_owed // 2:
             self._hold_client("owed", False)
+        if "fast" in self._client_holds and not relay.fast_held:
+            self._hold_client("fast", False)
         if relay.readies != self._readies:
             self._readies = relay.readies
             self._ready_at = time.monotonic()

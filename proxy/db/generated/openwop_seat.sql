@@ -4625,6 +4625,8 @@ GRANT EXECUTE ON FUNCTION openwop_seat.write_privilege(text) TO PUBLIC;
 
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run;
 DROP FUNCTION IF EXISTS openwop_seat.events_m2_run_live;
+DROP FUNCTION IF EXISTS openwop_seat.events_m2_run_era3;
+DROP VIEW IF EXISTS openwop_seat.events_m2_era3;
 DROP VIEW IF EXISTS openwop_seat.events_v2_filled;
 DROP VIEW IF EXISTS openwop_seat.events_v2_marked;
 DROP VIEW IF EXISTS openwop_seat.events_m2;
@@ -4763,6 +4765,21 @@ COMMENT ON FUNCTION openwop_seat.events_m2_run_live(text) IS
     'events_m2_run''s live arm, inlined into the caller''s query (ADR 0015): the live translation of a run''s rows '
     'above its mark, or of every row of a run not marked; with events_v2_filled, the arms of a run''s page';
 GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run_live(text) TO PUBLIC;
+CREATE VIEW openwop_seat.events_m2_era3 AS
+SELECT openwop_seat_e."event_id", openwop_seat_e."run_id", openwop_seat_e."sequence", openwop_seat_e."type", openwop_seat_e."node_id", openwop_seat_e."payload", openwop_seat_e."timestamp", openwop_seat_e."causation_id"
+FROM "public"."events" openwop_seat_e
+WHERE EXISTS (SELECT FROM openwop_seat.run_era openwop_seat_x WHERE openwop_seat_x.run_id OPERATOR(pg_catalog.=) openwop_seat_e."run_id") AND (SELECT pg_catalog.has_table_privilege('"public"."events"'::regclass, 'SELECT')) AND (SELECT CASE WHEN EXISTS (SELECT FROM openwop_seat.claims openwop_seat_net WHERE openwop_seat_net.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND openwop_seat_net.major OPERATOR(pg_catalog.=) 1::pg_catalog.int2) THEN openwop_seat.net_view(2::pg_catalog.int2) ELSE true END);
+COMMENT ON VIEW openwop_seat.events_m2_era3 IS
+    'the rows of the runs stamped era 3, as stored: what a major-2 reader reads of them (ADR 0024)';
+GRANT SELECT ON openwop_seat.events_m2_era3 TO PUBLIC;
+CREATE FUNCTION openwop_seat.events_m2_run_era3(run text)
+RETURNS SETOF openwop_seat.events_m2 LANGUAGE sql STABLE
+AS $ow$
+SELECT t."event_id", t."run_id", t."sequence", t."type", t."node_id", t."payload", t."timestamp", t."causation_id" FROM openwop_seat.events_m2_era3 t WHERE t."run_id" OPERATOR(pg_catalog.=) $1
+$ow$;
+COMMENT ON FUNCTION openwop_seat.events_m2_run_era3(text) IS
+    'an era-3 run''s rows as stored, else none: the fast page (ADR 0024), inlined into the caller''s query';
+GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run_era3(text) TO PUBLIC;
 
 DROP VIEW IF EXISTS openwop_seat.events_m1;
 CREATE VIEW openwop_seat.events_m1 AS

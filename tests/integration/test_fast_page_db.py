@@ -1,0 +1,235 @@
+"""The era-3 page (ADR 0024) against PostgreSQL: a run's page read first through its fast twin, an era-3 run's rows
+as stored, and through the page statement where the twin has no row; in both cases exactly the rows the page
+statement reads, in the client's snapshot, whatever the client's protocol use (unnamed statements, text and binary
+results, pipelines, transaction blocks) and whatever writes or DDL happen meanwhile.
+
+The oracle: the run's rows as ``openwop_seat.events_m2`` reads them on a direct connection, cut into the page."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+import uuid
+
+import psycopg
+import pytest
+
+PAGE = "SELECT * FROM events WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s"
+SHAPES = [  # the reference host's stored shapes (issue 22), in its order
+    ("run.started", {"workflowId": "openwop-app.uppercase"}, None),
+    ("node.started", {}, "n1"),
+    ("node.completed", {"outputs": {"text": "T0-49"}}, "n1"),
+    ("memory.written", {"tags": ["a"], "memoryId": "mem_1", "memoryRef": "tenant-memory"}, None),
+    ("run.completed", {"output": {"text": "HELLO SEAT"}}, None),
+]
+
+
+@pytest.fixture(scope="module")
+def fast_seat(start_seat):
+    """A seat of this module's own: its fast-page counters count this module's pages only."""
+    return start_seat()
+
+
+@pytest.fixture
+def db(pg):
+    with psycopg.connect(pg.dsn(), autocommit=True) as c:
+        yield c
+
+
+def new_run(db, rows: int = 12, era3: bool = False) -> str:
+    run = f"fast-{uuid.uuid4().hex[:10]}"
+    db.execute("INSERT INTO runs (run_id, tenant_id) VALUES (%s, 'acme')", (run,))
+    for seq in range(1, rows + 1):
+        append(db, run, seq)
+    if era3:  # stamped after its rows (these types are spelled alike in v1 and v2), as a v2 host's run reads
+        db.execute("INSERT INTO openwop_seat.run_era (run_id, era, source) VALUES (%s, 3, 'test')", (run,))
+    return run
+
+
+def append(db, run: str, seq: int) -> None:
+    t, payload, node = SHAPES[(seq - 1) % len(SHAPES)]
+    db.execute("INSERT INTO events (event_id, run_id, sequence, type, node_id, payload, timestamp) "
+               "VALUES (%s, %s, %s, %s, %s, %s::jsonb, '2026-01-01')",
+               (f"{run}-{seq}", run, seq, t, node, json.dumps(payload)))
+
+
+def fill(db, run: str) -> None:
+    assert db.execute("SELECT openwop_seat.store_fill(%s)", (run,)).fetchone()[0] == "filled"
+
+
+def oracle(db, run: str, after: int = 0, limit: int = 1000, binary: bool = False) -> list[tuple]:
+    return db.cursor(binary=binary).execute(
+        "SELECT * FROM openwop_seat.events_m2 WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
+        (run, after, limit)).fetchall()
+
+
+def pages(conn, run: str, size: int = 5, binary: bool = False) -> list[tuple]:
+    """The run read page by page as the host reads it (an unnamed statement each time), to its first short page."""
+    rows, after = [], 0
+    while True:
+        page = conn.cursor(binary=binary).execute(PAGE, (run, after, size)).fetchall()
+        rows += page
+        if len(page) < size:
+            return rows
+        after = page[-1][2]
+
+
+def connect(seat, **kw) -> psycopg.Connection:
+    # prepare_threshold=None: every execute is an unnamed Parse, Bind, Describe, Execute, Sync (node-postgres's way)
+    return psycopg.connect(seat.dsn(), autocommit=True, prepare_threshold=None, **kw)
+
+
+def fast_pages(seat) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{seat.metrics_port}/metrics", timeout=5).read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(r'^openwop_seat_fast_pages_total\{outcome="(\w+)"\} (\S+)$',
+                                                    text, re.M)}
+
+
+def twins(conn) -> list[str]:
+    """The session's fast twins, as PostgreSQL holds them."""
+    return [r[0] for r in conn.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'openwop_seat_%f'")]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_an_era3_runs_pages_come_through_its_twin_with_the_page_statements_rows(fast_seat, db, binary):
+    run = new_run(db, era3=True)
+    before = fast_pages(fast_seat)
+    with connect(fast_seat) as conn:
+        assert pages(conn, run, binary=binary) == oracle(db, run, binary=binary)
+        assert len(twins(conn)) == 1 and "events_m2_run_era3" in twins(conn)[0]
+    after = fast_pages(fast_seat)
+    # 12 rows in pages of 5: the first page prepares the page statement, the next two (the last one short) go fast
+    assert after["rows"] - before["rows"] == 2
+    assert after["empty"] == before["empty"]
+
+
+def test_an_era3_page_is_the_runs_rows_as_stored(fast_seat, db):
+    run = new_run(db, rows=6, era3=True)
+    stored = db.execute("SELECT * FROM events WHERE run_id = %s ORDER BY sequence", (run,)).fetchall()
+    with connect(fast_seat) as conn:
+        for _ in range(3):
+            assert conn.execute(PAGE, (run, 0, 100)).fetchall() == stored
+
+
+def test_era2_runs_read_as_the_page_statement_reads_them(fast_seat, db):
+    filled = new_run(db, rows=7)
+    fill(db, filled)
+    grown = new_run(db, rows=8)
+    fill(db, grown)
+    append(db, grown, 9)  # above the mark: read live
+    unfilled = new_run(db, rows=3)
+    before = fast_pages(fast_seat)
+    with connect(fast_seat) as conn:
+        conn.execute(PAGE, ("warm-up", 0, 1))  # the page statement prepared: every page below may go fast
+        for run in (filled, grown, unfilled):
+            assert conn.execute(PAGE, (run, 0, 100)).fetchall() == oracle(db, run), run
+            assert conn.execute(PAGE, (run, 2, 3)).fetchall() == oracle(db, run, 2, 3), run
+    after = fast_pages(fast_seat)
+    # each run misses at its first page and is left to the page statement for its second
+    assert after["empty"] - before["empty"] == 3 and after["rows"] == before["rows"]
+
+
+def test_a_page_past_an_era3_runs_end_is_empty_as_the_page_statement_says(fast_seat, db):
+    run = new_run(db, rows=4, era3=True)
+    with connect(fast_seat) as conn:
+        conn.execute(PAGE, ("warm-up", 0, 1))
+        assert conn.execute(PAGE, (run, 4, 10)).fetchall() == []
+        assert conn.execute(PAGE, (run, 3, 10)).fetchall() == oracle(db, run, 3)
+
+
+def test_a_repeatable_read_block_reads_one_snapshot_through_twin_and_fallback(fast_seat, db):
+    known = new_run(db, rows=5, era3=True)
+    with connect(fast_seat) as conn:
+        conn.execute(PAGE, ("warm-up", 0, 1))
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        first = conn.execute(PAGE, (known, 0, 100)).fetchall()  # the twin's rows
+        assert first == oracle(db, known)
+        later = new_run(db, rows=3, era3=True)  # committed by another session after the block's snapshot
+        # its twin finds no row in this snapshot, nor does the page statement after it
+        assert conn.execute(PAGE, (later, 0, 100)).fetchall() == []
+        assert conn.execute(PAGE, (known, 2, 100)).fetchall() == first[2:]
+        conn.execute("COMMIT")
+        assert conn.execute(PAGE, (later, 0, 100)).fetchall() == oracle(db, later) and len(oracle(db, later)) == 3
+
+
+def test_a_failed_transaction_gets_its_own_error_and_stays_usable(fast_seat, db):
+    run = new_run(db, rows=3, era3=True)
+    with connect(fast_seat) as conn:
+        conn.execute(PAGE, ("warm-up", 0, 1))
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute(PAGE, (run, 0, 100))
+        conn.execute("ROLLBACK")
+        assert conn.execute(PAGE, (run, 0, 100)).fetchall() == oracle(db, run)
+
+
+def test_pipelined_pages_keep_their_order(fast_seat, db):
+    runs = [new_run(db, rows=4, era3=True), new_run(db, rows=4), new_run(db, rows=4, era3=True)]
+    fill(db, runs[1])
+    with connect(fast_seat) as conn:
+        conn.execute(PAGE, ("warm-up", 0, 1))
+        for _ in range(2):
+            with conn.pipeline() as p:
+                cursors = [conn.cursor() for _ in runs]
+                for cur, run in zip(cursors, runs):
+                    cur.execute(PAGE, (run, 0, 100))
+                p.sync()
+                got = [cur.fetchall() for cur in cursors]
+            assert got == [oracle(db, run) for run in runs]
+
+
+def test_a_twin_that_cannot_be_prepared_leaves_the_session_to_its_page_statement(fast_seat, db):
+    """DDL while the seat runs: the twin's function dropped. A session's first fast page finds its Parse refused,
+    and the page statement answers it and every page after."""
+    run = new_run(db, rows=4, era3=True)
+    (definition,) = db.execute("SELECT pg_get_functiondef('openwop_seat.events_m2_run_era3(text)'::regprocedure)"
+                               ).fetchone()
+    before = fast_pages(fast_seat)
+    db.execute("DROP FUNCTION openwop_seat.events_m2_run_era3(text)")
+    try:
+        with connect(fast_seat) as conn:
+            conn.execute(PAGE, ("warm-up", 0, 1))
+            for _ in range(3):
+                assert conn.execute(PAGE, (run, 0, 100)).fetchall() == oracle(db, run)
+            assert twins(conn) == []
+    finally:
+        db.execute(definition)
+        db.execute("GRANT EXECUTE ON FUNCTION openwop_seat.events_m2_run_era3(text) TO PUBLIC")
+    after = fast_pages(fast_seat)
+    assert after["unprepared"] - before["unprepared"] == 1
+
+
+def test_node_postgres_pages_through_the_twin(fast_seat, db, tmp_path):
+    """The reference host's driver: its page statement, unnamed, with the run's id as a string parameter."""
+    import subprocess
+    from pathlib import Path
+
+    run = new_run(db, rows=9, era3=True)
+    node_dir = Path(__file__).resolve().parents[1] / "node"
+    script = tmp_path / "pages.js"
+    script.write_text(f"""
+const {{ Client }} = require({json.dumps(str(node_dir / "node_modules" / "pg"))});
+(async () => {{
+  const c = new Client({{ host: '127.0.0.1', port: {fast_seat.port}, user: 'postgres', database: 'postgres' }});
+  await c.connect();
+  const out = [];
+  for (let after = 0; ; ) {{
+    const r = await c.query('SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC '
+                            + 'LIMIT $3', [{json.dumps(run)}, after, 4]);
+    out.push(...r.rows.map(x => [x.sequence, x.type, x.payload]));
+    if (r.rows.length < 4) break;
+    after = r.rows[r.rows.length - 1].sequence;
+  }}
+  console.log(JSON.stringify(out));
+  await c.end();
+}})().catch(e => {{ console.error(e); process.exit(1); }});
+""")
+    before = fast_pages(fast_seat)
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[r[2], r[3], r[5]] for r in oracle(db, run)]
+    assert fast_pages(fast_seat)["rows"] - before["rows"] == 2  # pages 2 and 3 (the first prepares)
