@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 import uuid
 
@@ -55,7 +56,14 @@ def append(db, run: str, seq: int) -> None:
 
 
 def fill(db, run: str) -> None:
-    assert db.execute("SELECT openwop_seat.store_fill(%s)", (run,)).fetchone()[0] == "filled"
+    """The run filled into the v2 store. The seat's background filler may be filling it at that moment (the fill
+    answers "busy"): then its fill is waited for."""
+    for _ in range(200):
+        if db.execute("SELECT openwop_seat.store_fill(%s)", (run,)).fetchone()[0] == "filled" or db.execute(
+                "SELECT EXISTS (SELECT FROM openwop_seat.events_v2_runs WHERE run_id = %s)", (run,)).fetchone()[0]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{run} was not filled")
 
 
 def oracle(db, run: str, after: int = 0, limit: int = 1000, binary: bool = False) -> list[tuple]:
