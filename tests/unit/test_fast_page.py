@@ -303,3 +303,11 @@ def test_a_hit_starts_the_count_of_misses_again():
         else:
             r.from_server((PARSE_DONE if n == 0 else b"") + EMPTY_ANSWER)
             r.from_server(ROWS_ANSWER)
+
+
+def test_a_malformed_message_in_an_unsettled_answer_ends_the_session_as_anywhere_else():
+    r = prepared()
+    r.from_client(page())
+    to_client, to_server = r.from_server(PARSE_DONE + BIND_DONE + b"T\x00\x00\x00\x02")  # a length under 4
+    assert to_server == b"" and r.ending is not None and r.ending.sqlstate == "08P01"
+    assert ROW_DESC not in to_client  # nothing of the twin's answer past the fault was made up
