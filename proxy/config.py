@@ -145,6 +145,9 @@ class HostConfig:
     # of an era-2 row is translated at read time), filled by serve every store_fill_interval seconds (0: never).
     store: bool = True
     store_fill_interval: float = 5.0
+    # The era-3 page (ADR 0024): a run's page read first as an era-3 run's rows as stored, where migrate made
+    # events_m2_run_era3 (false: every page goes as the page statement).
+    fast_page: bool = True
 
 
 def cpu_count() -> int:
@@ -456,7 +459,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     host = _section(errors, data.get("host", {}), "host",
                     {"events_table", "runs_table", "run_id_column", "type_column", "era_column", "dsn",
                      "claim_secret_file", "maintenance_role", "payload_column", "append_lock", "payload_carrier",
-                     "check_interval", "declarations_file", "store", "store_fill_interval",
+                     "check_interval", "declarations_file", "store", "store_fill_interval", "fast_page",
                      *_OPTIONAL_COLUMNS})
     host_kwargs: dict[str, Any] = {}
     for k in ("events_table", "runs_table", "run_id_column", "type_column", "era_column", "payload_column"):
@@ -481,6 +484,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         put(host_kwargs, "store", _bool, host["store"], "host.store")
     if "store_fill_interval" in host:
         put(host_kwargs, "store_fill_interval", _number, host["store_fill_interval"], "host.store_fill_interval", 0)
+    if "fast_page" in host:
+        put(host_kwargs, "fast_page", _bool, host["fast_page"], "host.fast_page")
     if "maintenance_role" in host:
         put(host_kwargs, "maintenance_role", _string, host["maintenance_role"], "host.maintenance_role")
     if "append_lock" in host:

@@ -128,73 +128,88 @@ def forget_miss(key: tuple) -> None:
 
 class Pending:
     """One fast page sent, its answer not settled: the group to send again on a miss, the run's hint key, the
-    twin, whether its Parse went first, the server's bytes read so far and the client's held."""
+    twin, whether its Parse went first, the twins closed before it, the server's bytes read so far and the
+    client's held."""
 
-    __slots__ = ("client", "client_bytes", "fallback", "injected", "key", "server", "twin")
+    __slots__ = ("client", "client_bytes", "closes", "fallback", "injected", "key", "server", "twin")
 
-    def __init__(self, fallback: bytes, key: tuple, twin: list):
+    def __init__(self, fallback: bytes, key: tuple, twin: list, closes: list[bytes] | tuple = ()):
         self.fallback = fallback
         self.key = key
         self.twin = twin
         self.injected = twin[0] == NOT_PREPARED
+        self.closes = closes
         self.server = bytearray()
         self.client: list[bytes] = []
         self.client_bytes = 0
 
+    @property
+    def lead(self) -> int:
+        """The answers the seat's own messages ahead of the page get: a CloseComplete each, the twin's
+        ParseComplete."""
+        return len(self.closes) + self.injected
+
     def group(self, start: int, end: int) -> bytes:
-        """The fast group: the twin's Parse (the first time), then the page group with the twin named in its Bind."""
+        """The fast group: the twins no statement names closed, the twin's Parse (the first time), then the page
+        group with the twin named in its Bind."""
         out = self.fallback
         body = out[start + 5:end]
         name_end = body.index(b"\x00", 1)
         bind = messages.message(b"B", b"\x00" + self.twin[1] + body[name_end:])
-        return (self.twin[2] if self.injected else b"") + out[:start] + bind + out[end:]
+        lead = b"".join(messages.message(b"C", b"S" + name + b"\x00") for name in self.closes) if self.closes else b""
+        return lead + (self.twin[2] if self.injected else b"") + out[:start] + bind + out[end:]
 
     def hold(self, data: bytes) -> None:
         self.client.append(data)
         self.client_bytes += len(data)
 
 
-def scan(buf: bytes | bytearray, injected: bool) -> tuple:
-    """Read a fast page's answer so far. ``("more",)``: not settled yet. ``("rows", skip)``: a DataRow came (or an
-    error, ``("error", skip)``): the answer is the client's from byte ``skip`` on (past the twin's ParseComplete).
-    ``("empty", kept, rest)``: no row, the answer's ReadyForQuery seen: only ``kept`` (its asynchronous messages)
-    is the client's, and ``rest`` follows it. ``("unprepared", kept, rest)``: the twin's Parse failed, the same."""
+def scan(buf: bytes | bytearray, lead: int) -> tuple:
+    """Read a fast page's answer so far; ``lead``: the answers of the seat's own messages that come first
+    (``Pending.lead``). ``("more",)``: not settled yet. ``("rows", kept, start, left)``: a DataRow came (or an error,
+    ``("error", kept, start, left)``): the answer is the client's from byte ``start`` on (past the seat's own
+    answers), after ``kept`` (the asynchronous messages among them); ``left``: the seat's own answers that did not
+    come (0 but for an answer that is not a page's). ``("empty", kept, rest)``: no row, the answer's ReadyForQuery
+    seen: only ``kept`` (its asynchronous messages) is the client's, and ``rest`` follows it. ``("unprepared", kept,
+    rest)``: a message of the seat's failed (the twin's Parse), the same."""
     pos, size = 0, len(buf)
-    skip = 0
-    settled = None  # b"C" once CommandComplete came with no row, b"P" once the twin's Parse failed
+    start = 0
+    settled = None  # b"C" once CommandComplete came with no row, b"P" once the seat's own message failed
     kept: list[bytes] = []
-    first = injected
+    before = 0  # how many of kept came before start
     while size - pos >= 5:
         t = buf[pos]
         (length,) = struct.unpack_from("!i", buf, pos + 1)
         end = pos + 1 + length
         if length < 4 or end > size:
             if length < 4:  # malformed: the relay's own framing reports it
-                return ("error", skip)
+                return ("error", b"".join(kept[:before]), pos if lead else start, lead)
             return ("more",)
-        if first:
-            first = False
-            if t == 0x31:  # '1': the twin is prepared; its ParseComplete is not the client's
-                skip = end
-                pos = end
-                continue
-            if t == 0x45:  # 'E': the twin's Parse failed; the server skips the group up to its Sync
-                settled = b"P"
-                pos = end
-                continue
         if t in _ASYNC:
             kept.append(bytes(buf[pos:end]))
+            if lead:
+                before += 1
+        elif lead:
+            if t == 0x45:  # 'E': the seat's Close or the twin's Parse failed; the server skips up to the Sync
+                settled = b"P"
+                lead = 0
+            elif t == 0x31 or t == 0x33:  # ParseComplete, CloseComplete: not the client's
+                lead -= 1
+                if not lead:
+                    start = end
+            else:  # not an answer to the seat's messages: the client's from here, as it came
+                return ("error", b"".join(kept[:before]), pos, lead)
         elif t == 0x5A:  # 'Z'
             if settled is None:  # a ReadyForQuery before the page's end: not a page's answer
-                return ("error", skip)
+                return ("error", b"".join(kept[:before]), start, lead)
             return ("empty" if settled == b"C" else "unprepared", b"".join(kept), bytes(buf[end:]))
         elif settled is not None:
             pass  # after the twin's failed Parse or the page's empty end: dropped up to the ReadyForQuery
         elif t == 0x44:  # 'D'
-            return ("rows", skip)
+            return ("rows", b"".join(kept[:before]), start, lead)
         elif t == 0x43:  # 'C' before any row
             settled = b"C"
         elif t not in _OWN:  # an error, or anything a page's answer does not hold: the client's, as it came
-            return ("error", skip)
+            return ("error", b"".join(kept[:before]), start, lead)
         pos = end
     return ("more",)

@@ -91,6 +91,7 @@ PREPARED_PREFIX = "openwop_seat_"
 # so that other sessions are served meanwhile (issue 23: a 0.96 MiB statement stalled a worker for seconds).
 ANALYSE_OFF_LOOP = 8 << 10
 MAX_PREPARED = 256  # server-side statements the seat keeps per session (then it stops adding)
+MAX_CLOSING = 64  # twins waiting to be closed on the server (fast pages stopped): no new named twin meanwhile
 # The longest unnamed Parse a session keeps to repeat without classifying it again (ReadPath._repeated_parse): a
 # page's is a few hundred bytes; a longer text costs more to keep in each idle session than its classifying costs.
 REPEAT_MAX_BYTES = 2048
@@ -223,8 +224,8 @@ class ReadPath:
     __slots__ = ("_names", "_repeat", "active", "classifier", "fast_twins", "large_texts", "major", "on_refusal",
                  "parse_seconds",
                  "pending", "portals", "prepared", "preparing", "quiet_group", "quiet_sent", "readies", "refusals",
-                 "server_errors", "skipping", "statement_counts", "statement_seconds", "statements", "tx_status",
-                 "unnamed", "watch")
+                 "server_errors", "skipping", "statement_counts", "statement_seconds", "statements", "twins_closing",
+                 "tx_status", "unnamed", "watch")
 
     def __init__(self, classifier: Classifier, major: int, events: EventColumns | None,
                  watch: RelationWatch | None = None):
@@ -249,6 +250,9 @@ class ReadPath:
         # The fast pages' twins (ADR 0024, proxy/readpath/fast_page.py): a plan-once statement's name (bytes) -> its
         # twin [state, name, Parse message, the run's parameter, fast text]; None until a page is prepared.
         self.fast_twins: dict[bytes, list] | None = None
+        # Server-side twins no statement names any more (the client closed or parsed again its named statement, or
+        # DEALLOCATE/DISCARD forgot them): closed by the relay ahead of its next fast page (fast_page.Pending).
+        self.twins_closing: list[bytes] | tuple = ()
         # The transaction status of the last ReadyForQuery ('I' idle, 'T' in a block, 'E' failed), and whether the
         # client's messages are skipped until its Sync (after a refused Parse answered locally, as PostgreSQL
         # skips them after an error).
@@ -412,6 +416,8 @@ class ReadPath:
             if plan.refused is not None:
                 return self._unquiet()
             name = body[:name_end].decode()
+            if name and (self.fast_twins or self.preparing):
+                self._drop_twin(name)  # a named statement parsed again: not the statement its twin was made for
             cls = self._class_of(plan.statements[0]) if plan.statements else "passthrough"
             if cls == "passthrough":
                 if self.statements:
@@ -423,7 +429,7 @@ class ReadPath:
             if not name:
                 self.unnamed = None
             forgets = _forgets_prepared(sql)
-            if forgets and (self.prepared or self.preparing):
+            if forgets and (self.prepared or self.preparing or self.fast_twins):
                 self._forget_prepared()
             if plan.changed:
                 replacement = self._translated_parse(name, plan.text, body[sql_end + 1:], plan)
@@ -458,10 +464,7 @@ class ReadPath:
             self.quiet_group.append("DS" if kind == b"S" else "DP")
             return True, replacement
         elif t == CLOSE:  # 'C' Close
-            kind, name = body[:1], body[1:-1].decode()
-            (self.statements if kind == b"S" else self.portals).pop(name, None)
-            if kind == b"S" and not name:
-                self.unnamed = None
+            self._close(body)
         elif t == QUERY:  # 'Q'
             if self.quiet_group:
                 return self._unquiet()
@@ -470,7 +473,7 @@ class ReadPath:
             if plan.refused is not None:
                 return self._unquiet()
             self.unnamed = None  # a simple Query destroys the unnamed statement
-            if (self.prepared or self.preparing) and _forgets_prepared(sql):
+            if (self.prepared or self.preparing or self.fast_twins) and _forgets_prepared(sql):
                 self._forget_prepared()
             counts = self.statement_counts
             for st in plan.statements:
@@ -511,6 +514,12 @@ class ReadPath:
         """The Parse to send for a translated statement: the rewritten text; an unnamed one as a named
         server-side statement, prepared once per session (with its fast twin's name, for a page: ADR 0024)."""
         if name:
+            if plan is not None and plan.fast and len(self.twins_closing) < MAX_CLOSING and \
+                    len(self.fast_twins or ()) + len(self.preparing) < MAX_PREPARED:
+                # a named page's twin (ADR 0024's addendum): usable once the client's statement is trusted, under
+                # the client's name; dropped with it (_drop_twin)
+                self.preparing.append([None, name, self.readies + len(self.quiet_sent) + 1, False,
+                                       self._twin(plan, tail)])
             return messages.message(b"P", name.encode() + b"\x00" + text.encode("utf-8", "surrogateescape")
                                     + b"\x00" + tail)
         # Keyed on the rewritten text (the classifier's own string, whose hash is kept) and the parameter types:
@@ -527,19 +536,51 @@ class ReadPath:
         prepared = f"{PREPARED_PREFIX}{self._names}"
         # trusted once the ReadyForQuery of this group (after those already owed) came without an error; its fast
         # twin usable from then on
-        twin = None
-        if plan is not None and plan.fast:
-            # a page's fast twin (ADR 0024): usable once its statement is trusted, prepared by the relay with the
-            # first fast page that names it (fast_page.Pending.group)
-            twin_name = f"{prepared}f".encode()
-            twin = [fast_page.NOT_PREPARED, twin_name, messages.message(
-                b"P", twin_name + b"\x00" + plan.fast.encode("utf-8", "surrogateescape") + b"\x00" + tail),
-                plan.fast_key, plan.fast]
+        # (a page's fast twin, ADR 0024: usable from then on too)
+        twin = self._twin(plan, tail, prepared) if plan is not None and plan.fast else None
         self.preparing.append([key, prepared, self.readies + len(self.quiet_sent) + 1, False, twin])
         self.unnamed = prepared
         return messages.message(b"P", prepared.encode() + b"\x00" + statement)
 
+    def _twin(self, plan: Plan, tail: bytes, prepared: str = "") -> list:
+        """A page's fast twin (ADR 0024), named after its plan-once statement (or a name of its own, for a client's
+        named statement): prepared by the relay with the first fast page that names it (fast_page.Pending.group)."""
+        if not prepared:
+            self._names += 1
+            prepared = f"{PREPARED_PREFIX}{self._names}"
+        name = f"{prepared}f".encode()
+        return [fast_page.NOT_PREPARED, name, messages.message(
+            b"P", name + b"\x00" + plan.fast.encode("utf-8", "surrogateescape") + b"\x00" + tail),
+            plan.fast_key, plan.fast]
+
+    def _close(self, body: bytes) -> None:
+        """A client's Close: its statement or portal forgotten (a named statement's twin with it)."""
+        kind, name = body[:1], body[1:-1].decode()
+        (self.statements if kind == b"S" else self.portals).pop(name, None)
+        if kind == b"S":
+            if not name:
+                self.unnamed = None
+            elif self.fast_twins or self.preparing:
+                self._drop_twin(name)
+
+    def _drop_twin(self, name: str) -> None:
+        """The client's named statement ``name`` is closed or parsed again: its twin (if any) is no longer the
+        statement's, and goes (closed on the server, once prepared there: twins_closing)."""
+        self.preparing = [p for p in self.preparing if p[0] is not None or p[1] != name]
+        twin = self.fast_twins.pop(name.encode(), None) if self.fast_twins else None
+        if twin is not None:
+            self._closing(twin)
+
+    def _closing(self, twin: list) -> None:
+        if twin[0] == fast_page.PREPARED:
+            if not self.twins_closing:
+                self.twins_closing = []
+            self.twins_closing.append(twin[1])
+
     def _forget_prepared(self) -> None:
+        if self.fast_twins:  # DEALLOCATE may have left them (a false positive of _forgets_prepared, or another name)
+            for twin in self.fast_twins.values():
+                self._closing(twin)
         self.prepared.clear()
         self.preparing.clear()
         self.unnamed = None
@@ -585,10 +626,7 @@ class ReadPath:
                                   "extended"] += 1
             return None
         if t == CLOSE:  # 'C' Close
-            kind, name = body[:1], body[1:-1].decode()
-            (self.statements if kind == b"S" else self.portals).pop(name, None)
-            if kind == b"S" and not name:
-                self.unnamed = None
+            self._close(body)
             self._push(Entry("C"), watch=False)
             return None
         if t == SYNC:  # 'S' Sync
@@ -606,7 +644,7 @@ class ReadPath:
         sql = body[:-1].decode("utf-8", "surrogateescape")
         plan = self._classify(sql)
         self.unnamed = None  # a simple Query destroys the unnamed statement
-        if (self.prepared or self.preparing) and _forgets_prepared(sql):
+        if (self.prepared or self.preparing or self.fast_twins) and _forgets_prepared(sql):
             self._forget_prepared()
         entry = Entry("Q", plan=plan, t0=perf_counter())
         counts = self.statement_counts
@@ -639,7 +677,9 @@ class ReadPath:
         plan = self._classify(sql)
         if not name:
             self.unnamed = None  # the client's unnamed statement is this one, sent as it is (the FIFO is in use)
-        if (self.prepared or self.preparing) and _forgets_prepared(sql):
+        elif self.fast_twins or self.preparing:
+            self._drop_twin(name)
+        if (self.prepared or self.preparing or self.fast_twins) and _forgets_prepared(sql):
             self._forget_prepared()
         st = Statement(plan)
         if plan.statements:
@@ -692,7 +732,8 @@ class ReadPath:
             if p[2] > self.readies:
                 keep.append(p)
             elif not p[3]:
-                self.prepared[p[0]] = p[1]
+                if p[0] is not None:  # a plan-once statement (a client's named page has its twin only)
+                    self.prepared[p[0]] = p[1]
                 if p[4] is not None:
                     if self.fast_twins is None:
                         self.fast_twins = {}

@@ -469,8 +469,8 @@ async def load_read_context(config: Config):
             # and its live arm alone, what a run's page reads with the store's (ADR 0015, page plans)
             page_function = await conn.fetchval(
                 "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run_live') IS NOT NULL")
-            # and an era-3 run's rows as stored: a page's fast twin (ADR 0024)
-            fast_page = await conn.fetchval(
+            # and an era-3 run's rows as stored: a page's fast twin (ADR 0024), unless host.fast_page is off
+            fast_page = host.fast_page and await conn.fetchval(
                 "SELECT pg_catalog.to_regproc('openwop_seat.events_m2_run_era3') IS NOT NULL")
     finally:
         await conn.close()

@@ -313,7 +313,10 @@ class Relay:
         if fast_page.missed(found[3]):
             self._not_fast()
             return out
-        pending = self._fast = fast_page.Pending(out, found[3], found[2])
+        closes = reader.twins_closing
+        if closes:
+            reader.twins_closing = ()
+        pending = self._fast = fast_page.Pending(out, found[3], found[2], closes)
         return pending.group(found[0], found[1])
 
     def _not_fast(self) -> None:
@@ -331,7 +334,7 @@ class Relay:
         if fast.server:
             fast.server += data
             data = bytes(fast.server)
-        outcome = fast_page.scan(data, fast.injected)
+        outcome = fast_page.scan(data, fast.lead)
         kind = outcome[0]
         if kind == "more":
             if not fast.server:
@@ -341,12 +344,13 @@ class Relay:
         self.stats.fast_pages[kind] += 1
         twin = fast.twin
         if kind == "rows" or kind == "error":
-            if fast.injected and outcome[1]:
+            kept, start = outcome[1], outcome[2]
+            if fast.injected and not outcome[3]:  # its ParseComplete came
                 twin[0] = fast_page.PREPARED
             if kind == "rows":
                 fast_page.forget_miss(fast.key)
                 self._fast_misses = 0
-            to_client, to_server = self.from_server(data[outcome[1]:] if outcome[1] else data)
+            to_client, to_server = self.from_server(kept + data[start:] if start else data)
         else:
             if kind == "empty":
                 if fast.injected:

@@ -241,3 +241,143 @@ const {{ Client }} = require({json.dumps(str(node_dir / "node_modules" / "pg"))}
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [[r[2], r[3], r[5]] for r in oracle(db, run)]
     assert fast_pages(fast_seat)["rows"] - before["rows"] == 2  # pages 2 and 3 (the first prepares)
+
+
+# ---------------------------------------------------------------- a client's named statements: asyncpg's
+
+ASYNCPG_PAGE = "SELECT * FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence ASC LIMIT $3"
+
+
+def asyncpg_run(coro):
+    import asyncio
+    return asyncio.run(coro)
+
+
+async def asyncpg_pages(conn, run: str, size: int = 5) -> list[tuple]:
+    """The run read page by page through asyncpg's prepared (named) statement, binary results."""
+    rows, after = [], 0
+    while True:
+        page = [tuple(r) for r in await conn.fetch(ASYNCPG_PAGE, run, after, size)]
+        rows += page
+        if len(page) < size:
+            return rows
+        after = page[-1][2]
+
+
+async def asyncpg_oracle(pg, run: str) -> list[tuple]:
+    import asyncpg
+    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{pg.port}/postgres")
+    try:
+        return [tuple(r) for r in await conn.fetch(
+            "SELECT * FROM openwop_seat.events_m2 WHERE run_id = $1 ORDER BY sequence", run)]
+    finally:
+        await conn.close()
+
+
+async def named_twins(conn) -> list[str]:
+    return [r[0] for r in await conn.fetch("SELECT name FROM pg_prepared_statements WHERE name LIKE 'openwop_seat_%f'")]
+
+
+def test_asyncpg_pages_of_era3_runs_come_through_a_twin_of_its_named_statement(fast_seat, pg, db):
+    import asyncpg
+    era3 = [new_run(db, rows=12, era3=True) for _ in range(2)]
+    filled, unfilled = new_run(db, rows=7), new_run(db, rows=6)
+    fill(db, filled)
+
+    async def go():
+        conn = await asyncpg.connect(fast_seat.url())
+        try:
+            got = {run: await asyncpg_pages(conn, run) for run in (*era3, filled, unfilled)}
+            return got, await named_twins(conn)
+        finally:
+            await conn.close()
+
+    before = fast_pages(fast_seat)
+    got, held = asyncpg_run(go())
+    after = fast_pages(fast_seat)
+    for run, rows in got.items():
+        assert rows == asyncpg_run(asyncpg_oracle(pg, run)), run
+    assert len(held) == 1  # one twin, for asyncpg's one statement
+    # era 3: every page through the twin but the first (asyncpg prepares with a Flush, and binds in the same group:
+    # its statement is trusted at that group's ReadyForQuery): 2 + 3 pages; era 2: one miss each, bound again as
+    # asyncpg's own statement
+    assert after["rows"] - before["rows"] == 5
+    assert after["empty"] - before["empty"] == 2
+
+
+def test_asyncpg_statement_cache_churn_closes_the_twins_it_leaves(fast_seat, db):
+    """asyncpg's statement cache closes the statements it evicts: each one's twin is closed on the server too, ahead
+    of the session's next fast page, so a session churning its cache holds no more twins than live pages."""
+    import asyncpg
+    run = new_run(db, rows=6, era3=True)
+
+    async def go():
+        conn = await asyncpg.connect(fast_seat.url(), statement_cache_size=1)
+        try:
+            counts, rows = [], []
+            for n in range(6):
+                # a page statement of its own each round (its LIMIT), evicted by the next statement
+                sql = ASYNCPG_PAGE.replace("$3", str(3 + n))
+                rows.append([r["sequence"] for r in await conn.fetch(sql, run, 0)])
+                rows.append([r["sequence"] for r in await conn.fetch(sql, run, 1)])  # the twin, once trusted
+                await conn.fetchval("SELECT 1")  # evicts the page statement: asyncpg closes it
+                counts.append(len(await named_twins(conn)))
+            return counts, rows
+        finally:
+            await conn.close()
+
+    before = fast_pages(fast_seat)
+    counts, rows = asyncpg_run(go())
+    assert rows == [list(range(start + 1, min(start + 3 + n // 2, 6) + 1)) for n, start in
+                    ((i, i % 2) for i in range(12))]
+    assert max(counts) <= 2, counts  # the live statement's twin, and at most one waiting to be closed
+    after = fast_pages(fast_seat)
+    # each round's second page at least (asyncpg's first page of a statement may share its Parse's group, whose
+    # ReadyForQuery makes the statement trusted) through a twin, none missed
+    assert after["rows"] - before["rows"] >= 6 and after["empty"] == before["empty"]
+
+
+def test_asyncpg_page_in_a_transaction_and_after_deallocate(fast_seat, pg, db):
+    import asyncpg
+    run = new_run(db, rows=8, era3=True)
+    expected = asyncpg_run(asyncpg_oracle(pg, run))
+
+    async def go():
+        conn = await asyncpg.connect(fast_seat.url())
+        try:
+            first = await asyncpg_pages(conn, run)
+            async with conn.transaction(isolation="repeatable_read"):
+                in_block = await asyncpg_pages(conn, run)
+                late = new_run(db, rows=2, era3=True)  # after the block's snapshot: empty through twin and fallback
+                assert await conn.fetch(ASYNCPG_PAGE, late, 0, 5) == []
+            await conn.execute("DEALLOCATE ALL")  # the client's statements go, and the seat's with them
+            conn._stmt_cache.clear()
+            again = await asyncpg_pages(conn, run)
+            return first, in_block, again, await named_twins(conn)
+        finally:
+            await conn.close()
+
+    first, in_block, again, held = asyncpg_run(go())
+    assert first == in_block == again == expected
+    assert len(held) == 1
+
+
+def test_host_fast_page_false_sends_every_page_as_the_page_statement(start_seat, pg, db):
+    """The operator's switch (host.fast_page): no twin prepared, no page counted, the same rows."""
+    import asyncpg
+    seat = start_seat(host={"fast_page": False})
+    run = new_run(db, rows=8, era3=True)
+    with connect(seat) as conn:
+        assert pages(conn, run, size=3) == oracle(db, run)
+        assert twins(conn) == []
+
+    async def go():
+        conn = await asyncpg.connect(seat.url())
+        try:
+            return await asyncpg_pages(conn, run, size=3), await named_twins(conn)
+        finally:
+            await conn.close()
+
+    got, held = asyncpg_run(go())
+    assert got == asyncpg_run(asyncpg_oracle(pg, run)) and held == []
+    assert not any(fast_pages(seat).values())

@@ -65,6 +65,7 @@ def test_client_rules_first_match_wins():
     ({"host": {"store": 1}}, "host.store"),
     ({"host": {"store_fill_interval": -0.5}}, "host.store_fill_interval"),
     ({"host": {"store_fill_interval": "5s"}}, "host.store_fill_interval"),
+    ({"host": {"fast_page": "off"}}, "host.fast_page"),
     ({"host": {"payload_carrier": "carrier"}}, "host.payload_carrier"),
     ({"metrics": {"database_user_labels": -1}}, "metrics.database_user_labels"),
     ({"metrics": {"database_user_labels": "all"}}, "metrics.database_user_labels"),

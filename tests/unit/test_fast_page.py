@@ -58,10 +58,10 @@ def fallback(run: bytes = b"run-1", after: bytes = b"0") -> bytes:
     return EMPTY_PARSE + bind(b"openwop_seat_1", run, after) + DESCRIBE + EXECUTE + SYNC
 
 
-def twin_parse() -> bytes:
+def twin_parse(name: bytes = b"openwop_seat_1f") -> bytes:
     fast = Classifier(HostConfig(), 2, run_function=True, page_function=True, fast_page=True).classify(
         PAGE.decode()).fast
-    return msg(b"P", b"openwop_seat_1f\x00" + fast.encode() + b"\x00\x00\x00")
+    return msg(b"P", name + b"\x00" + fast.encode() + b"\x00\x00\x00")
 
 
 def fast(run: bytes = b"run-1", after: bytes = b"0", parse: bool = False) -> bytes:
@@ -311,3 +311,170 @@ def test_a_malformed_message_in_an_unsettled_answer_ends_the_session_as_anywhere
     to_client, to_server = r.from_server(PARSE_DONE + BIND_DONE + b"T\x00\x00\x00\x02")  # a length under 4
     assert to_server == b"" and r.ending is not None and r.ending.sqlstate == "08P01"
     assert ROW_DESC not in to_client  # nothing of the twin's answer past the fault was made up
+
+
+# ---------------------------------------------------------------- a client's named statements (asyncpg's)
+
+def named_parse(name: bytes = b"s1", sql: bytes = PAGE) -> bytes:
+    return msg(b"P", name + b"\x00" + sql + b"\x00\x00\x00")
+
+
+def prepare(name: bytes = b"s1", sql: bytes = PAGE) -> bytes:
+    """What asyncpg sends to prepare a statement: Parse, Describe of the statement, Sync."""
+    return named_parse(name, sql) + msg(b"D", b"S" + name + b"\x00") + SYNC
+
+
+def named_page(name: bytes = b"s1", run: bytes = b"run-1", after: bytes = b"0") -> bytes:
+    """What asyncpg sends for a page of its prepared statement: Bind of the unnamed portal, Execute, Sync."""
+    return bind(name, run, after) + EXECUTE + SYNC
+
+
+def close(name: bytes) -> bytes:
+    return msg(b"C", b"S" + name + b"\x00")
+
+
+def named_fast(twin: bytes = b"openwop_seat_1f", run: bytes = b"run-1", parse: bool = False,
+               closes: tuple[bytes, ...] = ()) -> bytes:
+    return b"".join(close(c) for c in closes) + (twin_parse(twin) if parse else b"") + bind(twin, run) + EXECUTE \
+        + SYNC
+
+
+PREPARED_ANSWER = PARSE_DONE + msg(b"t", b"\x00\x02\x00\x00\x00\x19\x00\x00\x00\x14") + ROW_DESC + READY
+NAMED_ROWS = BIND_DONE + ROW + DONE + READY  # no Describe: asyncpg knows the statement's columns
+NAMED_EMPTY = BIND_DONE + EMPTY_DONE + READY
+CLOSE_DONE = msg(b"3")
+
+
+def prepared_named(r: Relay | None = None, name: bytes = b"s1", sql: bytes = PAGE) -> Relay:
+    r = r or relay()
+    out = r.from_client(prepare(name, sql))
+    assert out.startswith(b"P") and out[5:5 + len(name) + 1] == name + b"\x00"  # under the client's name
+    assert r.from_server(PREPARED_ANSWER) == (PREPARED_ANSWER, b"")
+    return r
+
+
+def test_a_named_page_goes_as_its_twin_once_its_statement_is_trusted():
+    r = relay()
+    r.from_client(prepare())
+    assert r.reader.fast_twins is None  # not before the statement's group is answered without an error
+    r.from_server(PREPARED_ANSWER)
+    assert list(r.reader.fast_twins) == [b"s1"]
+    assert r.from_client(named_page()) == named_fast(parse=True)
+    assert r.from_server(PARSE_DONE + NAMED_ROWS) == (NAMED_ROWS, b"")
+    assert r.from_client(named_page(run=b"run-2")) == named_fast(run=b"run-2")
+    assert r.from_server(NAMED_ROWS) == (NAMED_ROWS, b"")
+    assert r.stats.fast_pages == {"rows": 2} and r.reader.quiet_sent == []
+
+
+def test_a_named_pages_miss_binds_the_clients_statement_again():
+    r = prepared_named()
+    r.from_client(named_page())
+    assert r.from_server(PARSE_DONE + NAMED_EMPTY) == (b"", named_page())
+    assert r.from_server(NAMED_EMPTY) == (NAMED_EMPTY, b"")
+    assert r.reader.fast_twins[b"s1"][0] == fast_page.PREPARED
+
+
+def test_a_closed_statements_twin_is_closed_ahead_of_the_next_fast_page_and_its_answer_kept_from_the_client():
+    r = prepared_named()
+    r.from_client(named_page())
+    r.from_server(PARSE_DONE + NAMED_ROWS)
+    assert r.from_client(close(b"s1") + SYNC) == close(b"s1") + SYNC  # the client's Close goes as it came
+    assert r.from_server(CLOSE_DONE + READY) == (CLOSE_DONE + READY, b"")
+    assert not r.reader.fast_twins and r.reader.twins_closing == [b"openwop_seat_1f"]
+    assert r.from_client(named_page()) == named_page()  # no twin names s1 any more
+    r.from_server(NAMED_ROWS)
+    prepared_named(r, b"s2")
+    assert r.from_client(named_page(b"s2")) == named_fast(b"openwop_seat_2f", parse=True, closes=(b"openwop_seat_1f",))
+    assert r.reader.twins_closing == ()
+    assert r.from_server(CLOSE_DONE + PARSE_DONE + NAMED_ROWS) == (NAMED_ROWS, b"")
+    assert r.reader.fast_twins[b"s2"][0] == fast_page.PREPARED
+
+
+def test_a_twin_never_prepared_on_the_server_is_not_closed():
+    r = prepared_named()
+    r.from_client(close(b"s1") + SYNC)
+    r.from_server(CLOSE_DONE + READY)
+    assert not r.reader.fast_twins and not r.reader.twins_closing
+
+
+@pytest.mark.parametrize("sql", [b"SELECT 1", PAGE], ids=["another statement", "the same page"])
+def test_a_statement_parsed_again_under_its_name_loses_its_twin(sql):
+    r = prepared_named()
+    r.from_client(named_page())
+    r.from_server(PARSE_DONE + NAMED_ROWS)
+    # PostgreSQL refuses a Parse under a name in use; the seat drops the twin either way
+    r.from_client(close(b"s1") + named_parse(b"s1", sql) + SYNC)
+    assert b"s1" not in (r.reader.fast_twins or {}) and r.reader.twins_closing == [b"openwop_seat_1f"]
+    r.from_server(CLOSE_DONE + PARSE_DONE + READY)
+    if sql == PAGE:  # a page again: a new twin, under a new name, once trusted
+        assert r.from_client(named_page()) == named_fast(b"openwop_seat_2f", parse=True, closes=(b"openwop_seat_1f",))
+    else:
+        assert r.from_client(named_page()) == named_page()
+
+
+def test_a_named_page_whose_group_fails_gets_no_twin():
+    r = relay()
+    r.from_client(prepare())
+    exists = msg(b"E", b"SERROR\x00C42P05\x00Mprepared statement \"s1\" already exists\x00\x00")
+    r.from_server(exists + READY)
+    assert not r.reader.fast_twins
+    assert r.from_client(named_page()) == named_page()
+
+
+def test_a_named_page_closed_in_the_group_that_prepares_it_gets_no_twin():
+    r = relay()
+    r.from_client(named_parse() + close(b"s1") + SYNC)
+    r.from_server(PARSE_DONE + CLOSE_DONE + READY)
+    assert not r.reader.fast_twins and not r.reader.preparing
+
+
+def test_deallocate_closes_the_twins_it_forgets():
+    r = prepared_named()
+    r.from_client(named_page())
+    r.from_server(PARSE_DONE + NAMED_ROWS)
+    r.from_client(msg(b"Q", b"DEALLOCATE s9\x00"))  # another name: the seat forgets all its own all the same
+    r.from_server(msg(b"C", b"DEALLOCATE\x00") + READY)
+    assert r.reader.fast_twins is None and r.reader.twins_closing == [b"openwop_seat_1f"]
+
+
+def test_a_parse_through_the_fifo_drops_the_twin_of_its_name():
+    r = prepared_named()
+    r.from_client(named_page())
+    r.from_server(PARSE_DONE + NAMED_ROWS)
+    call = msg(b"F", struct.pack("!IhhhIh", 1, 0, 0, 0, 0, 0)[:14])  # a FunctionCall: the read path's FIFO from here
+    r.from_client(call + close(b"s1") + named_parse(b"s1", b"SELECT 2") + SYNC)
+    assert not r.reader.fast_twins and r.reader.twins_closing == [b"openwop_seat_1f"]
+
+
+def test_asynchronous_messages_among_the_seats_own_answers_reach_the_client():
+    r = prepared_named()
+    r.from_client(named_page())
+    r.from_server(PARSE_DONE + NAMED_ROWS)
+    r.reader.twins_closing = [b"old1", b"old2"]
+    assert r.from_client(named_page()) == named_fast(closes=(b"old1", b"old2"))
+    answer = CLOSE_DONE + NOTICE + CLOSE_DONE + NAMED_ROWS
+    for cut in range(1, len(answer)):
+        if cut > 1:
+            r.reader.twins_closing = [b"old1", b"old2"]
+            r.from_client(named_page())
+        first = r.from_server(answer[:cut])
+        second = r.from_server(answer[cut:])
+        assert (first[0] + second[0], first[1] + second[1]) == (NOTICE + NAMED_ROWS, b""), cut
+
+
+def test_a_failed_close_ahead_of_a_fast_page_sends_the_page_statement():
+    r = prepared_named()
+    r.reader.twins_closing = [b"old1"]
+    assert r.from_client(named_page()) == named_fast(parse=True, closes=(b"old1",))
+    failed = msg(b"E", b"SERROR\x00CXX000\x00Mno\x00\x00")
+    assert r.from_server(failed + READY) == (b"", named_page())
+    assert r.from_server(NAMED_ROWS) == (NAMED_ROWS, b"")
+    assert r.reader.fast_twins[b"s1"][0] == fast_page.BROKEN and r.stats.fast_pages == {"unprepared": 1}
+
+
+def test_no_new_named_twin_while_too_many_wait_to_be_closed():
+    from proxy.readpath.read_path import MAX_CLOSING
+    r = relay()
+    r.reader.twins_closing = [b"x%d" % n for n in range(MAX_CLOSING)]
+    prepared_named(r)
+    assert not r.reader.fast_twins
