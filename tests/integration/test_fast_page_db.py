@@ -381,3 +381,53 @@ def test_host_fast_page_false_sends_every_page_as_the_page_statement(start_seat,
     got, held = asyncpg_run(go())
     assert got == asyncpg_run(asyncpg_oracle(pg, run)) and held == []
     assert not any(fast_pages(seat).values())
+
+
+def test_a_client_sending_past_the_hold_bound_is_not_read_until_its_page_settles(fast_seat, pg, db):
+    """What a client sends while a fast page's answer is not settled waits in the relay, up to FAST_HOLD_BYTES
+    (256 KiB); past it the session stops reading the client (its sends block) until the page is settled. Then
+    everything goes, in order. The page is kept unsettled by a lock on the events table taken meanwhile."""
+    import threading
+
+    from rawpg import RawConn, msg, query
+
+    run = new_run(db, rows=3, era3=True)
+    sql = ASYNCPG_PAGE.encode()
+    group = (msg(b"P", b"\x00" + sql + b"\x00\x00\x00")
+             + msg(b"B", b"\x00\x00\x00\x00\x00\x03" + b"".join(
+                 len(v).to_bytes(4, "big") + v for v in (run.encode(), b"0", b"100")) + b"\x00\x00")
+             + msg(b"D", b"P\x00") + msg(b"E", b"\x00\x00\x00\x00\x00") + msg(b"S"))
+    c = RawConn(fast_seat.port, timeout=60)
+    c.login()
+    c.send(group)  # the page statement prepared and trusted
+    assert [m[0] for m in c.read_until(b"Z")].count(b"D") == 3
+    queries = [query(f"SELECT {n} -- {'x' * 8000}") for n in range(4096)]  # 32 MiB
+    total = sum(map(len, queries))
+    sent = [0]
+
+    def send_all():
+        for q in queries:
+            c.sock.sendall(q)
+            sent[0] += len(q)
+
+    before = fast_pages(fast_seat)
+    with psycopg.connect(pg.dsn()) as locker:
+        locker.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        c.send(group)  # goes as the twin, which waits for the lock
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
+        sender.join(5)
+        # not read past the bound (and the sockets' buffers): had the session read on, 32 MiB would be in by now
+        assert sender.is_alive() and sent[0] < total
+        locker.rollback()
+    answers = c.read_until(b"Z")
+    assert [m[0] for m in answers].count(b"D") == 3
+    values = []
+    while len(values) < len(queries):
+        for t, body in c.read_until(b"Z"):
+            if t == b"D":
+                values.append(int(body[6:]))
+    sender.join(30)
+    assert not sender.is_alive() and values == list(range(len(queries)))  # all of them, in order
+    assert fast_pages(fast_seat)["rows"] - before["rows"] == 1
+    c.close()
