@@ -478,3 +478,13 @@ def test_no_new_named_twin_while_too_many_wait_to_be_closed():
     r.reader.twins_closing = [b"x%d" % n for n in range(MAX_CLOSING)]
     prepared_named(r)
     assert not r.reader.fast_twins
+
+
+def test_a_notification_ahead_of_the_twins_parse_complete_reaches_the_client_and_the_parse_complete_does_not():
+    """PostgreSQL may send a notification while it waits for the rest of a group (its Parse read, the group's next
+    message not yet): it comes before the twin's ParseComplete, which is still the seat's own."""
+    r = prepared()
+    r.from_client(page())
+    notification = msg(b"A", struct.pack("!i", 77) + b"chan\x00hi\x00")
+    assert r.from_server(notification + PARSE_DONE + ROWS_ANSWER) == (notification + ROWS_ANSWER, b"")
+    assert r.reader.fast_twins[b"openwop_seat_1"][0] == fast_page.PREPARED
