@@ -416,7 +416,7 @@ class ReadPath:
             if plan.refused is not None:
                 return self._unquiet()
             name = body[:name_end].decode()
-            if name and (self.fast_twins or self.preparing):
+            if name:
                 self._drop_twin(name)  # a named statement parsed again: not the statement its twin was made for
             cls = self._class_of(plan.statements[0]) if plan.statements else "passthrough"
             if cls == "passthrough":
@@ -560,13 +560,16 @@ class ReadPath:
         if kind == b"S":
             if not name:
                 self.unnamed = None
-            elif self.fast_twins or self.preparing:
+            else:
                 self._drop_twin(name)
 
     def _drop_twin(self, name: str) -> None:
         """The client's named statement ``name`` is closed or parsed again: its twin (if any) is no longer the
         statement's, and goes (closed on the server, once prepared there: twins_closing)."""
-        self.preparing = [p for p in self.preparing if p[0] is not None or p[1] != name]
+        if not self.fast_twins and not self.preparing:
+            return
+        if self.preparing:
+            self.preparing = [p for p in self.preparing if p[0] is not None or p[1] != name]
         twin = self.fast_twins.pop(name.encode(), None) if self.fast_twins else None
         if twin is not None:
             self._closing(twin)
@@ -677,7 +680,7 @@ class ReadPath:
         plan = self._classify(sql)
         if not name:
             self.unnamed = None  # the client's unnamed statement is this one, sent as it is (the FIFO is in use)
-        elif self.fast_twins or self.preparing:
+        else:
             self._drop_twin(name)
         if (self.prepared or self.preparing or self.fast_twins) and _forgets_prepared(sql):
             self._forget_prepared()
